@@ -1,0 +1,146 @@
+"""JSON-RPC 2.0: the method registry, decoding, dispatch and error mapping.
+
+Methods register here with their params Struct; params are decoded only once
+the method is known. Project errors map to JSON-RPC errors in ONE place
+(``_error``); anything else is a bug, logged with an incident id, and the peer
+sees no traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from better_compute.api.schemas import Params, RpcError, RpcRequest, RpcResponse
+from better_compute.api.service import ComputeService
+from better_compute.domain.access import Principal
+from better_compute.domain.errors import BetterComputeError, InvalidInput
+
+log = logging.getLogger("better_compute.rpc")
+
+
+@dataclass(frozen=True)
+class Call:
+    service: ComputeService
+    principal: Principal
+
+
+Handler = Callable[[Call, Any], Any]
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    params: type[Params]
+    handler: Handler
+    summary: str
+    public: bool = False  # callable without a token
+
+    def schema(self) -> dict[str, Any]:
+        return msgspec.json.schema(self.params)
+
+
+METHODS: dict[str, Method] = {}
+
+
+def method(name: str, params: type[Params], summary: str, *, public: bool = False
+           ) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
+        if name in METHODS:
+            raise RuntimeError(f"JSON-RPC method {name} registered twice")
+        METHODS[name] = Method(name, params, handler, summary, public)
+        return handler
+
+    return register
+
+
+_ENCODER = msgspec.json.Encoder()
+_REQUEST = msgspec.json.Decoder(RpcRequest)
+
+
+def decode_params(m: Method, raw: bytes) -> Any:
+    try:
+        return msgspec.json.decode(raw, type=m.params)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(
+            f"invalid params for {m.name}: {exc}. `better-compute api rpc.discover` shows "
+            "every method's params"
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"params of {m.name} are not a JSON object: {exc}") from None
+
+
+def _error(exc: BaseException) -> RpcError:
+    if isinstance(exc, BetterComputeError):
+        return RpcError(exc.rpc_code, exc.message, {"code": exc.code, **exc.data})
+    incident = uuid.uuid4().hex[:12]
+    log.error("internal error (incident %s)", incident, exc_info=exc)
+    return RpcError(
+        -32603,
+        f"internal error (incident {incident}): the server logged the details; "
+        "report the incident id to the operator",
+        {"code": "internal", "incident": incident},
+    )
+
+
+def _unknown_method(name: str) -> RpcError:
+    close = difflib.get_close_matches(name, list(METHODS), n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return RpcError(
+        -32601,
+        f"no method {name!r}.{hint} `better-compute api rpc.discover` lists every method",
+        {"code": "method_not_found"},
+    )
+
+
+def handle(
+    body: bytes,
+    service: ComputeService,
+    authenticate: Callable[[], Principal],
+) -> bytes:
+    """Answer one JSON-RPC request body (a single request; batches are refused)."""
+    try:
+        request = _REQUEST.decode(body)
+    except msgspec.DecodeError as exc:
+        code = -32700 if "JSON" in str(exc) or "truncated" in str(exc) else -32600
+        err = RpcError(code, f"not a JSON-RPC 2.0 request object: {exc}", {"code": "invalid_request"})
+        return _ENCODER.encode(RpcResponse(error=err))
+    return _ENCODER.encode(answer(request, service, authenticate))
+
+
+def answer(
+    request: RpcRequest, service: ComputeService, authenticate: Callable[[], Principal]
+) -> RpcResponse:
+    if request.jsonrpc != "2.0":
+        err = RpcError(-32600, 'jsonrpc must be "2.0"', {"code": "invalid_request"})
+        return RpcResponse(id=request.id, error=err)
+    m = METHODS.get(request.method)
+    if m is None:
+        return RpcResponse(id=request.id, error=_unknown_method(request.method))
+    try:
+        principal = authenticate() if not m.public else _maybe(authenticate)
+        params = decode_params(m, request.params)
+        result = m.handler(Call(service, principal), params)  # type: ignore[arg-type]
+    except Exception as exc:
+        return RpcResponse(id=request.id, error=_error(exc))
+    return RpcResponse(id=request.id, result=result)
+
+
+def _maybe(authenticate: Callable[[], Principal]) -> Principal | None:
+    try:
+        return authenticate()
+    except BetterComputeError:
+        return None
+
+
+def discover() -> list[dict[str, Any]]:
+    return [
+        {"name": m.name, "summary": m.summary, "public": m.public, "params": m.schema()}
+        for m in sorted(METHODS.values(), key=lambda m: m.name)
+    ]

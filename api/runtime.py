@@ -1,0 +1,95 @@
+"""The composition root: store, projections and service, built from the environment.
+
+``serve`` and the CLI's in-process mode build the same Runtime, so both read
+and write the same store.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eventsourcing.domain import Snapshot
+from eventsourcing.persistence import Notification, StoredEvent
+
+from better_compute.api.service import ComputeService
+from better_compute.api.store import ComputeStore, SqlRunner, StoreConfig, open_store
+from better_compute.domain.errors import InvalidInput
+from better_compute.projections.framework import ProjectionRunner
+from better_compute.projections.listings import Listings
+
+
+class StoreEvents:
+    """The notification log of a store, as projections read it."""
+
+    def __init__(self, store: ComputeStore) -> None:
+        self.store = store
+
+    def select(self, after: int, limit: int) -> Sequence[Notification]:
+        return self.store.recorder.select_notifications(
+            start=after, limit=limit, inclusive_of_start=False
+        )
+
+    def decode(self, notification: Notification) -> Any:
+        return self.store.mapper.to_domain_event(notification)
+
+    def head(self) -> int:
+        return self.store.recorder.max_notification_id() or 0
+
+    def snapshot(self, aggregate: Any) -> tuple[str, str]:
+        stored = self.store.mapper.to_stored_event(Snapshot.take(aggregate))
+        return stored.topic, stored.state.decode()
+
+    def restore(self, topic: str, state: str, originator_id: Any, version: int) -> Any:
+        stored = StoredEvent(originator_id=originator_id, originator_version=version, topic=topic,
+                             state=state.encode())
+        return self.store.mapper.to_domain_event(stored).mutate(None)
+
+
+class Projections(ProjectionRunner):
+    def __init__(self, store: ComputeStore) -> None:
+        source = StoreEvents(store)
+        self.sql: SqlRunner = store.sql()
+        super().__init__(self.sql, source, [Listings(source)])
+
+
+@dataclass
+class Runtime:
+    config: StoreConfig
+    store: ComputeStore
+    projections: Projections
+    service: ComputeService
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, env: Mapping[str, str] | None = None) -> Runtime:
+        env = dict(os.environ if env is None else env)
+        config = StoreConfig.from_env(env)
+        store = open_store(config)
+        projections = Projections(store)
+        return cls(config, store, projections, ComputeService(store, projections), env)
+
+    def close(self) -> None:
+        self.store.close()
+
+    @property
+    def data_dir(self) -> Path:
+        return self.config.data_dir
+
+    def master_key_path(self) -> Path:
+        return Path(self.env.get("BETTER_COMPUTE_MASTER_KEY_FILE") or self.data_dir / "master.key")
+
+    def master_key_text(self) -> str:
+        if self.env.get("BETTER_COMPUTE_MASTER_KEY"):
+            return self.env["BETTER_COMPUTE_MASTER_KEY"]
+        path = self.master_key_path()
+        try:
+            return path.read_text()
+        except FileNotFoundError:
+            raise InvalidInput(
+                f"no master key at {path}: set BETTER_COMPUTE_MASTER_KEY_FILE to the file "
+                "`better-compute init` wrote, or BETTER_COMPUTE_MASTER_KEY to its contents"
+            ) from None

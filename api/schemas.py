@@ -1,0 +1,97 @@
+"""Wire schemas of the JSON-RPC API: params by name, in camelCase.
+
+One Struct per method. Unknown params are refused with their name, so a typo
+never silently does something else. New optional fields get defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Params(msgspec.Struct, forbid_unknown_fields=True, rename="camel", kw_only=True):
+    pass
+
+
+class NoParams(Params):
+    pass
+
+
+class TenantScope(Params):
+    tenant_id: str | None = None
+
+
+class TenantsCreate(Params):
+    tenant_id: str
+    name: str | None = None
+
+
+class TenantsGet(Params):
+    tenant_id: str
+
+
+class TokensCreate(Params):
+    tenant_id: str | None = None
+    role: str
+    name: str | None = None
+
+
+class TokensRevoke(Params):
+    token_id: str
+    tenant_id: str | None = None
+
+
+class SitesCreate(Params):
+    kind: str
+    region: str
+    name: str | None = None
+    key: str | None = None
+
+
+class SitesGet(Params):
+    site_id: str
+
+
+class PoolsCreate(Params):
+    site_id: str
+    node_class: str = msgspec.field(name="class")
+    gpu_model: str
+    policy: dict[str, Any]
+    name: str | None = None
+    key: str | None = None
+
+
+class PoolsGet(Params):
+    pool_id: str
+
+
+class PoolsList(Params):
+    site_id: str | None = None
+
+
+class PoolsOffer(Params):
+    pool_id: str
+    to_tenant_id: str
+    quota: dict[str, Any]
+
+
+class RpcRequest(msgspec.Struct):
+    method: str
+    jsonrpc: str = "2.0"
+    params: msgspec.Raw = msgspec.Raw(b"{}")
+    id: int | str | None = None
+
+
+class RpcError(msgspec.Struct, omit_defaults=True):
+    code: int
+    message: str
+    data: dict[str, Any] = {}
+
+
+class RpcResponse(msgspec.Struct, omit_defaults=True):
+    jsonrpc: str = "2.0"
+    id: int | str | None = None
+    result: Any = msgspec.UNSET
+    error: RpcError | msgspec.UnsetType = msgspec.UNSET

@@ -1,0 +1,227 @@
+"""Opening the event store: SQLite by default, PostgreSQL when a URL is set.
+
+``BETTER_COMPUTE_DATABASE_URL=postgresql://user:pw@host:port/db[?schema=NAME]``
+selects PostgreSQL (the ``schema`` query parameter is ours: it puts every table
+of this control plane in that schema, which is how tests isolate runs);
+otherwise the store is ``store.sqlite`` in ``BETTER_COMPUTE_DATA_DIR``
+(default: the user's data dir).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlparse
+
+from eventsourcing.application import Application
+from eventsourcing.persistence import TrackingRecorder
+from eventsourcing.utils import Environment
+
+import better_compute.domain  # noqa: F401  (registers every event topic)
+from better_compute.domain.errors import InvalidInput, Unavailable
+
+APP_NAME = "bc"
+
+
+def default_data_dir(env: Mapping[str, str]) -> Path:
+    if env.get("BETTER_COMPUTE_DATA_DIR"):
+        return Path(env["BETTER_COMPUTE_DATA_DIR"]).expanduser()
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "better-compute"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where the store lives; built from the environment once, at the composition root."""
+
+    backend: str  # "sqlite" | "postgres"
+    data_dir: Path
+    sqlite_path: Path | None = None
+    pg: dict[str, str] | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> StoreConfig:
+        env = os.environ if env is None else env
+        data_dir = default_data_dir(env)
+        url = env.get("BETTER_COMPUTE_DATABASE_URL", "").strip()
+        if not url:
+            return cls("sqlite", data_dir, sqlite_path=data_dir / "store.sqlite")
+        return cls("postgres", data_dir, pg=_parse_pg_url(url))
+
+    def describe(self) -> str:
+        if self.backend == "sqlite":
+            return f"SQLite {self.sqlite_path}"
+        assert self.pg is not None
+        return (
+            f"PostgreSQL {self.pg['POSTGRES_HOST']}:{self.pg['POSTGRES_PORT']}/"
+            f"{self.pg['POSTGRES_DBNAME']} schema {self.pg.get('POSTGRES_SCHEMA') or 'public'}"
+        )
+
+    def library_env(self) -> dict[str, str]:
+        if self.backend == "sqlite":
+            return {
+                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+                "SQLITE_DBNAME": str(self.sqlite_path),
+                "SQLITE_LOCK_TIMEOUT": "30",
+                "CREATE_TABLE": "y",
+            }
+        assert self.pg is not None
+        return {
+            "PERSISTENCE_MODULE": "eventsourcing.postgres",
+            "CREATE_TABLE": "y",
+            "POSTGRES_POOL_SIZE": "5",
+            "POSTGRES_MAX_OVERFLOW": "10",
+            "POSTGRES_CONNECT_TIMEOUT": "10",
+            "POSTGRES_LOCK_TIMEOUT": "10",
+            # Never POSTGRES_ENABLE_DB_FUNCTIONS: its insert path skips the table lock
+            # and a tailing reader then skips events (reference/eventsourcing-facts.md).
+            **self.pg,
+        }
+
+
+def _parse_pg_url(url: str) -> dict[str, str]:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgresql", "postgres"):
+        raise InvalidInput(
+            f"BETTER_COMPUTE_DATABASE_URL {url!r} is not a PostgreSQL URL: write "
+            "postgresql://USER:PASSWORD@HOST:PORT/DBNAME, or unset it to use SQLite"
+        )
+    dbname = unquote(parsed.path.lstrip("/"))
+    if not parsed.hostname or not parsed.username or not dbname:
+        raise InvalidInput(
+            "BETTER_COMPUTE_DATABASE_URL needs a user, a host and a database name: "
+            "postgresql://USER:PASSWORD@HOST:PORT/DBNAME"
+        )
+    params = parse_qs(parsed.query)
+    out = {
+        "POSTGRES_HOST": parsed.hostname,
+        "POSTGRES_PORT": str(parsed.port or 5432),
+        "POSTGRES_USER": unquote(parsed.username),
+        "POSTGRES_PASSWORD": unquote(parsed.password or ""),
+        "POSTGRES_DBNAME": dbname,
+    }
+    if "schema" in params:
+        out["POSTGRES_SCHEMA"] = params["schema"][0]
+    return out
+
+
+class ComputeStore(Application[Any]):
+    """The event store: every aggregate of the control plane, one notification log.
+
+    Configured only by the explicit environment it is given, never by stray
+    process variables (the library would otherwise read PERSISTENCE_MODULE and
+    friends from os.environ).
+    """
+
+    name = APP_NAME
+
+    def construct_env(self, name: str, env: Any = None) -> Environment:
+        return Environment(name, dict(env or {}))
+
+    @property
+    def backend(self) -> str:
+        return "postgres" if "postgres" in type(self.recorder).__module__ else "sqlite"
+
+    def sql(self) -> SqlRunner:
+        return SqlRunner(self)
+
+
+def open_store(config: StoreConfig) -> ComputeStore:
+    if config.backend == "sqlite":
+        assert config.sqlite_path is not None
+        config.sqlite_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    else:
+        _ensure_pg_schema(config)
+    try:
+        return ComputeStore(env=config.library_env())
+    except Exception as exc:  # the library raises OperationalError / OSError subclasses
+        raise Unavailable(
+            f"cannot open the event store ({config.describe()}): {exc}. Check "
+            "BETTER_COMPUTE_DATABASE_URL or BETTER_COMPUTE_DATA_DIR"
+        ) from None
+
+
+def _ensure_pg_schema(config: StoreConfig) -> None:
+    assert config.pg is not None
+    schema = config.pg.get("POSTGRES_SCHEMA")
+    if not schema:
+        return
+    import psycopg
+    from psycopg import sql
+
+    try:
+        with psycopg.connect(
+            host=config.pg["POSTGRES_HOST"], port=config.pg["POSTGRES_PORT"],
+            user=config.pg["POSTGRES_USER"], password=config.pg["POSTGRES_PASSWORD"] or None,
+            dbname=config.pg["POSTGRES_DBNAME"], connect_timeout=10, autocommit=True,
+        ) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    except psycopg.Error as exc:
+        raise Unavailable(f"cannot reach PostgreSQL ({config.describe()}): {exc}") from None
+
+
+class SqlRunner:
+    """Plain SQL on the store's own connections, for read models beside the events.
+
+    SQL is written once with ``?`` placeholders; on PostgreSQL they become
+    ``%s``. Rows come back as mappings on both backends.
+    """
+
+    def __init__(self, store: ComputeStore) -> None:
+        self.store = store
+        self.datastore: Any = store.recorder.datastore  # type: ignore[attr-defined]
+        self.postgres = store.backend == "postgres"
+        self.schema = getattr(self.datastore, "schema", None) if self.postgres else None
+
+    def q(self, statement: str) -> str:
+        return statement.replace("?", "%s") if self.postgres else statement
+
+    @contextmanager
+    def transaction(self, *, commit: bool) -> Iterator[Any]:
+        with self.datastore.transaction(commit=commit) as cursor:
+            if self.postgres and self.schema:
+                cursor.execute(f'SET LOCAL search_path TO "{self.schema}"')
+            yield cursor
+
+    def execute(self, cursor: Any, statement: str, params: tuple[Any, ...] | list[Any] = ()) -> None:
+        cursor.execute(self.q(statement), tuple(params))
+
+    def lock(self, cursor: Any, name: str) -> None:
+        """Serialise writers of one read model for the rest of this transaction."""
+        if self.postgres:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+        else:
+            # A write as the first statement takes SQLite's write lock (waiting
+            # up to the busy timeout) before this transaction reads anything.
+            cursor.execute(
+                "INSERT INTO bc_locks(name, n) VALUES (?, 1) "
+                "ON CONFLICT(name) DO UPDATE SET n = n + 1", (name,)
+            )
+
+    def tracking_recorder(self) -> TrackingRecorder:
+        if self.postgres:
+            from eventsourcing.postgres import PostgresTrackingRecorder
+
+            rec: TrackingRecorder = PostgresTrackingRecorder(
+                self.datastore, tracking_table_name=f"{APP_NAME}_tracking"
+            )
+        else:
+            from eventsourcing.sqlite import SQLiteTrackingRecorder
+
+            rec = SQLiteTrackingRecorder(self.datastore)
+        rec.create_table()  # type: ignore[attr-defined]
+        return rec
+
+    def create_tables(self, statements: list[str]) -> None:
+        if not self.postgres:
+            statements = [
+                "CREATE TABLE IF NOT EXISTS bc_locks (name TEXT PRIMARY KEY, n INTEGER)",
+                *statements,
+            ]
+        with self.transaction(commit=True) as cursor:
+            for statement in statements:
+                cursor.execute(statement)

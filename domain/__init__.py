@@ -1,0 +1,15 @@
+"""The domain: aggregates, rules and errors. No I/O happens here.
+
+Importing this package registers every aggregate and event topic, so stored
+events can be decoded.
+"""
+
+from better_compute.domain.pki import PkiBundle
+from better_compute.domain.pool import Pool
+from better_compute.domain.site import Site
+from better_compute.domain.tenant import Tenant
+from better_compute.domain.token import ApiToken
+
+AGGREGATES = (Tenant, ApiToken, Site, Pool, PkiBundle)
+
+__all__ = ["AGGREGATES", "ApiToken", "PkiBundle", "Pool", "Site", "Tenant"]

@@ -1,0 +1,85 @@
+"""Roles and the caller of a command.
+
+Roles, from most to least powerful: ``admin`` (on the root tenant this is the
+root administrator, the platform operator), ``member`` (creates and uses
+reservations), ``read-only`` (reads). Every command checks the caller's tenant:
+a tenant never sees or changes another tenant's objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from better_compute.domain.errors import InvalidInput, PermissionDenied
+
+ROOT_TENANT = "root"
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    MEMBER = "member"
+    READ_ONLY = "read-only"
+
+    @classmethod
+    def parse(cls, text: str) -> Role:
+        aliases = {"tenant-admin": "admin", "root-admin": "admin", "readonly": "read-only",
+                   "read_only": "read-only", "viewer": "read-only"}
+        try:
+            return cls(aliases.get(text, text))
+        except ValueError:
+            raise InvalidInput(
+                f"unknown role {text!r}: use one of admin, member, read-only "
+                "(admin on the root tenant is a root administrator)"
+            ) from None
+
+    @property
+    def rank(self) -> int:
+        return {Role.ADMIN: 3, Role.MEMBER: 2, Role.READ_ONLY: 1}[self]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a token's tenant and role (or the local operator)."""
+
+    tenant_id: str
+    role: Role
+    token_id: str | None = None
+
+    @property
+    def is_root_admin(self) -> bool:
+        return self.tenant_id == ROOT_TENANT and self.role is Role.ADMIN
+
+    @property
+    def is_root(self) -> bool:
+        return self.tenant_id == ROOT_TENANT
+
+    def can_see_tenant(self, tenant_id: str) -> bool:
+        return self.is_root or self.tenant_id == tenant_id
+
+    def require_role(self, role: Role, action: str) -> None:
+        if self.role.rank < role.rank:
+            raise PermissionDenied(
+                f"{action} needs the {role.value} role; this token has {self.role.value} "
+                f"on tenant {self.tenant_id}: ask an admin of the tenant for a token with that role"
+            )
+
+    def require_root_admin(self, action: str) -> None:
+        if not self.is_root_admin:
+            raise PermissionDenied(
+                f"only a root administrator can {action}; this token is {self.role.value} "
+                f"on tenant {self.tenant_id}"
+            )
+
+    def require_admin_of(self, tenant_id: str, action: str) -> None:
+        if self.is_root_admin:
+            return
+        if self.tenant_id != tenant_id:
+            raise PermissionDenied(
+                f"this token belongs to tenant {self.tenant_id} and cannot {action} for tenant "
+                f"{tenant_id}"
+            )
+        self.require_role(Role.ADMIN, action)
+
+
+LOCAL_OPERATOR = Principal(tenant_id=ROOT_TENANT, role=Role.ADMIN, token_id=None)

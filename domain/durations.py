@@ -1,0 +1,44 @@
+"""Durations like ``30m``, ``2h``, ``1d`` and starts like ``+2h`` or RFC 3339."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+
+from better_compute.domain.errors import InvalidInput
+
+_DURATION_RE = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_duration(text: str, *, flag: str = "duration") -> timedelta:
+    match = _DURATION_RE.match(text.strip())
+    if not match:
+        raise InvalidInput(
+            f"{flag} {text!r} is not a duration: write a whole number and a unit, "
+            "s, m, h or d (for example 30m, 2h, 1d)"
+        )
+    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+
+
+def format_duration(value: timedelta) -> str:
+    seconds = int(value.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0 and seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def parse_start(text: str, now: datetime, *, flag: str = "--start") -> datetime:
+    if text.startswith("+"):
+        return now + parse_duration(text[1:], flag=flag)
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(
+            f"{flag} {text!r} is neither +DURATION (like +2h) nor an RFC 3339 time "
+            "(like 2026-12-01T08:00:00Z)"
+        ) from None
+    if value.tzinfo is None:
+        raise InvalidInput(f"{flag} {text!r} has no time zone: add Z or an offset like +01:00")
+    return value

@@ -1,0 +1,106 @@
+"""The project's one error tree.
+
+Every error that crosses a boundary (JSON-RPC, the CLI, bcd) is one of these.
+Each class has a stable string ``code`` that travels on the wire; the client
+rebuilds the same class from it. ``rpc_code`` is the JSON-RPC 2.0 number.
+
+    BetterComputeError
+    ├── InvalidInput          bad parameters, files or flags   (invalid_input)
+    │   └── PolicyError       a pool policy file is invalid    (invalid_policy)
+    ├── Unauthenticated       no or unknown token              (unauthenticated)
+    ├── PermissionDenied      the caller's role or tenant      (permission_denied)
+    ├── NotFound              no such object for this caller   (not_found)
+    ├── Conflict              already exists / key reused      (conflict)
+    ├── QuotaExceeded         an offering's quota              (quota_exceeded)
+    ├── NoCapacity            nothing fits now                 (no_capacity)
+    ├── Expired               a log position or token expired  (expired)
+    ├── NotInitialized        the store has no PKI/root yet    (not_initialized)
+    └── Unavailable           a dependency is down             (unavailable)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class BetterComputeError(Exception):
+    code: ClassVar[str] = "error"
+    rpc_code: ClassVar[int] = -32000
+
+    def __init__(self, message: str, *, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data or {}
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidInput(BetterComputeError):
+    code = "invalid_input"
+    rpc_code = -32602
+
+
+class PolicyError(InvalidInput):
+    code = "invalid_policy"
+
+
+class Unauthenticated(BetterComputeError):
+    code = "unauthenticated"
+    rpc_code = -32001
+
+
+class PermissionDenied(BetterComputeError):
+    code = "permission_denied"
+    rpc_code = -32003
+
+
+class NotFound(BetterComputeError):
+    code = "not_found"
+    rpc_code = -32004
+
+
+class Conflict(BetterComputeError):
+    code = "conflict"
+    rpc_code = -32009
+
+
+class QuotaExceeded(BetterComputeError):
+    code = "quota_exceeded"
+    rpc_code = -32010
+
+
+class NoCapacity(BetterComputeError):
+    code = "no_capacity"
+    rpc_code = -32011
+
+
+class Expired(BetterComputeError):
+    code = "expired"
+    rpc_code = -32012
+
+
+class NotInitialized(BetterComputeError):
+    code = "not_initialized"
+    rpc_code = -32013
+
+
+class Unavailable(BetterComputeError):
+    code = "unavailable"
+    rpc_code = -32014
+
+
+def _all_subclasses(cls: type[BetterComputeError]) -> list[type[BetterComputeError]]:
+    out: list[type[BetterComputeError]] = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def error_from_code(code: str, message: str, data: dict[str, Any] | None = None) -> BetterComputeError:
+    """Rebuild the error class named by a wire ``code`` (unknown codes stay generic)."""
+    for cls in [BetterComputeError, *_all_subclasses(BetterComputeError)]:
+        if cls.code == code:
+            return cls(message, data=data)
+    return BetterComputeError(message, data=data)

@@ -1,0 +1,104 @@
+"""Domain events as the public event log shows them.
+
+The stored topic of each event is its public type (``site.created``). This
+module turns a stored event into the wire shape
+``{"sequence", "type", "time", "tenantId", "subject", "data"}`` and decides
+which fields are never published (hashes, sealed keys, idempotency prints).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from better_compute.domain.ids import public_id
+
+_HIDDEN_FIELDS = frozenset(
+    {"originator_id", "originator_version", "timestamp", "originator_topic", "tenant_id",
+     "secret_hash", "sealed", "fingerprint"}
+)
+
+# The head of an event type names the aggregate; the subject is its public id.
+_SUBJECT_PREFIX: dict[str, str | None] = {
+    "tenant": None,  # the subject of a tenant event is the tenant id itself
+    "token": "tok",
+    "site": "site",
+    "pool": "pool",
+    "pki": None,
+}
+
+
+def register_subject(head: str, prefix: str | None) -> None:
+    _SUBJECT_PREFIX[head] = prefix
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def event_type(domain_event: Any) -> str:
+    return str(type(domain_event).TOPIC)
+
+
+def subject_of(domain_event: Any) -> str:
+    head = event_type(domain_event).split(".", 1)[0]
+    if head == "tenant":
+        return str(domain_event.tenant_id)
+    prefix = _SUBJECT_PREFIX.get(head)
+    if prefix is None:
+        return head
+    return public_id(prefix, domain_event.originator_id)
+
+
+def event_data(domain_event: Any) -> dict[str, Any]:
+    return {
+        _camel(k): _plain(v)
+        for k, v in vars(domain_event).items()
+        if k not in _HIDDEN_FIELDS and not k.startswith("_")
+    }
+
+
+def public_event(sequence: int, domain_event: Any) -> dict[str, Any]:
+    return {
+        "sequence": sequence,
+        "type": event_type(domain_event),
+        "time": _plain(domain_event.timestamp),
+        "tenantId": domain_event.tenant_id,
+        "subject": subject_of(domain_event),
+        "data": event_data(domain_event),
+    }
+
+
+_GLOB_RE = re.compile(r"^[A-Za-z0-9_.*?\[\]-]+$")
+
+
+def compile_type_filter(globs: list[str]) -> re.Pattern[str] | None:
+    """One regex for a list of globs such as ``node.*,reservation.*``; None matches all."""
+    cleaned = [g.strip() for g in globs if g.strip()]
+    if not cleaned:
+        return None
+    for glob in cleaned:
+        if not _GLOB_RE.match(glob):
+            from better_compute.domain.errors import InvalidInput
+
+            raise InvalidInput(
+                f"event type filter {glob!r} is not a glob of dotted names "
+                "(for example node.*,reservation.*)"
+            )
+    return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in cleaned))

@@ -1,0 +1,70 @@
+"""Prefixed, opaque public ids and the aggregate UUIDs behind them.
+
+A public id is ``<prefix>_<base32 of the UUID>`` (26 lower-case letters and
+digits, no dashes: ids end up in systemd slice names where a dash is a level).
+Creates that carry an idempotency key derive the UUID from the tenant, the kind
+and the key, so a retry lands on the same aggregate.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import uuid
+
+from better_compute.domain.errors import InvalidInput, NotFound
+
+NAMESPACE = uuid.UUID("5b0e0c2e-6f6c-4a35-9a55-6b1c0a3d7e11")
+
+PREFIXES = ("site", "pool", "node", "rsv", "alloc", "jt", "tok")
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$")
+_TENANT_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+
+
+def public_id(prefix: str, value: uuid.UUID) -> str:
+    return f"{prefix}_" + base64.b32encode(value.bytes).decode().rstrip("=").lower()
+
+
+def parse_id(prefix: str, text: str) -> uuid.UUID:
+    """The UUID behind ``text``; NotFound-style input error when it is not a ``prefix_`` id."""
+    head, sep, tail = text.partition("_")
+    if head != prefix or not sep or len(tail) != 26:
+        raise InvalidInput(
+            f"{text!r} is not a {prefix} id: {prefix} ids look like {prefix}_ followed by "
+            "26 letters and digits, as printed when the object was created"
+        )
+    try:
+        return uuid.UUID(bytes=base64.b32decode(tail.upper() + "======"))
+    except (ValueError, base64.binascii.Error):  # type: ignore[attr-defined]
+        raise NotFound(f"no {prefix} {text!r}") from None
+
+
+def keyed_uuid(tenant_id: str, kind: str, key: str) -> uuid.UUID:
+    return uuid.uuid5(NAMESPACE, f"{kind}\x00{tenant_id}\x00{key}")
+
+
+def named_uuid(kind: str, name: str) -> uuid.UUID:
+    return uuid.uuid5(NAMESPACE, f"{kind}\x00{name}")
+
+
+def new_uuid() -> uuid.UUID:
+    return uuid.uuid4()
+
+
+def check_key(key: str) -> str:
+    if not _KEY_RE.match(key):
+        raise InvalidInput(
+            f"--key {key!r} is not a valid idempotency key: use 1 to 128 letters, digits "
+            "and . _ : @ / -, starting with a letter or digit (for example site-eu-1)"
+        )
+    return key
+
+
+def check_tenant_id(tenant_id: str) -> str:
+    if not _TENANT_RE.match(tenant_id):
+        raise InvalidInput(
+            f"{tenant_id!r} is not a valid tenant id: use 1 to 40 lower-case letters, digits "
+            "and dashes, starting with a letter (for example acme)"
+        )
+    return tenant_id

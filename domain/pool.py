@@ -1,0 +1,110 @@
+"""Pools: machines of one GPU model with one policy, offered to tenants with quotas."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import event
+
+from better_compute.domain.base import TenantOwned, iso
+from better_compute.domain.errors import InvalidInput
+from better_compute.domain.ids import keyed_uuid, new_uuid
+
+NODE_CLASSES = ("metal-host",)
+QUOTA_RESOURCES = ("gpu",)
+UNLIMITED = None  # the owner's quota: effectively unlimited
+
+
+def parse_quota(items: dict[str, Any]) -> dict[str, int]:
+    """Check a quota map: only ``gpu`` grants anything, so any other name is refused."""
+    if not items:
+        raise InvalidInput("an offer needs a quota: pass --quota gpu=N (for example gpu=16)")
+    quota: dict[str, int] = {}
+    for name, value in items.items():
+        if name not in QUOTA_RESOURCES:
+            raise InvalidInput(
+                f"quota resource {name!r} is not known: the resource is gpu (singular), "
+                "as in --quota gpu=16; a quota row for any other name would grant nothing"
+            )
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInput(
+                f"quota {name}={value!r} is not a whole number of GPUs >= 0 (for example gpu=16)"
+            )
+        quota[name] = value
+    return quota
+
+
+class Pool(TenantOwned):
+    PREFIX = "pool"
+    TOPIC = "bc.aggregate.pool"
+
+    class Event(TenantOwned.Event):
+        TOPIC = "bc.pool.event"
+
+    @event("Created", topic="pool.created")
+    def __init__(
+        self, tenant_id: str, site_id: str, node_class: str, gpu_model: str,
+        policy: dict[str, Any], name: str, key: str | None, fingerprint: str | None,
+    ) -> None:
+        self.tenant_id = tenant_id
+        self.site_id = site_id
+        self.node_class = node_class
+        self.gpu_model = gpu_model
+        self.policy = policy
+        self.name = name
+        self.key = key
+        self.fingerprint = fingerprint
+        self.offerings: dict[str, dict[str, int]] = {}
+
+    @staticmethod
+    def create_id(tenant_id: str, key: str | None, **_: Any) -> UUID:
+        return keyed_uuid(tenant_id, "pool", key) if key else new_uuid()
+
+    def offer(self, to_tenant: str, quota: dict[str, int]) -> bool:
+        """Offer the pool to a tenant (or change its quota). False when nothing changes."""
+        if to_tenant == self.tenant_id:
+            raise InvalidInput(
+                f"tenant {to_tenant} owns pool {self.public_id} and already has an effectively "
+                "unlimited gpu quota on it: offer it to another tenant"
+            )
+        if self.offerings.get(to_tenant) == quota:
+            return False
+        self._offered(to_tenant=to_tenant, quota=quota)
+        return True
+
+    @event("Offered", topic="pool.offered")
+    def _offered(self, to_tenant: str, quota: dict[str, int]) -> None:
+        self.offerings = {**self.offerings, to_tenant: dict(quota)}
+
+    def quota_for(self, tenant_id: str) -> int | None:
+        """GPUs ``tenant_id`` may hold at once: None is unlimited (the owner), 0 is none."""
+        if tenant_id == self.tenant_id:
+            return UNLIMITED
+        return self.offerings.get(tenant_id, {}).get("gpu", 0)
+
+    def visible_to(self, tenant_id: str) -> bool:
+        return tenant_id == self.tenant_id or tenant_id in self.offerings
+
+    def offering_docs(self) -> list[dict[str, Any]]:
+        return [
+            {"tenantId": t, "quota": dict(q)} for t, q in sorted(self.offerings.items())
+        ]
+
+    def to_doc(self, viewer: str | None = None) -> dict[str, Any]:
+        offerings = self.offering_docs()
+        if viewer is not None and viewer != self.tenant_id:
+            offerings = [o for o in offerings if o["tenantId"] == viewer]
+        return {
+            "id": self.public_id,
+            "tenantId": self.tenant_id,
+            "siteId": self.site_id,
+            "class": self.node_class,
+            "gpuModel": self.gpu_model,
+            "policy": self.policy,
+            "name": self.name,
+            "key": self.key,
+            "ownerQuota": {"gpu": "unlimited"},
+            "offerings": offerings,
+            "createdAt": iso(self.created_on),
+        }

@@ -1,0 +1,48 @@
+"""Sites: where machines live. Platform sites are shared or dedicated."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import event
+
+from better_compute.domain.base import TenantOwned, iso
+from better_compute.domain.ids import keyed_uuid, new_uuid
+
+SITE_KINDS = ("shared", "dedicated")
+
+
+class Site(TenantOwned):
+    PREFIX = "site"
+    TOPIC = "bc.aggregate.site"
+
+    class Event(TenantOwned.Event):
+        TOPIC = "bc.site.event"
+
+    @event("Created", topic="site.created")
+    def __init__(
+        self, tenant_id: str, kind: str, region: str, name: str, key: str | None,
+        fingerprint: str | None,
+    ) -> None:
+        self.tenant_id = tenant_id
+        self.kind = kind
+        self.region = region
+        self.name = name
+        self.key = key
+        self.fingerprint = fingerprint
+
+    @staticmethod
+    def create_id(tenant_id: str, key: str | None, **_: Any) -> UUID:
+        return keyed_uuid(tenant_id, "site", key) if key else new_uuid()
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "id": self.public_id,
+            "tenantId": self.tenant_id,
+            "kind": self.kind,
+            "region": self.region,
+            "name": self.name,
+            "key": self.key,
+            "createdAt": iso(self.created_on),
+        }

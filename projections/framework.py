@@ -1,0 +1,169 @@
+"""A small projection framework on the event store's own tracking machinery.
+
+A projection owns one read model (its tables) and one tracking position in
+the library's tracking table, keyed by the projection's name. It is applied
+in batches; each batch writes the read model's rows and the new tracking
+position in ONE transaction, so every event counts exactly once even when a
+process dies between two batches, and a replayed position is refused.
+
+Catching up takes a per-projection lock inside the transaction and re-reads
+the position there, so several processes (CLI, several ``serve`` replicas)
+can catch up the same projection at once without applying anything twice.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from eventsourcing.persistence import Notification, Tracking, TrackingRecorder
+
+
+class Sql(Protocol):
+    """What a projection needs of the database (api/store.py provides it)."""
+
+    postgres: bool
+
+    def q(self, statement: str) -> str: ...
+    def transaction(self, *, commit: bool) -> Any: ...
+    def execute(self, cursor: Any, statement: str, params: Sequence[Any] = ()) -> None: ...
+    def lock(self, cursor: Any, name: str) -> None: ...
+    def tracking_recorder(self) -> TrackingRecorder: ...
+    def create_tables(self, statements: list[str]) -> None: ...
+
+
+class EventSource(Protocol):
+    """The notification log and its decoder (the Application provides both)."""
+
+    def select(self, after: int, limit: int) -> Sequence[Notification]: ...
+    def decode(self, notification: Notification) -> Any: ...
+    def head(self) -> int: ...
+
+
+class Projection(ABC):
+    """One read model. Subclasses give a name, their tables and ``apply``."""
+
+    name: str
+    version: int = 1  # bump to rebuild a read model whose shape changed
+
+    @abstractmethod
+    def tables(self) -> list[str]: ...
+
+    @abstractmethod
+    def table_names(self) -> list[str]: ...
+
+    @abstractmethod
+    def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
+        """Write what ``event`` changes; runs inside the batch's transaction."""
+
+    @property
+    def tracking_name(self) -> str:
+        return f"projection:{self.name}:v{self.version}"
+
+
+@dataclass(frozen=True)
+class ProjectionStatus:
+    name: str
+    position: int
+    head: int
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.head - self.position)
+
+
+class ProjectionRunner:
+    """Applies projections to the notification log, on demand or from a follower."""
+
+    def __init__(
+        self, sql: Sql, source: EventSource, projections: Sequence[Projection],
+        *, batch_size: int = 500,
+    ) -> None:
+        self.sql = sql
+        self.source = source
+        self.projections = {p.name: p for p in projections}
+        self.batch_size = batch_size
+        self.tracking = sql.tracking_recorder()
+        statements: list[str] = []
+        for projection in projections:
+            statements.extend(projection.tables())
+        sql.create_tables(statements)
+
+    def get(self, name: str) -> Projection:
+        from better_compute.domain.errors import NotFound
+
+        if name not in self.projections:
+            raise NotFound(
+                f"no projection {name!r}: projections are {', '.join(sorted(self.projections))}"
+            )
+        return self.projections[name]
+
+    def position(self, projection: Projection) -> int:
+        return self.tracking.max_tracking_id(projection.tracking_name) or 0
+
+    def catch_up(self, name: str | None = None, *, until: int | None = None) -> int:
+        """Apply every committed event not yet applied; returns how many were applied."""
+        names = [name] if name else list(self.projections)
+        total = 0
+        for each in names:
+            total += self._catch_up_one(self.get(each), until)
+        return total
+
+    def _catch_up_one(self, projection: Projection, until: int | None) -> int:
+        applied = 0
+        while True:
+            start = self.position(projection)
+            if until is not None and start >= until:
+                return applied
+            batch = self.source.select(start, self.batch_size)
+            if not batch:
+                return applied
+            applied += self._apply_batch(projection, batch)
+
+    def _apply_batch(self, projection: Projection, batch: Sequence[Notification]) -> int:
+        with self.sql.transaction(commit=True) as cursor:
+            self.sql.lock(cursor, projection.tracking_name)
+            position = self._position_in(cursor, projection)
+            todo = [n for n in batch if n.id > position]
+            if not todo:
+                return 0
+            for notification in todo:
+                projection.apply(self.sql, cursor, notification.id, self.source.decode(notification))
+            self._track(cursor, projection, todo[-1].id)
+            return len(todo)
+
+    def _position_in(self, cursor: Any, projection: Projection) -> int:
+        return self.tracking._max_tracking_id(projection.tracking_name, cursor) or 0  # type: ignore[attr-defined]
+
+    def _track(self, cursor: Any, projection: Projection, position: int) -> None:
+        self.tracking._insert_tracking(  # type: ignore[attr-defined]
+            cursor, Tracking(notification_id=position, application_name=projection.tracking_name)
+        )
+
+    def rebuild(self, name: str | None = None) -> int:
+        """Empty the read model(s) and apply the whole log again from sequence 0."""
+        names = [name] if name else list(self.projections)
+        total = 0
+        for each in names:
+            projection = self.get(each)
+            with self.sql.transaction(commit=True) as cursor:
+                self.sql.lock(cursor, projection.tracking_name)
+                for table in projection.table_names():
+                    self.sql.execute(cursor, f"DELETE FROM {table}")
+                self._reset_tracking(cursor, projection)
+            total += self._catch_up_one(projection, None)
+        return total
+
+    def _reset_tracking(self, cursor: Any, projection: Projection) -> None:
+        table = "bc_tracking" if self.sql.postgres else "tracking"
+        self.sql.execute(
+            cursor, f"DELETE FROM {table} WHERE application_name = ?", (projection.tracking_name,)
+        )
+
+    def status(self) -> list[ProjectionStatus]:
+        head = self.source.head()
+        return [
+            ProjectionStatus(name, self.position(p), head) for name, p in self.projections.items()
+        ]

@@ -1,0 +1,122 @@
+"""The listings read model: one row per tenant, token, site and pool.
+
+Each row holds the object's public document (what ``list`` methods return),
+who may see it (``audience``: the owner and, for pools, the tenants it is
+offered to) and a snapshot of the aggregate, so the next event of the same
+aggregate applies to the row without loading anything else.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from better_compute.domain.base import TenantOwned
+from better_compute.domain.pki import PkiBundle
+from better_compute.domain.pool import Pool
+from better_compute.projections.framework import Projection, Sql
+
+LISTED_KINDS = ("tenant", "apitoken", "site", "pool")
+
+
+class SnapshotCodec(Protocol):
+    def snapshot(self, aggregate: Any) -> tuple[str, str]: ...
+    def restore(self, topic: str, state: str, originator_id: Any, version: int) -> Any: ...
+
+
+def kind_of(aggregate: Any) -> str:
+    return type(aggregate).__name__.lower()
+
+
+def audience_of(aggregate: TenantOwned) -> str:
+    tenants = {aggregate.tenant_id}
+    if isinstance(aggregate, Pool):
+        tenants.update(aggregate.offerings)
+    return "," + ",".join(sorted(tenants)) + ","
+
+
+class Listings(Projection):
+    name = "listings"
+
+    def __init__(self, codec: SnapshotCodec) -> None:
+        self.codec = codec
+
+    def table_names(self) -> list[str]:
+        return ["bc_listing"]
+
+    def tables(self) -> list[str]:
+        return [
+            "CREATE TABLE IF NOT EXISTS bc_listing ("
+            "uuid TEXT PRIMARY KEY, kind TEXT NOT NULL, id TEXT NOT NULL, "
+            "tenant_id TEXT NOT NULL, audience TEXT NOT NULL, created_seq BIGINT NOT NULL, "
+            "version BIGINT NOT NULL, doc TEXT NOT NULL, snapshot_topic TEXT NOT NULL, "
+            "snapshot TEXT NOT NULL)",
+            "CREATE INDEX IF NOT EXISTS bc_listing_kind ON bc_listing (kind, created_seq)",
+        ]
+
+    def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
+        uuid = str(event.originator_id)
+        if event.originator_version == 1:
+            aggregate = event.mutate(None)
+            if isinstance(aggregate, PkiBundle):
+                return
+            created_seq = sequence
+        else:
+            sql.execute(
+                cursor, "SELECT snapshot_topic, snapshot, created_seq FROM bc_listing WHERE uuid = ?",
+                (uuid,),
+            )
+            row = cursor.fetchone()
+            if row is None:  # an aggregate this read model does not list
+                return
+            previous = self.codec.restore(
+                row["snapshot_topic"], row["snapshot"], event.originator_id,
+                event.originator_version - 1,
+            )
+            aggregate = event.mutate(previous)
+            created_seq = row["created_seq"]
+        topic, state = self.codec.snapshot(aggregate)
+        params = (
+            kind_of(aggregate), aggregate.public_id, aggregate.tenant_id, audience_of(aggregate),
+            created_seq, aggregate.version, json.dumps(aggregate.to_doc()), topic, state, uuid,
+        )
+        if event.originator_version == 1:
+            sql.execute(
+                cursor,
+                "INSERT INTO bc_listing (kind, id, tenant_id, audience, created_seq, version, doc, "
+                "snapshot_topic, snapshot, uuid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                params,
+            )
+        else:
+            sql.execute(
+                cursor,
+                "UPDATE bc_listing SET kind = ?, id = ?, tenant_id = ?, audience = ?, "
+                "created_seq = ?, version = ?, doc = ?, snapshot_topic = ?, snapshot = ? "
+                "WHERE uuid = ?",
+                params,
+            )
+
+
+def query_listing(
+    sql: Sql, kind: str, *, tenant_id: str | None = None, visible_to: str | None = None,
+    where: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Documents of one kind, oldest first; filtered by owner or by audience."""
+    clauses = ["kind = ?"]
+    params: list[Any] = [kind]
+    if tenant_id is not None:
+        clauses.append("tenant_id = ?")
+        params.append(tenant_id)
+    if visible_to is not None:
+        clauses.append("audience LIKE ?")
+        params.append(f"%,{visible_to},%")
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(
+            cursor,
+            f"SELECT doc FROM bc_listing WHERE {' AND '.join(clauses)} ORDER BY created_seq",
+            params,
+        )
+        docs = [json.loads(row["doc"]) for row in cursor.fetchall()]
+    for field, value in (where or {}).items():
+        docs = [d for d in docs if d.get(field) == value]
+    return docs
