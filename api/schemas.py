@@ -33,8 +33,8 @@ class TenantsGet(Params):
 
 
 class TokensCreate(Params):
-    tenant_id: str | None = None
     role: str
+    tenant_id: str | None = None
     name: str | None = None
 
 

@@ -1,0 +1,90 @@
+"""The HTTP surface: Starlette routes under /api/compute.
+
+The lifespan owns the Runtime (store, projections, service); the library is
+synchronous, so every store call runs in a worker thread, bounded by a
+CapacityLimiter no larger than the store's connection pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import better_compute.api.methods  # noqa: F401  (registers every JSON-RPC method)
+from better_compute.api import rpc
+from better_compute.api.runtime import Runtime
+from better_compute.domain.access import Principal
+
+API_PREFIX = "/api/compute"
+MAX_BODY = 1 << 20
+
+
+@dataclass
+class ServerState:
+    runtime: Runtime
+    limiter: anyio.CapacityLimiter
+    gateway_url: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+async def rpc_endpoint(request: Request) -> Response:
+    state: ServerState = request.app.state.bc
+    body = await request.body()
+    if len(body) > MAX_BODY:
+        return JSONResponse(
+            {"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32600, "message": "request body over 1 MiB",
+                "data": {"code": "invalid_request"}}},
+            status_code=413,
+        )
+    token = _bearer(request)
+    service = state.runtime.service
+
+    def authenticate() -> Principal:
+        return service.authenticate(token)
+
+    answer = await anyio.to_thread.run_sync(
+        rpc.handle, body, service, authenticate, limiter=state.limiter
+    )
+    return Response(answer, media_type="application/json")
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+def build_app(runtime: Runtime, *, gateway_url: str | None = None,
+              routes: list[Route] | None = None,
+              on_startup: Callable[[ServerState], Any] | None = None) -> Starlette:
+    """The ASGI app for one Runtime. Extra routes (events, well-known) plug in here."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state = ServerState(runtime, anyio.CapacityLimiter(8), gateway_url)
+        app.state.bc = state
+        if on_startup is not None:
+            on_startup(state)
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(runtime.close)
+
+    base = [
+        Route(f"{API_PREFIX}/rpc", rpc_endpoint, methods=["POST"]),
+        Route(f"{API_PREFIX}/health", health, methods=["GET"]),
+    ]
+    return Starlette(routes=base + list(routes or []), lifespan=lifespan)

@@ -1,0 +1,111 @@
+"""``better-compute serve``: uvicorn with TLS from the serving CA."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from better_compute.api import pki
+from better_compute.api.app import build_app
+from better_compute.api.runtime import Runtime
+from better_compute.domain.errors import InvalidInput
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise InvalidInput(f"--listen {text!r} is not HOST:PORT (for example 127.0.0.1:8443)")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    listen: str
+    hostnames: list[str]
+    insecure_loopback: bool = False
+    gateway_url: str | None = None
+    log_level: str = "warning"
+
+
+class _Server(uvicorn.Server):
+    """Announces readiness on stdout once the socket is bound, so callers never sleep."""
+
+    def __init__(self, config: uvicorn.Config, ready_line: str) -> None:
+        super().__init__(config)
+        self.ready_line = ready_line
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            print(self.ready_line, flush=True)
+
+
+def tls_files(runtime: Runtime, hostnames: list[str]) -> tuple[Path, Path]:
+    bundle = pki.unseal_bundle(runtime.service.pki().sealed,
+                               pki.parse_master_key(runtime.master_key_text()))
+    cert_pem, key_pem = pki.issue_serving_certificate(bundle, hostnames)
+    run_dir = runtime.data_dir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cert_path, key_path = run_dir / f"serving-{os.getpid()}.crt", run_dir / f"serving-{os.getpid()}.key"
+    for path, data in ((cert_path, cert_pem), (key_path, key_pem)):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    return cert_path, key_path
+
+
+def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
+    host, port = parse_listen(options.listen)
+    runtime = Runtime.open(env)
+    runtime.service.pki()  # refuses early, with the fix, when `init` has not run
+    gateway_url = options.gateway_url or runtime.env.get("BETTER_COMPUTE_GATEWAY_URL") or None
+    ssl: dict[str, str] = {}
+    if options.insecure_loopback:
+        if not is_loopback(host):
+            raise InvalidInput(
+                f"--insecure-loopback serves plain HTTP, which is allowed on loopback only; "
+                f"{host} is not a loopback address: drop the flag to serve TLS"
+            )
+        scheme = "http"
+        names: list[str] = []
+    else:
+        names = list(dict.fromkeys(options.hostnames + (list(LOOPBACK_NAMES) if is_loopback(host) else [])))
+        if not names:
+            raise InvalidInput(
+                "--hostname is needed: name the host names clients use to reach this server "
+                "(for example --hostname compute.example.com); they go into its certificate"
+            )
+        cert, key = tls_files(runtime, names)
+        ssl = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+        scheme = "https"
+    app = build_app(runtime, gateway_url=gateway_url)
+    shown = f"[{host}]" if ":" in host else host
+    ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"
+             + (f" (certificate for {', '.join(names)})" if names else " (plain HTTP, loopback only)"))
+    config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
+                            access_log=False, lifespan="on", **ssl)  # type: ignore[arg-type]
+    server = _Server(config, ready)
+    try:
+        server.run()
+    finally:
+        for path in ssl.values():
+            Path(path).unlink(missing_ok=True)
+    if not server.started:
+        sys.exit(1)

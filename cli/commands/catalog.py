@@ -1,0 +1,148 @@
+"""tenants, tokens, sites and pools."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from better_compute.cli.files import check_new_file, write_new_secret
+from better_compute.cli.registry import add_group, add_verb
+from better_compute.domain.errors import InvalidInput
+
+
+def tenants_create(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("tenants.create", tenantId=a.id, name=a.name))
+
+
+def tenants_get(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("tenants.get", tenantId=a.id))
+
+
+def tenants_list(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("tenants.list"))
+
+
+def tokens_create(ctx: Any, a: argparse.Namespace) -> None:
+    if a.out:
+        check_new_file(a.out)
+    created = ctx.call("tokens.create", tenantId=ctx.tenant, role=a.role, name=a.name)
+    if a.out:
+        write_new_secret(a.out, created.pop("token"))
+        created["tokenFile"] = str(Path(a.out))
+    ctx.emit(created)
+
+
+def tokens_list(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("tokens.list", tenantId=ctx.tenant))
+
+
+def tokens_revoke(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("tokens.revoke", tokenId=a.token_id))
+
+
+def sites_create(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("sites.create", kind=a.kind, region=a.region, name=a.name, key=a.key))
+
+
+def sites_get(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("sites.get", siteId=a.site))
+
+
+def sites_list(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("sites.list"))
+
+
+def read_policy_file(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InvalidInput(f"--policy-file {path}: cannot read it ({exc.strerror})") from None
+    try:
+        policy = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"--policy-file {path} is not JSON: {exc}") from None
+    if not isinstance(policy, dict):
+        raise InvalidInput(f"--policy-file {path} must hold a JSON object such as "
+                           '{"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}')
+    return policy
+
+
+def pools_create(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("pools.create", siteId=a.site, **{"class": a.node_class},
+                      gpuModel=a.gpu_model, policy=read_policy_file(a.policy_file),
+                      name=a.name, key=a.key))
+
+
+def pools_get(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("pools.get", poolId=a.pool))
+
+
+def pools_list(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("pools.list", siteId=a.site))
+
+
+def parse_quota(items: list[str]) -> dict[str, Any]:
+    quota: dict[str, Any] = {}
+    for item in items:
+        for part in item.split(","):
+            name, sep, value = part.partition("=")
+            if not sep or not value.strip().isdigit():
+                raise InvalidInput(f"--quota {part!r} is not RESOURCE=N: write --quota gpu=16")
+            quota[name.strip()] = int(value)
+    return quota
+
+
+def pools_offer(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("pools.offer", poolId=a.pool, toTenantId=a.to, quota=parse_quota(a.quota)))
+
+
+def register(sub: Any) -> None:
+    g = add_group(sub, "tenants", "Tenants: the customers, and root (the platform operator).")
+    p = add_verb(g, "create", tenants_create, "Create a tenant; its id is what --to and --tenant take.")
+    p.add_argument("id", help="the tenant id, for example acme")
+    p.add_argument("--name", help="a display name (default: the id)")
+    p = add_verb(g, "get", tenants_get, "Show one tenant.")
+    p.add_argument("id")
+    add_verb(g, "list", tenants_list, "List the tenants you see.")
+
+    g = add_group(sub, "tokens", "API tokens (biam_…): shown once, stored only as a hash.")
+    p = add_verb(g, "create", tokens_create, "Mint a token for a tenant with a role.")
+    p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
+    p.add_argument("--role", required=True, help="admin, member or read-only")
+    p.add_argument("--name", help="what the token is for")
+    p.add_argument("--out", metavar="FILE", help="write the secret to FILE (0600, never overwritten)")
+    p = add_verb(g, "list", tokens_list, "List a tenant's tokens (never their secrets).")
+    p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
+    p = add_verb(g, "revoke", tokens_revoke, "Revoke a token.")
+    p.add_argument("token_id", metavar="TOKEN_ID", help="tok_… as tokens list shows")
+
+    g = add_group(sub, "sites", "Sites: where machines live (root tenant: shared or dedicated).")
+    p = add_verb(g, "create", sites_create, "Create a platform site.")
+    p.add_argument("--kind", required=True, help="shared (offered to tenants) or dedicated")
+    p.add_argument("--region", required=True, help="for example eu-1")
+    p.add_argument("--name")
+    p.add_argument("--key", help="idempotency key: the same key returns the same site")
+    p = add_verb(g, "get", sites_get, "Show one site.")
+    p.add_argument("site", metavar="SITE")
+    add_verb(g, "list", sites_list, "List the sites you see.")
+
+    g = add_group(sub, "pools", "Pools: machines of one GPU model with one policy.")
+    p = add_verb(g, "create", pools_create, "Create a pool on a site.")
+    p.add_argument("--site", required=True, metavar="SITE")
+    p.add_argument("--class", dest="node_class", required=True, metavar="CLASS",
+                   help="metal-host: joining machines become host nodes whose GPUs are held")
+    p.add_argument("--gpu-model", required=True, help="the GPU family, for example H100")
+    p.add_argument("--policy-file", required=True, metavar="FILE",
+                   help='JSON: {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}')
+    p.add_argument("--name")
+    p.add_argument("--key", help="idempotency key: the same key returns the same pool")
+    p = add_verb(g, "get", pools_get, "Show one pool with its policy and offerings.")
+    p.add_argument("pool", metavar="POOL")
+    p = add_verb(g, "list", pools_list, "List the pools you own or are offered.")
+    p.add_argument("--site", metavar="SITE")
+    p = add_verb(g, "offer", pools_offer, "Offer a pool to a tenant with a gpu quota.")
+    p.add_argument("pool", metavar="POOL")
+    p.add_argument("--to", required=True, metavar="TENANT")
+    p.add_argument("--quota", required=True, action="append", metavar="gpu=N")

@@ -1,0 +1,85 @@
+"""init and serve: set up a store, run the API."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from better_compute.cli.files import check_new_file, write_new_secret
+from better_compute.cli.registry import add_verb
+
+
+def init(ctx: Any, args: argparse.Namespace) -> int:
+    from better_compute.api import pki
+    from better_compute.api.runtime import Runtime
+
+    if args.out:
+        check_new_file(args.out)
+    runtime = Runtime.open(ctx.env)
+    try:
+        service = runtime.service
+        if service.is_initialized():
+            service.initialize({}, "")  # raises the "already initialized" conflict
+        key_path = runtime.master_key_path()
+        if runtime.env.get("BETTER_COMPUTE_MASTER_KEY"):
+            key_text, key_note = runtime.env["BETTER_COMPUTE_MASTER_KEY"], "from BETTER_COMPUTE_MASTER_KEY"
+        elif key_path.exists():
+            key_text, key_note = key_path.read_text(), f"{key_path} (existing)"
+        else:
+            key_text = pki.new_master_key()
+            write_new_secret(key_path, key_text, "master key file")
+            key_note = str(key_path)
+        bundle = pki.generate_bundle()
+        sealed = pki.seal_bundle(bundle, pki.parse_master_key(key_text))
+        public = pki.public_parts(bundle)
+        secret = service.initialize(public, sealed)
+        ca_path = runtime.data_dir / "serving-ca.pem"
+        runtime.data_dir.mkdir(parents=True, exist_ok=True)
+        ca_path.write_text(public["servingCaCertificate"])
+        print(f"initialized {runtime.config.describe()}")
+        print(f"master key: {key_note} — it opens the sealed PKI bundle; keep it apart from backups of the store")
+        print(f"serving CA certificate: {ca_path}")
+        print(f"  export BETTER_COMPUTE_CA_FILE={ca_path}")
+        if args.out:
+            out = write_new_secret(args.out, secret)
+            print(f"root administrator token written to {out} (mode 0600); it is shown nowhere else")
+        else:
+            print("root administrator token (shown once, store it now):")
+            print(secret)
+        return 0
+    finally:
+        runtime.close()
+
+
+def serve(ctx: Any, args: argparse.Namespace) -> int:
+    from better_compute.api.serve import ServeOptions
+    from better_compute.api.serve import serve as run_server
+
+    run_server(
+        ServeOptions(listen=args.listen, hostnames=args.hostname or [],
+                     insecure_loopback=args.insecure_loopback, gateway_url=args.gateway_url,
+                     log_level=args.log_level),
+        dict(ctx.env),
+    )
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = add_verb(sub, "init", init, "Create the store, the sealed PKI bundle and the root tenant; "
+                 "print the root administrator's token once.", output=False)
+    p.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600, never overwritten)")
+    p = add_verb(sub, "serve", serve, "Serve the API over TLS with a certificate from the serving CA.",
+                 output=False)
+    p.add_argument("--listen", default="127.0.0.1:8443", metavar="HOST:PORT")
+    p.add_argument("--hostname", action="append", metavar="NAME",
+                   help="a name clients use for this server; repeat for several (loopback names "
+                   "are added when listening on loopback)")
+    p.add_argument("--insecure-loopback", action="store_true",
+                   help="serve plain HTTP; allowed only on a loopback address")
+    p.add_argument("--gateway-url", default=os.environ.get("BETTER_COMPUTE_GATEWAY_URL"),
+                   help="the agents' gateway URL published in the well-known document")
+    p.add_argument("--log-level", default="warning",
+                   choices=["critical", "error", "warning", "info", "debug"])
+
+
