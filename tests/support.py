@@ -1,0 +1,177 @@
+"""Test helpers: stores on both backends, the CLI in-process and as a real process, servers.
+
+Factories, never shared mutable fixtures: each test builds what it needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from better_compute.api import pki
+from better_compute.api.runtime import Runtime
+
+VENV_BIN = Path(sys.executable).parent
+CLI = str(VENV_BIN / "better-compute")
+BCD = str(VENV_BIN / "bcd")
+
+
+def pg_url() -> str:
+    url = os.environ.get("BC_TEST_PG_URL")
+    if not url:
+        raise RuntimeError(
+            "PostgreSQL tests need BC_TEST_PG_URL: run scripts/test, which starts a throwaway "
+            "PostgreSQL cluster and sets it (or set BC_TEST_BACKENDS=sqlite to run SQLite only)"
+        )
+    return url
+
+
+def store_env(backend: str, tmp: Path) -> dict[str, str]:
+    """A fresh, empty store of the given backend, as the environment that selects it."""
+    data = tmp / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    env = {"BETTER_COMPUTE_DATA_DIR": str(data), "PATH": os.environ.get("PATH", "")}
+    if backend == "postgres":
+        schema = "t_" + uuid.uuid4().hex[:16]
+        env["BETTER_COMPUTE_DATABASE_URL"] = f"{pg_url()}?schema={schema}"
+    return env
+
+
+def drop_schema(env: Mapping[str, str]) -> None:
+    url = env.get("BETTER_COMPUTE_DATABASE_URL")
+    if not url:
+        return
+    base, _, query = url.partition("?schema=")
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{query}" CASCADE')
+
+
+def initialize(env: Mapping[str, str]) -> str:
+    """Initialize a store the way `better-compute init` does; returns the root token."""
+    code, out, err = cli_inprocess(["init"], env)
+    assert code == 0, err
+    return out.strip().splitlines()[-1]
+
+
+def cli_inprocess(argv: list[str], env: Mapping[str, str]) -> tuple[int, str, str]:
+    """Run the CLI's main() in this process with exactly ``env`` (fast; no subprocess)."""
+    from better_compute.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:  # argparse usage errors
+                code = int(exc.code or 0)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return code, out.getvalue(), err.getvalue()
+
+
+def run(argv: list[str], env: Mapping[str, str], *, input: str | None = None,
+        timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """A real process, as a user types the command."""
+    return subprocess.run(argv, env=dict(env), input=input, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[str]
+    url: str
+    port: int
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=30)
+
+
+def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float = 60) -> str:
+    """Read the process's stdout until a line contains ``needle`` (no sleeping)."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return line
+    process.kill()
+    stderr = process.stderr.read() if process.stderr else ""
+    raise AssertionError(f"no line with {needle!r}; stdout={seen!r} stderr={stderr[-3000:]}")
+
+
+@contextlib.contextmanager
+def serve(env: Mapping[str, str], *extra: str, port: int | None = None,
+          tls: bool = True) -> Iterator[Server]:
+    """A real `better-compute serve` process on loopback, TLS by default."""
+    port = port or free_port()
+    argv = [CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra]
+    if not tls:
+        argv.append("--insecure-loopback")
+    process = subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    server = Server(process, f"{'https' if tls else 'http'}://127.0.0.1:{port}", port)
+    try:
+        wait_for_line(process, "serving ")
+        yield server
+    finally:
+        server.kill(signal.SIGTERM if process.poll() is None else signal.SIGKILL)
+
+
+def client_env(env: Mapping[str, str], server: Server, token: str,
+               tenant: str = "root") -> dict[str, str]:
+    """What an operator exports to point the CLI at a server (tutorial, first section)."""
+    data = Path(env["BETTER_COMPUTE_DATA_DIR"])
+    return {
+        "PATH": env.get("PATH", ""),
+        "HOME": str(data),
+        "BETTER_COMPUTE_URL": server.url,
+        "BETTER_COMPUTE_TOKEN": token,
+        "BETTER_COMPUTE_TENANT": tenant,
+        "BETTER_COMPUTE_CA_FILE": str(data / "serving-ca.pem"),
+        # A CLI pointed at a URL must not need the local store: keep it out of reach.
+        "BETTER_COMPUTE_DATA_DIR": str(data / "not-used-by-http-clients"),
+    }
+
+
+def open_runtime(env: Mapping[str, str]) -> Runtime:
+    return Runtime.open(dict(env))
+
+
+def quick_init(runtime: Runtime) -> str:
+    """Initialize through the service (no CLI): PKI bundle sealed under a throwaway key."""
+    key = pki.new_master_key()
+    bundle = pki.generate_bundle()
+    return runtime.service.initialize(pki.public_parts(bundle),
+                                      pki.seal_bundle(bundle, pki.parse_master_key(key)))
