@@ -15,46 +15,46 @@ class Params(msgspec.Struct, forbid_unknown_fields=True, rename="camel", kw_only
     pass
 
 
-class NoParams(Params):
+class NoParams(Params, kw_only=True):
     pass
 
 
-class TenantScope(Params):
+class TenantScope(Params, kw_only=True):
     tenant_id: str | None = None
 
 
-class TenantsCreate(Params):
+class TenantsCreate(Params, kw_only=True):
     tenant_id: str
     name: str | None = None
 
 
-class TenantsGet(Params):
+class TenantsGet(Params, kw_only=True):
     tenant_id: str
 
 
-class TokensCreate(Params):
+class TokensCreate(Params, kw_only=True):
     role: str
     tenant_id: str | None = None
     name: str | None = None
 
 
-class TokensRevoke(Params):
+class TokensRevoke(Params, kw_only=True):
     token_id: str
     tenant_id: str | None = None
 
 
-class SitesCreate(Params):
+class SitesCreate(Params, kw_only=True):
     kind: str
     region: str
     name: str | None = None
     key: str | None = None
 
 
-class SitesGet(Params):
+class SitesGet(Params, kw_only=True):
     site_id: str
 
 
-class PoolsCreate(Params):
+class PoolsCreate(Params, kw_only=True):
     site_id: str
     node_class: str = msgspec.field(name="class")
     gpu_model: str
@@ -63,15 +63,15 @@ class PoolsCreate(Params):
     key: str | None = None
 
 
-class PoolsGet(Params):
+class PoolsGet(Params, kw_only=True):
     pool_id: str
 
 
-class PoolsList(Params):
+class PoolsList(Params, kw_only=True):
     site_id: str | None = None
 
 
-class PoolsOffer(Params):
+class PoolsOffer(Params, kw_only=True):
     pool_id: str
     to_tenant_id: str
     quota: dict[str, Any]
