@@ -28,8 +28,14 @@ H100_NAME = "NVIDIA H100 80GB HBM3"
 H100_MEMORY_MIB = 81559
 # Bus ids of the eight GPUs of an HGX H100 baseboard, in NVML index order.
 HGX_BUS_IDS = (
-    "0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
-    "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0",
+    "0000:18:00.0",
+    "0000:2a:00.0",
+    "0000:3a:00.0",
+    "0000:5d:00.0",
+    "0000:9a:00.0",
+    "0000:ab:00.0",
+    "0000:ba:00.0",
+    "0000:db:00.0",
 )
 _NAMESPACE = uuid.UUID("6f1d8c52-3c0e-4c55-9a57-bcd000000001")
 
@@ -205,10 +211,14 @@ def write_fake_fleet_file(
         raise ValueError("gpus must be >= 0")
     seed = _digest(serial)
     host_uuid = product_uuid or str(uuid.uuid5(_NAMESPACE, f"host/{serial}"))
-    host_macs = list(macs) if macs is not None else [
-        f"b8:3f:d2:{(seed >> 16) & 0xFF:02x}:{(seed >> 8) & 0xFF:02x}:{(seed + n) & 0xFF:02x}"
-        for n in range(2)
-    ]
+    host_macs = (
+        list(macs)
+        if macs is not None
+        else [
+            f"b8:3f:d2:{(seed >> 16) & 0xFF:02x}:{(seed >> 8) & 0xFF:02x}:{(seed + n) & 0xFF:02x}"
+            for n in range(2)
+        ]
+    )
     domain = f"{host_uuid}/nvswitch" if nvlink and gpus > 1 else None
     document = {
         "driverVersion": driver_version,

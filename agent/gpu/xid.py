@@ -62,8 +62,8 @@ class XidWatcher:
         for index in range(count):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, self._set)
                 uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, self._set)
             except nvml.NVMLError as error:
                 log.warning("GPU %d: XID events unavailable (%s)", index, error)
                 self.unwatched.append(index)

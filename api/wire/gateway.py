@@ -1,0 +1,110 @@
+"""The node session between bcd and the gateway (``serve --gateway-listen``).
+
+Transport: TLS with client certificates (the node certificate from the node
+CA, the node key generated on the machine), then newline-delimited JSON
+messages, one per line, in both directions. Each message is a tagged msgspec
+Struct (field ``type``). Unknown fields are ignored and unknown message types
+are skipped, so either side can be upgraded first.
+
+Session:
+1. bcd sends Hello. The gateway checks that the certificate's node id equals
+   Hello.node_id, bumps the node's session epoch (event ``node.connected``)
+   and answers Welcome(epoch). A newer session fences the older one off: the
+   gateway closes it, and any message carrying a stale epoch is refused.
+2. Down: DesiredState whenever the node's desired generation changes (and once
+   after Welcome). Sections: ``acceptance`` (checks to run), ``devices``
+   (device assignments), more later. bcd applies it idempotently and reports.
+3. Up: Heartbeat (every ``heartbeat_seconds``), Report (applied and observed
+   generation, inventory, telemetry, per-section status) and Journal (entries
+   signed with the node key; the gateway verifies each against the key
+   recorded at join before it changes any state). The gateway answers Ack for
+   journal entries it accepted and Nack(code, message) for refused ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Msg(msgspec.Struct, rename="camel", tag_field="type", kw_only=True):
+    """Base of session messages; ``type`` is the tag."""
+
+
+class Hello(Msg, tag="hello", kw_only=True):
+    node_id: str
+    bcd_version: str | None = None
+    applied_generation: int = 0
+    observed_generation: int = 0
+
+
+class Welcome(Msg, tag="welcome", kw_only=True):
+    epoch: int
+    heartbeat_seconds: float = 5.0
+
+
+class Refused(Msg, tag="refused", kw_only=True):
+    code: str
+    message: str
+
+
+class DesiredState(Msg, tag="desired", kw_only=True):
+    epoch: int
+    generation: int
+    sections: dict[str, Any] = {}
+
+
+class Heartbeat(Msg, tag="heartbeat", kw_only=True):
+    epoch: int
+    time: str  # RFC 3339, the node's clock
+
+
+class Report(Msg, tag="report", kw_only=True):
+    epoch: int
+    applied_generation: int
+    observed_generation: int
+    sections: dict[str, Any] = {}  # per section: {"state": "...", "message": "..."}
+    inventory: dict[str, Any] | None = None  # agent.gpu Inventory as builtins
+    telemetry: dict[str, Any] | None = None
+
+
+class SignedEntry(msgspec.Struct, rename="camel", kw_only=True):
+    payload: str  # base64 of the entry JSON, exactly as signed
+    signature: str  # base64 ECDSA-P256-SHA256 (DER) by the node key
+
+
+class Journal(Msg, tag="journal", kw_only=True):
+    epoch: int
+    seq: int  # the node's own journal sequence, strictly increasing
+    entry: SignedEntry
+
+
+class Ack(Msg, tag="ack", kw_only=True):
+    seq: int
+
+
+class Nack(Msg, tag="nack", kw_only=True):
+    seq: int
+    code: str
+    message: str
+
+
+ToNode = Welcome | Refused | DesiredState | Ack | Nack
+ToGateway = Hello | Heartbeat | Report | Journal
+
+_to_node = msgspec.json.Decoder(ToNode)
+_to_gateway = msgspec.json.Decoder(ToGateway)
+_encoder = msgspec.json.Encoder()
+
+
+def encode(message: Msg) -> bytes:
+    return _encoder.encode(message) + b"\n"
+
+
+def decode_to_node(line: bytes) -> ToNode:
+    return _to_node.decode(line)
+
+
+def decode_to_gateway(line: bytes) -> ToGateway:
+    return _to_gateway.decode(line)
