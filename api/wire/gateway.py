@@ -19,6 +19,23 @@ Session:
    signed with the node key; the gateway verifies each against the key
    recorded at join before it changes any state). The gateway answers Ack for
    journal entries it accepted and Nack(code, message) for refused ones.
+
+Sections of DesiredState (the control plane owns their content; bcd applies):
+- ``acceptance``: ``{"attempt": N, "checks": [{"kind": "diag.nvml", "expect":
+  {"gpuCount": 8, "gpuModel": "H100"}}]}``. bcd runs each check against its GPU
+  source and journals one ``acceptance.result`` entry per attempt.
+- ``devices``: ``{"assignments": [{"allocationId": "alloc_…", "reservationId":
+  "rsv_…", "gpus": ["GPU-…", …], "cpus": N, "memoryGiB": M}]}`` (reservations).
+
+Journal entry payloads (JSON, signed by the node key), common fields
+``{"kind", "nodeId", "epoch", "time"}`` plus:
+- ``acceptance.result``: ``attempt``, ``passed`` (bool), ``checks``: list of
+  ``{"kind", "passed", "message"}``, ``gpus``: the inventory's GPU list.
+- ``allocation.bound``: ``allocationId``, ``gpus``, ``cdiDevices``,
+  ``envFile``, ``cgroupParent``, ``cdiSpec`` (path).
+- ``allocation.failed``: ``allocationId``, ``reason`` (overlap,
+  device-missing, resources-exhausted), ``message``.
+- ``allocation.released``: ``allocationId``.
 """
 
 from __future__ import annotations
