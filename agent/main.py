@@ -1,14 +1,113 @@
-"""bcd, the node agent (join, node, status, doctor arrive with their issues)."""
+"""bcd, the node agent: ``bcd join | doctor | node | status``.
+
+One composition root: main() reads BCD_ROOT and the environment, builds the
+paths, and hands them to the command. Operator errors (BcdError) print one line
+on standard error and exit non-zero; anything else is a bug and shows a traceback.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from collections.abc import Sequence
 
+from .errors import BcdError, UsageError
+from .paths import Paths
+from .version import bcd_version
+
+_NO_POSITIONAL = (
+    "bcd join takes no positional arguments: the join token is never an argument (arguments "
+    "show in `ps` and shell history). Pipe it in (`bcd join ... < join-token`), set "
+    "BCD_JOIN_TOKEN, or pass --token-file FILE (a file of mode 0600)"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bcd", description="The better-compute node agent. Host paths live under BCD_ROOT "
+        "(default /); BCD_GPU_SOURCE=nvml|nvidia-smi|fake:FILE picks the GPU source.")
+    parser.add_argument("--version", action="version", version=f"bcd {bcd_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    join = sub.add_parser(
+        "join", help="join this machine to a pool with a join token",
+        description="Join this machine to the control plane's pool with a join token read from "
+        "--token-file, BCD_JOIN_TOKEN or standard input (never an argument). Flags left out are "
+        "taken from config.toml's [server], as the install script writes it. See docs/bcd.md.")
+    join.add_argument("--server", help="the control plane's API root, https://HOST/api/compute")
+    join.add_argument("--serving-ca-pin", help="sha256/… pin of the serving CA")
+    join.add_argument("--join-signing-pin", help="sha256/… pin of the join signing key")
+    join.add_argument("--join-encryption-pin", help="sha256/… pin of the join encryption key")
+    join.add_argument("--token-file", metavar="FILE",
+                      help="the join token file (mode 0600 or 0400, yours; deleted after the join)")
+    join.add_argument("positional", nargs="*", help=argparse.SUPPRESS)
+
+    doctor = sub.add_parser("doctor", help="check this machine for a join and a node",
+                            description="Check privileges, config.toml, the GPU source, the "
+                            "server and the clock, and say what to fix. Exits 1 when any fails.")
+    doctor.add_argument("--server", help="the API root to check (default: config.toml's)")
+
+    node = sub.add_parser(
+        "node", help="run the agent: the session with the gateway, desired state, status",
+        description="Run the node agent: keep the session with the gateway up (reconnecting "
+        "with backoff), apply the desired state, journal what it did, and serve `bcd status` "
+        "on BCD_ROOT/run/bcd/bcd.sock. Stops cleanly on SIGTERM or SIGINT. See docs/bcd.md.")
+    node.add_argument("--config", metavar="FILE",
+                      help="config.toml written by bcd join (default /etc/bcd/config.toml, "
+                      "under BCD_ROOT)")
+    status = sub.add_parser(
+        "status", help="show the running agent: session, spec generations, sections, GPUs",
+        description="Read the running bcd node over its unix socket and show its session, "
+        "the applied and observed spec generations, each section and each GPU.")
+    status.add_argument("--json", action="store_true",
+                        help="print the status as JSON (schema in docs/bcd.md)")
+    status.add_argument("--socket", metavar="PATH",
+                        help="the agent's socket (default /run/bcd/bcd.sock, under BCD_ROOT)")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    paths = Paths.from_env(env)
+    if args.command == "join":
+        if args.positional:
+            raise UsageError(_NO_POSITIONAL)
+        from .join import JoinOptions, join
+
+        options = JoinOptions(args.server, args.serving_ca_pin, args.join_signing_pin,
+                              args.join_encryption_pin, args.token_file)  # fmt: skip
+        return join(options, paths=paths, env=env, stdin=sys.stdin)
+    if args.command == "doctor":
+        from .doctor import doctor
+
+        return doctor(paths=paths, env=env, server=args.server)
+    if args.command == "node":
+        from .node.command import node_command
+
+        return node_command(args.config, paths=paths, env=env)
+    if args.command == "status":
+        from .node.command import status_command
+
+        return status_command(paths=paths, as_json=args.json, socket=args.socket)
+    raise UsageError(f"bcd {args.command} is not a bcd command")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    print("bcd: no commands yet (join, node, status and doctor are being built)", file=sys.stderr)
-    return 2
+    # The commands' modules need 3.11 (tomllib); they are imported only past this check.
+    if sys.version_info < (3, 11):  # noqa: UP036  (the single file runs on any python3)
+        print("bcd needs Python 3.11 or newer; this is " + sys.version.split()[0], file=sys.stderr)
+        return 1
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return _run(args)
+    except BcdError as exc:
+        print(f"bcd {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import ipaddress
 import json
 import os
@@ -22,23 +21,23 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, x25519
 from cryptography.hazmat.primitives.asymmetric.types import (
     CertificateIssuerPublicKeyTypes,
     PublicKeyTypes,
 )
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from better_compute.api.wire import sealing
+from better_compute.api.wire.sealing import seal_to, spki_pin  # noqa: F401  (re-exported)
 from better_compute.domain.errors import InvalidInput
 
 MASTER_KEY_PREFIX = "bcmk1_"
 SEALED_PREFIX = "v1."
 _SEAL_AD = b"better-compute pki v1"
-_JOIN_INFO = b"better-compute join v1"
 _CA_LIFETIME = timedelta(days=3652)
 # Certificates start a little in the past so a node whose clock lags slightly accepts them.
 _BACKDATE = timedelta(minutes=5)
@@ -51,10 +50,6 @@ _WRONG_KEY = (
     "to the key `better-compute init` wrote (DATA_DIR/master.key)"
 )
 _DAMAGED = "the stored PKI bundle is not v1 sealed text; the store's pki record is damaged"
-_BAD_JOIN_BLOB = (
-    "the sealed join request cannot be opened with this control plane's join encryption key: "
-    "fetch the current joinEncryptionPublicKey from the control plane and seal the request again"
-)
 
 
 @dataclass(frozen=True)
@@ -116,12 +111,6 @@ def generate_bundle(now: datetime | None = None) -> PkiBundle:
 
 def _spki(public_key: PublicKeyTypes, encoding: serialization.Encoding) -> bytes:
     return public_key.public_bytes(encoding, serialization.PublicFormat.SubjectPublicKeyInfo)
-
-
-def spki_pin(public_key: PublicKeyTypes) -> str:
-    """``sha256/`` + standard base64 of SHA-256 over the key's DER SubjectPublicKeyInfo."""
-    digest = hashlib.sha256(_spki(public_key, serialization.Encoding.DER)).digest()
-    return "sha256/" + base64.b64encode(digest).decode("ascii")
 
 
 def pem(cert: x509.Certificate) -> str:
@@ -337,52 +326,17 @@ def verify_join_response(
     public_key_pem: bytes | ed25519.Ed25519PublicKey, payload: bytes, signature: bytes
 ) -> bool:
     """False for a bad signature; InvalidInput when the key itself is not an Ed25519 key."""
-    key: Any = public_key_pem
-    if isinstance(public_key_pem, bytes):
-        try:
-            key = serialization.load_pem_public_key(public_key_pem)
-        except ValueError:
-            key = None
-    if not isinstance(key, ed25519.Ed25519PublicKey):
-        raise InvalidInput("the join signing public key is not an Ed25519 PEM public key")
     try:
-        key.verify(signature, payload)
-    except InvalidSignature:
-        return False
-    return True
-
-
-def _join_key(shared: bytes, ephemeral: bytes, recipient: bytes, info: bytes) -> bytes:
-    # Both public keys go into the salt so the derived key is bound to this exact exchange.
-    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=ephemeral + recipient, info=info)
-    return hkdf.derive(shared)
-
-
-def _raw(public_key: x25519.X25519PublicKey) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-def seal_to(
-    public_key: x25519.X25519PublicKey, plaintext: bytes, info: bytes = _JOIN_INFO
-) -> bytes:
-    """Ephemeral X25519 -> HKDF-SHA256 -> ChaCha20-Poly1305; ``epk(32) || nonce(12) || ct``."""
-    ephemeral = x25519.X25519PrivateKey.generate()
-    ephemeral_raw = _raw(ephemeral.public_key())
-    key = _join_key(ephemeral.exchange(public_key), ephemeral_raw, _raw(public_key), info)
-    nonce = os.urandom(12)
-    return ephemeral_raw + nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, None)
+        return sealing.verify_join_response(public_key_pem, payload, signature)
+    except sealing.SealingError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def open_sealed(
-    private_key: x25519.X25519PrivateKey, blob: bytes, info: bytes = _JOIN_INFO
+    private_key: x25519.X25519PrivateKey, blob: bytes, info: bytes = sealing.JOIN_INFO
 ) -> bytes:
-    if len(blob) < 32 + 12 + 16:
-        raise InvalidInput(_BAD_JOIN_BLOB)
-    ephemeral_raw, nonce, ciphertext = blob[:32], blob[32:44], blob[44:]
+    """The plaintext of a :func:`seal_to` blob; InvalidInput when it does not open."""
     try:
-        ephemeral = x25519.X25519PublicKey.from_public_bytes(ephemeral_raw)
-        shared = private_key.exchange(ephemeral)  # ValueError for low-order points
-        key = _join_key(shared, ephemeral_raw, _raw(private_key.public_key()), info)
-        return ChaCha20Poly1305(key).decrypt(nonce, ciphertext, None)
-    except (InvalidTag, ValueError):
-        raise InvalidInput(_BAD_JOIN_BLOB) from None
+        return sealing.open_sealed(private_key, blob, info)
+    except sealing.SealingError as exc:
+        raise InvalidInput(str(exc)) from None

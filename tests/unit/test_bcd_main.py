@@ -1,0 +1,41 @@
+"""bcd's command line: refusals that need no control plane."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from better_compute.agent.main import main
+
+
+def test_positional_arguments_to_join_are_refused_without_echoing_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    monkeypatch.setenv("BCD_ROOT", str(tmp_path))
+    code = main(["join", "--server", "https://h/api/compute", "bcjt_secret-in-argv"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "never an argument" in err and "--token-file" in err
+    assert "bcjt_secret-in-argv" not in err
+    assert not (tmp_path / "etc").exists()
+
+
+@pytest.mark.parametrize(("command", "says"), [("node", "bcd join"), ("status", "not running")])
+def test_node_and_status_on_a_machine_that_never_joined(command: str, says: str, tmp_path: Path,
+                                                        monkeypatch, capsys) -> None:  # fmt: skip
+    monkeypatch.setenv("BCD_ROOT", str(tmp_path))
+    assert main([command]) == 1
+    assert says in capsys.readouterr().err
+
+
+def test_no_command_prints_help(capsys) -> None:
+    assert main([]) == 2
+    assert "join" in capsys.readouterr().err
+
+
+def test_version(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("bcd ")
