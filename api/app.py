@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import better_compute.api.methods  # noqa: F401  (registers every JSON-RPC method)
-from better_compute.api import rpc
+from better_compute.api import join_routes, rpc, watch
 from better_compute.api.runtime import Runtime
 from better_compute.domain.access import Principal
 
@@ -76,15 +76,19 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state = ServerState(runtime, anyio.CapacityLimiter(8), gateway_url)
         app.state.bc = state
+        runtime.service.gateway_url = gateway_url
         if on_startup is not None:
             on_startup(state)
         try:
-            yield
+            async with watch.running_hub(state):  # the /watch follower of this process
+                yield
         finally:
             await anyio.to_thread.run_sync(runtime.close)
 
     base = [
         Route(f"{API_PREFIX}/rpc", rpc_endpoint, methods=["POST"]),
         Route(f"{API_PREFIX}/health", health, methods=["GET"]),
+        *join_routes.ROUTES,
+        *watch.ROUTES,
     ]
     return Starlette(routes=base + list(routes or []), lifespan=lifespan)

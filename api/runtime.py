@@ -18,6 +18,7 @@ from eventsourcing.persistence import Notification, StoredEvent
 from better_compute.api.service import ComputeService
 from better_compute.api.store import ComputeStore, SqlRunner, StoreConfig, open_store
 from better_compute.domain.errors import InvalidInput
+from better_compute.projections.capacity import Capacity
 from better_compute.projections.framework import ProjectionRunner
 from better_compute.projections.listings import Listings
 
@@ -53,7 +54,7 @@ class Projections(ProjectionRunner):
     def __init__(self, store: ComputeStore) -> None:
         source = StoreEvents(store)
         self.sql: SqlRunner = store.sql()
-        super().__init__(self.sql, source, [Listings(source)])
+        super().__init__(self.sql, source, [Listings(source), Capacity()])
 
 
 @dataclass
@@ -70,7 +71,9 @@ class Runtime:
         config = StoreConfig.from_env(env)
         store = open_store(config)
         projections = Projections(store)
-        return cls(config, store, projections, ComputeService(store, projections), env)
+        runtime = cls(config, store, projections, ComputeService(store, projections), env)
+        runtime.service.master_key_text = runtime.master_key_text
+        return runtime
 
     def close(self) -> None:
         self.store.close()

@@ -55,6 +55,10 @@ class ComputeService:
         self.projections = projections
         self.sql = projections.sql
         self.clock = clock
+        # Reads the operator's master key (set by the Runtime); commands that sign need it.
+        self.master_key_text: Callable[[], str] | None = None
+        # The agents' gateway as `serve` publishes it (None in the CLI's in-process mode).
+        self.gateway_url: str | None = None
 
     # ----------------------------------------------------------------- helpers
 
@@ -207,6 +211,10 @@ class ComputeService:
         tenant = self._scope(principal, tenant_id)
         principal.require_admin_of(tenant, "create tokens")
         role_enum = Role.parse(role)
+        if role == "root-admin" and tenant != ROOT_TENANT:
+            raise InvalidInput(
+                f"root-admin exists only on the root tenant; for tenant {tenant} use --role admin"
+            )
         self._tenant(tenant)
         secret = new_token_secret()
         token = ApiToken(tenant_id=tenant, role=role_enum.value, name=name or f"{role_enum.value} token",
@@ -323,6 +331,8 @@ class ComputeService:
         return pool.to_doc(viewer=None if principal.is_root else principal.tenant_id)
 
     def pools_list(self, principal: Principal, site_id: str | None) -> list[dict[str, Any]]:
+        if site_id:
+            parse_id("site", site_id)  # a malformed --site is an error, not an empty list
         where = {"siteId": site_id} if site_id else None
         if principal.is_root:
             return self.listing("pool", where=where)

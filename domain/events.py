@@ -28,6 +28,11 @@ _SUBJECT_PREFIX: dict[str, str | None] = {
     "site": "site",
     "pool": "pool",
     "pki": None,
+    "joinToken": "jt",
+    "node": "node",
+    "reservation": "rsv",
+    "bookings": None,  # internal: per-node bookings, seen only by the pool's owner
+    "quota": None,  # a tenant's GPU use on a pool; data carries the pool and reservation
 }
 
 

@@ -16,7 +16,7 @@ from better_compute.domain.pki import PkiBundle
 from better_compute.domain.pool import Pool
 from better_compute.projections.framework import Projection, Sql
 
-LISTED_KINDS = ("tenant", "apitoken", "site", "pool")
+LISTED_KINDS = ("tenant", "apitoken", "site", "pool", "jointoken", "node")
 
 
 class SnapshotCodec(Protocol):

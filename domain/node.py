@@ -1,0 +1,415 @@
+"""Nodes: machines that joined a pool with a join token, and their lifecycle.
+
+A node is created by ``node.joined`` in provision state ``adopting``, in the
+same atomic save that spends the join token. It belongs to the pool's owner.
+It remembers what the machine reported when it joined (hardware facts and
+GPUs), the SPKI pin of the node key generated on the machine (the key never
+leaves it) and the serial and end of the node certificate issued for that key.
+
+The lifecycle (docs/nodes.md): each gateway session bumps the session epoch
+(``node.connected``); a session that ends records ``node.disconnected`` and a
+node silent for the heartbeat timeout ``node.unreachable``. Acceptance runs
+in attempts (``node.acceptance.started``); a failed attempt is sticky
+(``node.acceptance.failed``) until ``nodes.adopt`` starts another; a passed
+one adopts the node (``node.adopted``) at desired-state generation 1. GPU
+health changes (``node.gpu.unhealthy`` / ``node.gpu.healthy``) and
+maintenance (``node.cordoned`` / ``node.uncordoned``) change its conditions
+and its capacity, never a hold. Every lifecycle event carries ``at``, the
+control plane's clock when it was decided.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.domain import event
+
+from better_compute.domain.base import TenantOwned, iso
+from better_compute.domain.errors import Conflict
+from better_compute.domain.node_rules import (
+    ACCEPTANCE_FAILED,
+    ACCEPTANCE_PASSED,
+    ACCEPTANCE_PENDING,
+    ACCEPTANCE_RUNNING,
+    SESSION_CONNECTED,
+    SESSION_DISCONNECTED,
+    SESSION_NEVER,
+    SESSION_UNREACHABLE,
+)
+
+PROVISION_ADOPTING = "adopting"
+PROVISION_ADOPTED = "adopted"
+NODE_ROLE = "node"
+ADOPTED_GENERATION = 1  # the desired-state generation a node gets when it is adopted
+
+
+class Node(TenantOwned):
+    PREFIX = "node"
+    TOPIC = "bc.aggregate.node"
+
+    class Event(TenantOwned.Event):
+        TOPIC = "bc.node.event"
+
+    @event("Joined", topic="node.joined")
+    def __init__(
+        self, id: UUID, tenant_id: str, pool_id: str, site_id: str, join_token_id: str,
+        role: str, hardware_key: str, hardware: dict[str, Any], gpus: list[dict[str, Any]],
+        key_pin: str, certificate_serial: str, certificate_not_after: datetime,
+        bcd_version: str | None,
+    ) -> None:
+        self.tenant_id = tenant_id
+        self.pool_id = pool_id
+        self.site_id = site_id
+        self.join_token_id = join_token_id
+        self.role = role
+        self.hardware_key = hardware_key
+        self.hardware = hardware
+        self.gpus = gpus
+        self.key_pin = key_pin
+        self.certificate_serial = certificate_serial
+        self.certificate_not_after = certificate_not_after
+        self.bcd_version = bcd_version
+        self.provision_state = PROVISION_ADOPTING
+        self._init_lifecycle()
+
+    # ------------------------------------------------------------- lifecycle
+
+    def _init_lifecycle(self) -> None:
+        self.session = SESSION_NEVER
+        self.session_epoch = 0
+        self.session_since: datetime | None = None
+        self.last_seen: datetime | None = None
+        self.acceptance_state = ACCEPTANCE_PENDING
+        self.acceptance_attempt = 0
+        self.acceptance_checks: list[dict[str, Any]] = []
+        self.acceptance_results: list[dict[str, Any]] = []
+        self.acceptance_message = ""
+        self.acceptance_since: datetime | None = None
+        self.generation = 0
+        self.adopted_at: datetime | None = None
+        self.cordoned = False
+        self.cordon_reason = ""
+        self.cordoned_since: datetime | None = None
+        self.transitions: dict[str, str] = {}  # condition -> when it last changed
+        self._status_cache = self._statuses()
+
+    @property
+    def joined_at(self) -> datetime:
+        return self.created_on
+
+    @property
+    def adopted(self) -> bool:
+        return self.provision_state == PROVISION_ADOPTED
+
+    def connect(self, at: datetime, bcd_version: str | None) -> int:
+        """A new gateway session: the epoch goes up by one; older sessions are fenced off."""
+        epoch = self.session_epoch + 1
+        self._connected(epoch=epoch, at=at, bcd_version=bcd_version)
+        return epoch
+
+    @event("Connected", topic="node.connected")
+    def _connected(self, epoch: int, at: datetime, bcd_version: str | None) -> None:
+        self.session_epoch = epoch
+        self.session = SESSION_CONNECTED
+        self.session_since = at
+        self.last_seen = at
+        if bcd_version:
+            self.bcd_version = bcd_version
+        self._touch(at)
+
+    def disconnect(self, epoch: int, at: datetime, reason: str) -> bool:
+        """The session of ``epoch`` ended; False when a newer one already took over."""
+        if epoch != self.session_epoch or self.session != SESSION_CONNECTED:
+            return False
+        self._disconnected(epoch=epoch, at=at, reason=reason)
+        return True
+
+    @event("Disconnected", topic="node.disconnected")
+    def _disconnected(self, epoch: int, at: datetime, reason: str) -> None:
+        self.session = SESSION_DISCONNECTED
+        self.session_since = at
+        self.last_seen = at
+        self._touch(at)
+
+    def mark_unreachable(self, at: datetime, last_seen: datetime | None) -> bool:
+        """No session and no heartbeat for the timeout; False when already unreachable."""
+        if self.session not in (SESSION_CONNECTED, SESSION_DISCONNECTED):
+            return False
+        self._unreachable(epoch=self.session_epoch, at=at, last_seen=last_seen or self.last_seen)
+        return True
+
+    @event("Unreachable", topic="node.unreachable")
+    def _unreachable(self, epoch: int, at: datetime, last_seen: datetime | None) -> None:
+        self.session = SESSION_UNREACHABLE
+        self.session_since = at
+        self._touch(at)
+
+    def start_acceptance(self, at: datetime, checks: list[dict[str, Any]], reason: str,
+                         requested_by: str | None) -> int:
+        """Start the next acceptance attempt (the controller, or nodes.adopt after a failure)."""
+        if self.adopted:
+            raise Conflict(
+                f"node {self.public_id} is already adopted (attempt {self.acceptance_attempt} "
+                "passed): there is nothing to accept"
+            )
+        if self.acceptance_state == ACCEPTANCE_RUNNING:
+            raise Conflict(
+                f"acceptance attempt {self.acceptance_attempt} of node {self.public_id} is still "
+                "running: wait for its result (`better-compute nodes events NODE`)"
+            )
+        attempt = self.acceptance_attempt + 1
+        self._acceptance_started(attempt=attempt, generation=self.generation, checks=checks,
+                                 reason=reason, requested_by=requested_by, at=at)
+        return attempt
+
+    @event("AcceptanceStarted", topic="node.acceptance.started")
+    def _acceptance_started(self, attempt: int, generation: int, checks: list[dict[str, Any]],
+                            reason: str, requested_by: str | None, at: datetime) -> None:
+        self.acceptance_state = ACCEPTANCE_RUNNING
+        self.acceptance_attempt = attempt
+        self.acceptance_checks = checks
+        self.acceptance_results = []
+        self.acceptance_message = reason
+        self.acceptance_since = at
+        self._touch(at)
+
+    def finish_acceptance(self, attempt: int, passed: bool, message: str,
+                          results: list[dict[str, Any]], gpus: list[dict[str, Any]] | None,
+                          at: datetime) -> bool:
+        """Record the verdict on a running attempt; False for any other attempt (stale)."""
+        if attempt != self.acceptance_attempt or self.acceptance_state != ACCEPTANCE_RUNNING:
+            return False
+        if passed:
+            self._adopted(attempt=attempt, generation=ADOPTED_GENERATION, results=results,
+                          gpus=gpus if gpus is not None else self.gpus, at=at)
+        else:
+            self._acceptance_failed(attempt=attempt, message=message, results=results, at=at)
+        return True
+
+    @event("Adopted", topic="node.adopted")
+    def _adopted(self, attempt: int, generation: int, results: list[dict[str, Any]],
+                 gpus: list[dict[str, Any]], at: datetime) -> None:
+        self.provision_state = PROVISION_ADOPTED
+        self.acceptance_state = ACCEPTANCE_PASSED
+        self.acceptance_results = results
+        self.acceptance_message = "every acceptance check passed"
+        self.acceptance_since = at
+        self.generation = generation
+        self.gpus = gpus
+        self.adopted_at = at
+        self._touch(at)
+
+    @event("AcceptanceFailed", topic="node.acceptance.failed")
+    def _acceptance_failed(self, attempt: int, message: str, results: list[dict[str, Any]],
+                           at: datetime) -> None:
+        self.acceptance_state = ACCEPTANCE_FAILED
+        self.acceptance_results = results
+        self.acceptance_message = message
+        self.acceptance_since = at
+        self._touch(at)
+
+    def set_gpu_health(self, uuid: str, healthy: bool, reasons: list[str], at: datetime) -> bool:
+        """Record a GPU turning unhealthy or healthy again; holds on it are never touched."""
+        current = next((g for g in self.gpus if g.get("uuid") == uuid), None)
+        if current is None:
+            return False
+        was = bool(current.get("healthy", True)) and not current.get("healthReasons")
+        if healthy == was and (healthy or list(current.get("healthReasons") or []) == reasons):
+            return False
+        if healthy:
+            self._gpu_healthy(uuid=uuid, at=at)
+        else:
+            self._gpu_unhealthy(uuid=uuid, reasons=list(reasons), at=at)
+        return True
+
+    @event("GpuUnhealthy", topic="node.gpu.unhealthy")
+    def _gpu_unhealthy(self, uuid: str, reasons: list[str], at: datetime) -> None:
+        self.gpus = [{**g, "healthy": False, "healthReasons": list(reasons)}
+                     if g.get("uuid") == uuid else g for g in self.gpus]
+        self._touch(at)
+
+    @event("GpuHealthy", topic="node.gpu.healthy")
+    def _gpu_healthy(self, uuid: str, at: datetime) -> None:
+        self.gpus = [{**g, "healthy": True, "healthReasons": []}
+                     if g.get("uuid") == uuid else g for g in self.gpus]
+        self._touch(at)
+
+    def cordon(self, reason: str, at: datetime, by: str | None) -> bool:
+        """Put the node in maintenance: the placer skips it; holds stay."""
+        if self.cordoned and self.cordon_reason == reason:
+            return False
+        self._cordoned(reason=reason, at=at, by=by)
+        return True
+
+    @event("Cordoned", topic="node.cordoned")
+    def _cordoned(self, reason: str, at: datetime, by: str | None) -> None:
+        self.cordoned = True
+        self.cordon_reason = reason
+        self.cordoned_since = at
+        self._touch(at)
+
+    def uncordon(self, at: datetime, by: str | None) -> bool:
+        if not self.cordoned:
+            return False
+        self._uncordoned(at=at, by=by)
+        return True
+
+    @event("Uncordoned", topic="node.uncordoned")
+    def _uncordoned(self, at: datetime, by: str | None) -> None:
+        self.cordoned = False
+        self.cordon_reason = ""
+        self.cordoned_since = at
+        self._touch(at)
+
+    # ------------------------------------------------ device assignments (reservations)
+
+    def device_assignments(self) -> list[dict[str, Any]]:
+        """Holds the node must keep, oldest first (the ``devices`` section of desired state)."""
+        return [dict(a) for a in getattr(self, "devices", {}).values()]
+
+    def assign_devices(self, assignment: dict[str, Any], at: datetime) -> bool:
+        """Add a reservation's hold; the desired generation goes up. False if already there."""
+        devices = getattr(self, "devices", {})
+        if assignment["allocationId"] in devices:
+            return False
+        self._devices_assigned(assignment=dict(assignment), generation=self.generation + 1, at=at)
+        return True
+
+    @event("DevicesAssigned", topic="node.devices.assigned")
+    def _devices_assigned(self, assignment: dict[str, Any], generation: int, at: datetime
+                          ) -> None:
+        self.devices = {**getattr(self, "devices", {}), assignment["allocationId"]: assignment}
+        self.generation = generation
+
+    def unassign_devices(self, allocation_id: str, at: datetime) -> bool:
+        """Drop a hold from the desired state (release, re-placement); False if absent."""
+        if allocation_id not in getattr(self, "devices", {}):
+            return False
+        self._devices_unassigned(allocation_id=allocation_id, generation=self.generation + 1,
+                                 at=at)
+        return True
+
+    @event("DevicesUnassigned", topic="node.devices.unassigned")
+    def _devices_unassigned(self, allocation_id: str, generation: int, at: datetime) -> None:
+        self.devices = {k: v for k, v in getattr(self, "devices", {}).items()
+                        if k != allocation_id}
+        self.generation = generation
+
+    # ------------------------------------------------------------ derived state
+
+    @property
+    def healthy(self) -> bool:
+        return all(bool(g.get("healthy", True)) and not g.get("healthReasons") for g in self.gpus)
+
+    @property
+    def schedulable(self) -> bool:
+        return (self.adopted and self.session != SESSION_UNREACHABLE and not self.cordoned
+                and any(bool(g.get("healthy", True)) for g in self.gpus))
+
+    def _statuses(self) -> dict[str, bool]:
+        return {
+            "Connected": self.session == SESSION_CONNECTED,
+            "AcceptancePassed": self.acceptance_state == ACCEPTANCE_PASSED,
+            "Healthy": self.healthy,
+            "Schedulable": self.schedulable,
+        }
+
+    def _touch(self, at: datetime) -> None:
+        """Remember when each condition last changed (runs inside event bodies: derived only)."""
+        previous = getattr(self, "_status_cache", None) or {}
+        statuses = self._statuses()
+        stamped = dict(self.transitions)
+        for name, status in statuses.items():
+            if previous.get(name) != status:
+                stamped[name] = iso(at) or ""
+        self.transitions = stamped
+        self._status_cache = statuses
+
+    def conditions(self) -> list[dict[str, Any]]:
+        """Connected, AcceptancePassed, Healthy, Schedulable, each with a reason and a time."""
+        joined = iso(self.created_on) or ""
+        since = self.transitions
+        statuses = self._statuses()
+        sick = [g for g in self.gpus if not (bool(g.get("healthy", True))
+                                             and not g.get("healthReasons"))]
+        session_reason = {
+            SESSION_NEVER: ("NeverConnected", "bcd node has not opened a session yet"),
+            SESSION_CONNECTED: ("SessionUp", f"connected (epoch {self.session_epoch})"),
+            SESSION_DISCONNECTED: ("Disconnected",
+                                   f"session epoch {self.session_epoch} ended; bcd reconnects"),
+            SESSION_UNREACHABLE: ("Unreachable", "no session and no heartbeat within the timeout"),
+        }[self.session]
+        acceptance_reason = {
+            ACCEPTANCE_PENDING: ("Pending", "acceptance starts once the session is up"),
+            ACCEPTANCE_RUNNING: ("Running", f"attempt {self.acceptance_attempt} is running"),
+            ACCEPTANCE_PASSED: ("Passed", f"attempt {self.acceptance_attempt} passed"),
+            ACCEPTANCE_FAILED: ("Failed", f"attempt {self.acceptance_attempt}: "
+                                f"{self.acceptance_message}"),
+        }[self.acceptance_state]
+        health_reason = (("AllGpusHealthy", f"{len(self.gpus)} GPUs healthy") if not sick else
+                         ("GpusUnhealthy", "; ".join(
+                             f"{g.get('uuid')}: {', '.join(g.get('healthReasons') or ['unhealthy'])}"
+                             for g in sick)))
+        if not self.adopted:
+            sched = ("NotAdopted", "the node is still adopting")
+        elif self.session == SESSION_UNREACHABLE:
+            sched = ("Unreachable", "the node is unreachable")
+        elif self.cordoned:
+            sched = ("Cordoned", self.cordon_reason or "in maintenance")
+        elif not statuses["Schedulable"]:
+            sched = ("NoHealthyGpus", "no GPU of the node is healthy")
+        else:
+            sched = ("Ready", "the placer considers this node")
+        reasons = {"Connected": session_reason, "AcceptancePassed": acceptance_reason,
+                   "Healthy": health_reason, "Schedulable": sched}
+        return [
+            {"type": name, "status": "True" if statuses[name] else "False",
+             "reason": reasons[name][0], "message": reasons[name][1],
+             "lastTransitionTime": since.get(name) or joined}
+            for name in ("Connected", "AcceptancePassed", "Healthy", "Schedulable")
+        ]
+
+    def desired_sections(self) -> dict[str, Any]:
+        """The node's desired state by section (docs/nodes.md, api/wire/gateway.py)."""
+        sections: dict[str, Any] = {}
+        if not self.adopted and self.acceptance_attempt > 0:
+            sections["acceptance"] = {"attempt": self.acceptance_attempt,
+                                      "state": self.acceptance_state,
+                                      "checks": [dict(c) for c in self.acceptance_checks]}
+        if self.adopted:
+            sections["devices"] = {"assignments": self.device_assignments()}
+        return sections
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "id": self.public_id,
+            "tenantId": self.tenant_id,
+            "poolId": self.pool_id,
+            "siteId": self.site_id,
+            "role": self.role,
+            "provisionState": self.provision_state,
+            "conditions": self.conditions(),
+            "session": {"state": self.session, "epoch": self.session_epoch,
+                        "since": iso(self.session_since), "lastSeen": iso(self.last_seen)},
+            "acceptance": {"state": self.acceptance_state, "attempt": self.acceptance_attempt,
+                           "message": self.acceptance_message,
+                           "checks": [dict(c) for c in self.acceptance_results],
+                           "since": iso(self.acceptance_since)},
+            "generation": self.generation,
+            "maintenance": {"cordoned": self.cordoned, "reason": self.cordon_reason,
+                            "since": iso(self.cordoned_since)},
+            "hardwareKey": self.hardware_key,
+            "hardware": dict(self.hardware),
+            "gpus": [dict(g) for g in self.gpus],
+            "keyPin": self.key_pin,
+            "certificate": {
+                "serial": self.certificate_serial,
+                "notAfter": iso(self.certificate_not_after),
+            },
+            "joinTokenId": self.join_token_id,
+            "bcdVersion": self.bcd_version,
+            "joinedAt": iso(self.created_on),
+            "adoptedAt": iso(self.adopted_at),
+        }
