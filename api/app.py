@@ -8,7 +8,7 @@ CapacityLimiter no larger than the store's connection pool.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,8 @@ from better_compute.api.runtime import Runtime
 from better_compute.domain.access import Principal
 
 API_PREFIX = "/api/compute"
+# A lifespan task: ``async def task(state, *, task_status)``, started with tg.start.
+LifespanTask = Callable[..., Awaitable[Any]]
 MAX_BODY = 1 << 20
 
 
@@ -69,8 +71,14 @@ async def health(request: Request) -> Response:
 
 def build_app(runtime: Runtime, *, gateway_url: str | None = None,
               routes: list[Route] | None = None,
-              on_startup: Callable[[ServerState], Any] | None = None) -> Starlette:
-    """The ASGI app for one Runtime. Extra routes (events, well-known) plug in here."""
+              on_startup: Callable[[ServerState], Any] | None = None,
+              tasks: Sequence[LifespanTask] = ()) -> Starlette:
+    """The ASGI app for one Runtime. Extra routes (events, well-known) plug in here.
+
+    ``tasks`` run for the life of the server in the lifespan's task group
+    (the gateway, the controllers): each is started with ``tg.start(task,
+    state)`` once the event hub runs, and cancelled at shutdown.
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -80,8 +88,14 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
         if on_startup is not None:
             on_startup(state)
         try:
-            async with watch.running_hub(state):  # the /watch follower of this process
-                yield
+            # The /watch follower of this process, then the lifespan tasks that use it.
+            async with watch.running_hub(state), anyio.create_task_group() as tg:
+                for task in tasks:
+                    await tg.start(task, state)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
         finally:
             await anyio.to_thread.run_sync(runtime.close)
 

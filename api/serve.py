@@ -12,8 +12,10 @@ from pathlib import Path
 import uvicorn
 
 from better_compute.api import pki
-from better_compute.api.app import build_app
+from better_compute.api.app import LifespanTask, build_app
+from better_compute.api.controllers.runner import run_controllers
 from better_compute.api.runtime import Runtime
+from better_compute.api.watch import stop_streams
 from better_compute.domain.errors import InvalidInput
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -42,6 +44,7 @@ class ServeOptions:
     insecure_loopback: bool = False
     gateway_url: str | None = None
     log_level: str = "warning"
+    gateway_listen: str | None = None
 
 
 class _Server(uvicorn.Server):
@@ -56,6 +59,12 @@ class _Server(uvicorn.Server):
         if self.started:
             print(self.ready_line, flush=True)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn waits for open responses before the lifespan ends: end the
+        # /watch streams first (readers reconnect and resume), or it would wait forever.
+        stop_streams(self.config.app)()
+        await super().shutdown(sockets)
+
 
 def tls_files(runtime: Runtime, hostnames: list[str]) -> tuple[Path, Path]:
     bundle = pki.unseal_bundle(runtime.service.pki().sealed,
@@ -69,6 +78,28 @@ def tls_files(runtime: Runtime, hostnames: list[str]) -> tuple[Path, Path]:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
     return cert_path, key_path
+
+
+def _gateway(options: ServeOptions, gateway_url: str | None) -> tuple[str, LifespanTask]:
+    """The gateway's lifespan task and the URL to publish (``--gateway-url`` wins)."""
+    from better_compute.api.gateway.lifespan import gateway_task
+
+    text = options.gateway_listen or ""
+    g_host, sep, g_port = text.rpartition(":")
+    if not sep or not g_port.isdigit() or not g_host:
+        raise InvalidInput(
+            f"--gateway-listen {text!r} is not HOST:PORT (for example 0.0.0.0:8444)")
+    g_host = g_host.strip("[]")
+    names = list(dict.fromkeys(options.hostnames + (list(LOOPBACK_NAMES)
+                                                    if is_loopback(g_host) else [])))
+    if not names:
+        raise InvalidInput(
+            "--hostname is needed with --gateway-listen: name the host names nodes use to reach "
+            "the gateway (for example --hostname gw.eu-1.example.com)")
+    if not gateway_url:
+        public = g_host if g_host not in ("0.0.0.0", "::") else names[0]
+        gateway_url = f"https://{f'[{public}]' if ':' in public else public}:{g_port}"
+    return gateway_url, gateway_task(g_host, int(g_port), names)
 
 
 def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
@@ -95,10 +126,17 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
         cert, key = tls_files(runtime, names)
         ssl = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
         scheme = "https"
-    app = build_app(runtime, gateway_url=gateway_url)
+    tasks: list[LifespanTask] = [run_controllers]
+    gateway_note = ""
+    if options.gateway_listen:
+        gateway_url, task = _gateway(options, gateway_url)
+        tasks.append(task)
+        gateway_note = f"; gateway {gateway_url} (mutual TLS)"
+    app = build_app(runtime, gateway_url=gateway_url, tasks=tasks)
     shown = f"[{host}]" if ":" in host else host
     ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"
-             + (f" (certificate for {', '.join(names)})" if names else " (plain HTTP, loopback only)"))
+             + (f" (certificate for {', '.join(names)})" if names else " (plain HTTP, loopback only)")
+             + gateway_note)
     config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
                             access_log=False, lifespan="on", **ssl)  # type: ignore[arg-type]
     server = _Server(config, ready)

@@ -10,7 +10,7 @@ otherwise the store is ``store.sqlite`` in ``BETTER_COMPUTE_DATA_DIR``
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from eventsourcing.persistence import TrackingRecorder
 from eventsourcing.utils import Environment
 
 import better_compute.domain  # noqa: F401  (registers every event topic)
+from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.errors import InvalidInput, Unavailable
 
 APP_NAME = "bc"
@@ -118,13 +119,32 @@ class ComputeStore(Application[Any]):
     """
 
     name = APP_NAME
+    # A node's bookings gain two events per reservation, forever; snapshots every 100
+    # events keep loading them (each placement does) from growing with the node's age.
+    snapshotting_intervals = {NodeBookings: 100}
 
     def construct_env(self, name: str, env: Any = None) -> Environment:
-        return Environment(name, dict(env or {}))
+        return Environment(name, {"IS_SNAPSHOTTING_ENABLED": "y", **dict(env or {})})
 
     @property
     def backend(self) -> str:
         return "postgres" if "postgres" in type(self.recorder).__module__ else "sqlite"
+
+    _commit_listeners: tuple[Callable[[int], None], ...] = ()
+
+    def add_commit_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(last_sequence)`` after each save of this process commits.
+
+        The /watch hub uses it to wake at once on writes made in its own process
+        (SQLite has no LISTEN/NOTIFY); listeners must be quick and never raise.
+        """
+        self._commit_listeners = (*self._commit_listeners, listener)
+
+    def _notify(self, recordings: list[Any]) -> None:
+        if recordings and self._commit_listeners:
+            last = max(r.notification.id for r in recordings)
+            for listener in self._commit_listeners:
+                listener(last)
 
     def sql(self) -> SqlRunner:
         return SqlRunner(self)

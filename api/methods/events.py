@@ -1,0 +1,55 @@
+"""events.list, projections.status and projections.rebuild."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from better_compute.api.eventlog import EventLog, decode_lines, filter_for
+from better_compute.api.rpc import Call, method
+from better_compute.api.schemas import NoParams, Params
+
+
+class EventsList(Params, kw_only=True):
+    since: int = 0
+    types: str | list[str] | None = None
+    limit: int = 100
+
+
+class ProjectionsRebuild(Params, kw_only=True):
+    name: str | None = None
+
+
+@method("events.list",
+        EventsList,
+        "A page of the event log after `since`: {events, head, next}. Continue with since=next; "
+        "once next equals head you have every event up to head, so watch from there.")
+def events_list(call: Call, params: EventsList) -> dict[str, Any]:
+    flt = filter_for(call.principal, params.types)
+    page = EventLog(call.service.store).page(flt, params.since, params.limit)
+    return {"events": decode_lines(page.entries), "head": page.head, "next": page.next}
+
+
+@method("projections.status", NoParams,
+        "Every read model with its position in the event log and its lag (root admins).")
+def projections_status(call: Call, _: NoParams) -> list[dict[str, Any]]:
+    call.principal.require_root_admin("read the projections' status")
+    return [
+        {"name": s.name, "position": s.position, "head": s.head, "lag": s.lag}
+        for s in call.service.projections.status()
+    ]
+
+
+@method("projections.rebuild", ProjectionsRebuild,
+        "Empty one read model (or all) and apply the event log again from sequence 0 "
+        "(root admins).")
+def projections_rebuild(call: Call, params: ProjectionsRebuild) -> list[dict[str, Any]]:
+    call.principal.require_root_admin("rebuild projections")
+    runner = call.service.projections
+    names = [runner.get(params.name).name] if params.name else list(runner.projections)
+    done = []
+    for name in names:
+        applied = runner.rebuild(name)
+        status = next(s for s in runner.status() if s.name == name)
+        done.append({"name": name, "applied": applied, "position": status.position,
+                     "head": status.head, "lag": status.lag})
+    return done

@@ -1,0 +1,353 @@
+"""``GET /api/compute/events/watch``: the event log, live, one JSON line per event.
+
+One ``WatchHub`` per server process follows the store's notification log:
+on PostgreSQL through ONE library subscription (LISTEN/NOTIFY, delivered at
+commit); on SQLite by waking right after this process's own commits and by
+checking ``PRAGMA data_version`` on a dedicated connection every
+``BETTER_COMPUTE_WATCH_POLL`` seconds (default 0.02) for other processes'
+commits. The hub renders each event once into a bounded window of recent
+events (``BETTER_COMPUTE_WATCH_WINDOW`` events, default 10,000) and wakes
+the streams; it never waits for a stream.
+
+Each stream keeps its own position (the last sequence it has read) and
+copies the window's lines after it that its reader may see. A stream whose
+position is older than the window (a reader starting far back, or one too
+slow to keep up) reads the store itself, one page of 500 at a time, until it
+reaches the window again. So a slow reader only slows itself, writers and
+other streams never wait for it, and the server holds at most the window
+plus one page per stream; nobody is disconnected for being slow.
+
+The stream opens with a heartbeat line and sends another whenever no line
+went out for ``BETTER_COMPUTE_WATCH_HEARTBEAT`` seconds (default 5):
+``{"heartbeat": true, "head": N}``. ``head`` is the stream's position:
+every event up to N that the reader may see has been sent before that line,
+so a reader with a narrow ``types`` filter can checkpoint at N. It never
+goes backwards. An error after the stream started is one last line
+``{"error": {"code": "expired", "message": "..."}}`` before the stream ends.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.to_thread
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from better_compute.api.eventlog import PAGE_SIZE, EventFilter, EventLog, LogEntry, filter_for
+from better_compute.domain.access import Principal
+from better_compute.domain.errors import BetterComputeError, InvalidInput
+
+log = logging.getLogger("better_compute.watch")
+
+WATCH_PATH = "/api/compute/events/watch"
+MAX_LINES_PER_WRITE = 1000
+_RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+_HTTP_STATUS = {
+    "invalid_input": 400, "unauthenticated": 401, "permission_denied": 403,
+    "not_found": 404, "expired": 410, "not_initialized": 503, "unavailable": 503,
+}
+
+
+def _env_float(env: Any, name: str, default: float) -> float:
+    text = (env or {}).get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidInput(f"{name}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise InvalidInput(f"{name}={text!r} must be more than 0")
+    return value
+
+
+class WatchHub:
+    """The one follower of the notification log in this process, fanned out to streams."""
+
+    def __init__(self, store: Any, *, sqlite_path: Path | None = None, window: int = 10_000,
+                 poll_interval: float = 0.02, heartbeat: float = 5.0) -> None:
+        self.store = store
+        self.log = EventLog(store)
+        self.sqlite_path = sqlite_path
+        self.window = max(1, window)
+        self.poll_interval = poll_interval
+        self.heartbeat = heartbeat
+        self.head = 0  # last sequence the hub has read (loop thread only)
+        self.floor = 0  # the window holds every event after floor up to head
+        self.stopping = False
+        self._seqs: list[int] = []
+        self._entries: list[LogEntry] = []
+        self._changed = anyio.Event()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._subscription: Any = None
+        self._read_pos = 0  # last sequence read by the follower thread
+        store.add_commit_listener(self._on_commit)
+
+    @classmethod
+    def for_runtime(cls, runtime: Any) -> WatchHub:
+        env = runtime.env
+        return cls(
+            runtime.store,
+            sqlite_path=runtime.config.sqlite_path if runtime.config.backend == "sqlite" else None,
+            window=int(_env_float(env, "BETTER_COMPUTE_WATCH_WINDOW", 10_000)),
+            poll_interval=_env_float(env, "BETTER_COMPUTE_WATCH_POLL", 0.02),
+            heartbeat=_env_float(env, "BETTER_COMPUTE_WATCH_HEARTBEAT", 5.0),
+        )
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Follow the log until ``stop``; started in the server's lifespan task group."""
+        head = await anyio.to_thread.run_sync(self.log.head)
+        self.head = self.floor = self._read_pos = head
+        task_status.started()
+        await anyio.to_thread.run_sync(self._follow, abandon_on_cancel=True,
+                                       limiter=anyio.CapacityLimiter(1))
+
+    def stop(self) -> None:
+        """End every stream (cleanly, so readers reconnect elsewhere) and the follower."""
+        self.stopping = True
+        self._stop.set()
+        self._wake.set()
+        if self._subscription is not None:
+            self._subscription.stop()
+        self._changed.set()
+
+    def _on_commit(self, sequence: int) -> None:
+        self._wake.set()
+
+    # ------------------------------------------------------- follower thread
+
+    def _follow(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                if self.store.backend == "postgres":
+                    self._follow_postgres()
+                else:
+                    self._follow_sqlite()
+                attempt = 0
+            except anyio.RunFinishedError:
+                return
+            except Exception:
+                delay = _RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)]
+                log.exception("following the event log failed; retrying in %.1fs", delay)
+                attempt += 1
+                self._stop.wait(delay)
+
+    def _follow_sqlite(self) -> None:
+        assert self.sqlite_path is not None
+        connection = sqlite3.connect(str(self.sqlite_path), check_same_thread=False)
+        try:
+            version = None
+            self._drain()
+            while not self._stop.is_set():
+                woken = self._wake.wait(self.poll_interval)
+                self._wake.clear()
+                now = connection.execute("PRAGMA data_version").fetchone()[0]
+                if woken or now != version:
+                    version = now
+                    self._drain()
+        finally:
+            connection.close()
+
+    def _drain(self) -> None:
+        while not self._stop.is_set():
+            entries = self.log.read(self._read_pos, PAGE_SIZE)
+            if not entries:
+                return
+            self._read_pos = entries[-1].sequence
+            anyio.from_thread.run_sync(self._publish, entries)
+            if len(entries) < PAGE_SIZE:
+                return
+
+    def _follow_postgres(self) -> None:
+        from better_compute.api.eventlog import render
+
+        with self.store.recorder.subscribe(gt=self._read_pos) as subscription:
+            self._subscription = subscription
+            if self._stop.is_set():
+                subscription.stop()
+            for notification in subscription:
+                entry = render(notification, self.store.mapper.to_domain_event)
+                self._read_pos = entry.sequence
+                anyio.from_thread.run_sync(self._publish, [entry])
+
+    # -------------------------------------------------------- event loop side
+
+    def _publish(self, entries: list[LogEntry]) -> None:
+        fresh = [e for e in entries if e.sequence > self.head]
+        if not fresh:
+            return
+        self._entries.extend(fresh)
+        self._seqs.extend(e.sequence for e in fresh)
+        self.head = fresh[-1].sequence
+        excess = len(self._entries) - self.window
+        if excess > self.window // 4 or (excess > 0 and self.window < 4):
+            self.floor = self._seqs[excess - 1]
+            del self._entries[:excess]
+            del self._seqs[:excess]
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    def after(self, position: int, flt: EventFilter, max_lines: int = MAX_LINES_PER_WRITE
+              ) -> tuple[list[bytes], int] | None:
+        """Lines after ``position`` from the window, and the new position; None: too old."""
+        if position < self.floor:
+            return None
+        start = bisect.bisect_right(self._seqs, position)
+        lines: list[bytes] = []
+        end = min(len(self._entries), start + 5 * max_lines)
+        for i in range(start, end):
+            entry = self._entries[i]
+            position = entry.sequence
+            if flt.matches(entry):
+                lines.append(entry.line)
+                if len(lines) >= max_lines:
+                    break
+        return lines, position
+
+    async def wait_beyond(self, position: int, timeout: float) -> None:
+        """Return once the hub has read past ``position``, it stops, or ``timeout`` passed."""
+        with anyio.move_on_after(timeout):
+            while self.head <= position and not self.stopping:
+                await self._changed.wait()
+
+
+def _heartbeat(position: int) -> bytes:
+    return b'{"heartbeat":true,"head":%d}\n' % position
+
+
+def _error_line(exc: BetterComputeError) -> bytes:
+    return msgspec.json.encode({"error": {"code": exc.code, "message": exc.message,
+                                          **({"data": exc.data} if exc.data else {})}}) + b"\n"
+
+
+async def stream_events(hub: WatchHub, flt: EventFilter, since: int,
+                        limiter: anyio.CapacityLimiter) -> AsyncIterator[bytes]:
+    """The lines of one watcher: events after ``since`` in order, heartbeats, maybe an error."""
+    position = since
+    yield _heartbeat(position)
+    last_sent = time.monotonic()
+    while not hub.stopping:
+        before = position
+        got = hub.after(position, flt)
+        if got is None:  # older than the window: read the store, one page at a time
+            try:
+                entries, position = await anyio.to_thread.run_sync(
+                    lambda p=position: hub.log.scan(flt, p), limiter=limiter)
+            except BetterComputeError as exc:
+                yield _error_line(exc)
+                return
+            lines = [e.line for e in entries]
+        else:
+            lines, position = got
+        if lines:
+            yield b"\n".join(lines) + b"\n"
+            last_sent = time.monotonic()
+            continue
+        quiet = time.monotonic() - last_sent
+        if quiet >= hub.heartbeat:
+            yield _heartbeat(position)
+            last_sent = time.monotonic()
+            continue
+        if position > before:
+            continue  # read past events this reader does not see: keep reading
+        await hub.wait_beyond(position, hub.heartbeat - quiet)
+
+
+def _error_response(exc: BetterComputeError) -> Response:
+    return JSONResponse({"error": {"code": exc.code, "message": exc.message}},
+                        status_code=_HTTP_STATUS.get(exc.code, 400))
+
+
+def _parse_since(text: str | None) -> int | None:
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidInput(
+            f"since={text!r} is not a sequence: use the sequence of the last event you read"
+        ) from None
+
+
+async def watch_endpoint(request: Request) -> Response:
+    state = request.app.state.bc
+    hub: WatchHub = state.extra["watch_hub"]
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    secret = token.strip() if scheme.lower() == "bearer" else None
+    service = state.runtime.service
+
+    def admit() -> tuple[EventFilter, int]:
+        principal: Principal = service.authenticate(secret or None)
+        unknown = set(request.query_params) - {"since", "types"}
+        if unknown:
+            raise InvalidInput(
+                f"unknown query parameter(s) {', '.join(sorted(unknown))}: /events/watch takes "
+                "since=SEQUENCE and types=GLOB,GLOB"
+            )
+        flt = filter_for(principal, request.query_params.getlist("types"))
+        since = _parse_since(request.query_params.get("since"))
+        head = hub.log.head()
+        if since is None:
+            return flt, head
+        hub.log.check_position(since, head)
+        return flt, since
+
+    try:
+        flt, since = await anyio.to_thread.run_sync(admit, limiter=state.limiter)
+    except BetterComputeError as exc:
+        return _error_response(exc)
+    return StreamingResponse(
+        stream_events(hub, flt, since, state.limiter),
+        media_type="application/x-ndjson",
+        headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+    )
+
+
+ROUTES = [Route(WATCH_PATH, watch_endpoint, methods=["GET"])]
+
+
+@contextlib.asynccontextmanager
+async def running_hub(state: Any) -> AsyncIterator[WatchHub]:
+    """Run the process's hub for the life of the server (used by the app's lifespan)."""
+    hub = WatchHub.for_runtime(state.runtime)
+    state.extra["watch_hub"] = hub
+    async with anyio.create_task_group() as tg:
+        await tg.start(hub.run)
+        try:
+            yield hub
+        finally:
+            hub.stop()
+            tg.cancel_scope.cancel()
+
+
+def stop_streams(app: Any) -> Callable[[], None]:
+    """A callback that ends every watch stream of ``app`` (the server calls it on shutdown)."""
+
+    def stop() -> None:
+        state = getattr(app.state, "bc", None)
+        hub = state.extra.get("watch_hub") if state is not None else None
+        if hub is not None:
+            hub.stop()
+
+    return stop

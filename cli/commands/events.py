@@ -1,0 +1,215 @@
+"""events watch and events list: the event log, one JSON line per event.
+
+``watch`` streams ``GET …/events/watch`` and, when the connection drops or
+the server restarts, reconnects with backoff and resumes after the last
+sequence it printed (or the last heartbeat's head), so nothing is missed or
+printed twice. Without BETTER_COMPUTE_URL it follows the local store.
+An ``expired`` answer is final: the log cannot continue from that sequence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, TextIO
+
+import httpx
+import msgspec
+
+from better_compute.cli.client import HttpClient
+from better_compute.cli.registry import add_group, add_verb
+from better_compute.domain.errors import (
+    BetterComputeError,
+    InvalidInput,
+    Unavailable,
+    error_from_code,
+)
+
+RETRY_FIRST = 0.25
+RETRY_MAX = 5.0
+READ_TIMEOUT = 30.0  # several heartbeats: a silent connection is a dead one
+LOCAL_POLL = 0.2
+
+
+def _types(values: list[str] | None) -> str | None:
+    parts = [p.strip() for v in values or [] for p in v.split(",") if p.strip()]
+    return ",".join(parts) or None
+
+
+def _write(out: TextIO, lines: list[str]) -> None:
+    out.write("".join(line + "\n" for line in lines))
+    out.flush()
+
+
+class Resumer:
+    """The reader's position across connections: what was printed, what to ask for next."""
+
+    def __init__(self, since: int | None) -> None:
+        self.position = since
+
+    def accept(self, doc: dict[str, Any]) -> bool:
+        """Record one line of the stream; True when it is a new event to print."""
+        if doc.get("heartbeat"):
+            head = int(doc.get("head", 0))
+            if self.position is None or head > self.position:
+                self.position = head
+            return False
+        sequence = int(doc["sequence"])
+        if self.position is not None and sequence <= self.position:
+            return False  # already printed before a reconnect
+        self.position = sequence
+        return True
+
+
+def _stream_lines(client: HttpClient, resumer: Resumer, types: str | None
+                  ) -> Iterator[tuple[str, dict[str, Any]]]:
+    params: dict[str, Any] = {}
+    if resumer.position is not None:
+        params["since"] = resumer.position
+    if types:
+        params["types"] = types
+    with client.http.stream("GET", "/events/watch", params=params) as response:
+        if response.status_code != 200:
+            response.read()
+            _raise_http_error(client.base, response)
+        for line in response.iter_lines():
+            if not line.strip():
+                continue
+            doc = json.loads(line)
+            if isinstance(doc, dict) and "error" in doc:
+                error = doc["error"]
+                raise error_from_code(str(error.get("code")), str(error.get("message")),
+                                      error.get("data"))
+            yield line, doc
+
+
+def _raise_http_error(base: str, response: httpx.Response) -> None:
+    if response.status_code == 404:
+        raise Unavailable(
+            f"{base} has no /events/watch route: page through the events with "
+            "`better-compute events list` instead"
+        )
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        raise Unavailable(f"{base}/events/watch answered HTTP {response.status_code}") from None
+    raise error_from_code(str(error.get("code")), str(error.get("message")))
+
+
+_FINAL = ("expired", "invalid_input", "unauthenticated", "permission_denied", "not_found",
+          "not_initialized")
+
+
+def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
+               out: TextIO, err: TextIO) -> None:
+    url = env["BETTER_COMPUTE_URL"].strip()
+    token = env.get("BETTER_COMPUTE_TOKEN", "").strip() or None
+    client = HttpClient(url, token, env, timeout=READ_TIMEOUT)
+    resumer = Resumer(since)
+    delay = RETRY_FIRST
+    try:
+        while True:
+            try:
+                for line, doc in _stream_lines(client, resumer, types):
+                    delay = RETRY_FIRST
+                    if resumer.accept(doc):
+                        _write(out, [line])
+                reason = "the server ended the stream"
+            except BetterComputeError as exc:
+                if exc.code in _FINAL:
+                    raise
+                reason = str(exc)
+            except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            pause = delay * (0.75 + random.random() / 2)
+            where = f"after sequence {resumer.position}" if resumer.position is not None else "now"
+            print(f"events watch: {reason}; reconnecting in {pause:.1f}s to resume {where}",
+                  file=err, flush=True)
+            time.sleep(pause)
+            delay = min(delay * 2, RETRY_MAX)
+    finally:
+        client.close()
+
+
+def watch_local(env: Mapping[str, str], since: int | None, types: str | None,
+                out: TextIO) -> None:
+    """No server: follow the local store directly (as the local operator)."""
+    from better_compute.api.eventlog import EventLog, filter_for
+    from better_compute.api.runtime import Runtime
+    from better_compute.domain.access import LOCAL_OPERATOR
+
+    runtime = Runtime.open(env)
+    try:
+        token = env.get("BETTER_COMPUTE_TOKEN", "").strip()
+        principal = runtime.service.authenticate(token) if token else LOCAL_OPERATOR
+        log = EventLog(runtime.store)
+        flt = filter_for(principal, types)
+        position = log.head() if since is None else since
+        log.check_position(position)
+        while True:
+            entries, read_to = log.scan(flt, position)
+            if entries:
+                _write(out, [e.line.decode() for e in entries])
+            if read_to == position:
+                time.sleep(LOCAL_POLL)
+            position = read_to
+    finally:
+        runtime.close()
+
+
+def events_watch(ctx: Any, a: argparse.Namespace) -> int:
+    types = _types(a.types)
+    if types:
+        from better_compute.domain.events import compile_type_filter
+
+        compile_type_filter(types.split(","))  # a bad glob is refused before connecting
+    try:
+        if ctx.env.get("BETTER_COMPUTE_URL", "").strip():
+            watch_http(ctx.env, a.since, types, sys.stdout, sys.stderr)
+        else:
+            watch_local(ctx.env, a.since, types, sys.stdout)
+    except BrokenPipeError:  # the reader went away (| head): a normal end
+        return 0
+    return 0
+
+
+def events_list(ctx: Any, a: argparse.Namespace) -> int:
+    if a.limit is not None and a.limit < 1:
+        raise InvalidInput(f"--limit {a.limit} must be at least 1")
+    types = _types(a.types)
+    since = a.since
+    printed = 0
+    while a.limit is None or printed < a.limit:
+        want = 1000 if a.limit is None else min(1000, a.limit - printed)
+        page = ctx.call("events.list", since=since, types=types, limit=want)
+        lines = [msgspec.json.encode(e).decode() for e in page["events"]]
+        if lines:
+            _write(sys.stdout, lines)
+        printed += len(lines)
+        since = page["next"]
+        if since >= page["head"]:
+            break
+    return 0
+
+
+def register(sub: Any) -> None:
+    g = add_group(sub, "events", "The event log: one JSON line per event, by sequence.")
+    p = add_verb(g, "watch", events_watch,
+                 "Follow the events live; reconnects and resumes after the last sequence printed.",
+                 output=False)
+    p.add_argument("--types", action="append", metavar="GLOB,GLOB",
+                   help="only these event types, e.g. 'node.*,reservation.*'")
+    p.add_argument("--since", type=int, metavar="SEQUENCE",
+                   help="start after this sequence (default: only events from now on)")
+    p = add_verb(g, "list", events_list,
+                 "Print the events after --since, oldest first, the same lines as watch.",
+                 output=False)
+    p.add_argument("--types", action="append", metavar="GLOB,GLOB",
+                   help="only these event types, e.g. 'node.*,reservation.*'")
+    p.add_argument("--since", type=int, default=0, metavar="SEQUENCE",
+                   help="start after this sequence (default: 0, the whole log)")
+    p.add_argument("--limit", type=int, metavar="K", help="print at most K events")

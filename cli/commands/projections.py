@@ -1,0 +1,26 @@
+"""projections status and projections rebuild: the read models that follow the event log."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from better_compute.cli.registry import add_group, add_verb
+
+
+def projections_status(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("projections.status"))
+
+
+def projections_rebuild(ctx: Any, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("projections.rebuild", name=a.name))
+
+
+def register(sub: Any) -> None:
+    g = add_group(sub, "projections",
+                  "Read models kept from the event log, each with its tracking position.")
+    add_verb(g, "status", projections_status,
+             "Each read model's position in the event log, the head, and the lag between them.")
+    p = add_verb(g, "rebuild", projections_rebuild,
+                 "Empty a read model (default: all) and apply the whole log again from sequence 0.")
+    p.add_argument("name", nargs="?", metavar="NAME", help="one projection, e.g. listings")

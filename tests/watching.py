@@ -1,0 +1,176 @@
+"""Helpers of the event-log tests: a /watch reader, a CLI watcher, bulk writers.
+
+Readers run in a thread and hand lines over a queue, so a test waits for the
+line it needs with a deadline instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from better_compute.api.runtime import Runtime
+from better_compute.domain.site import Site
+from tests.support import CLI, Server
+
+
+def watch_env(env: Mapping[str, str], **extra: str) -> dict[str, str]:
+    """A store's environment with quick heartbeats, for servers under test."""
+    return {**env, "BETTER_COMPUTE_WATCH_HEARTBEAT": "0.3", **extra}
+
+
+def write_sites(runtime: Runtime, count: int, *, per_save: int = 50, region: str = "eu-1"
+                ) -> list[int]:
+    """``count`` site.created events, ``per_save`` per atomic save; returns their sequences."""
+    sequences: list[int] = []
+    batch: list[Site] = []
+    for i in range(count):
+        batch.append(Site(tenant_id="root", kind="shared", region=region, name=f"s{i}",
+                          key=None, fingerprint="-"))
+        if len(batch) == per_save or i == count - 1:
+            recordings = runtime.store.save(*batch)
+            sequences.extend(r.notification.id for r in recordings)
+            batch = []
+    return sequences
+
+
+def log_sequences(runtime: Runtime, after: int = 0) -> list[int]:
+    out: list[int] = []
+    while True:
+        page = runtime.store.recorder.select_notifications(start=after, limit=1000,
+                                                           inclusive_of_start=False)
+        if not page:
+            return out
+        out.extend(n.id for n in page)
+        after = page[-1].id
+
+
+class Reader:
+    """One /watch stream read in a thread; ``get`` waits for the next JSON line."""
+
+    def __init__(self, server: Server, token: str, ca_file: Path | str, **params: Any) -> None:
+        self.lines: queue.Queue[dict[str, Any] | BaseException | None] = queue.Queue()
+        self.status: int | None = None
+        self.ready = threading.Event()
+        self._client = httpx.Client(verify=ssl.create_default_context(cafile=str(ca_file)) if server.url.startswith("https") else False,
+                                    timeout=httpx.Timeout(30.0, connect=10.0))
+        self._url = f"{server.url}/api/compute/events/watch"
+        self._headers = {"authorization": f"Bearer {token}"}
+        self._params = {k: v for k, v in params.items() if v is not None}
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self.ready.wait(30):
+            raise AssertionError("the watch stream did not answer within 30 s")
+
+    def _run(self) -> None:
+        try:
+            with self._client.stream("GET", self._url, params=self._params,
+                                     headers=self._headers) as response:
+                self.status = response.status_code
+                self.ready.set()
+                for line in response.iter_lines():
+                    if line.strip():
+                        self.lines.put(json.loads(line))
+        except BaseException as exc:  # handed to the test thread
+            if not self._closed:
+                self.lines.put(exc)
+        finally:
+            self.ready.set()
+            self.lines.put(None)
+
+    def get(self, timeout: float = 20.0) -> dict[str, Any]:
+        item = self.lines.get(timeout=timeout)
+        if isinstance(item, BaseException):
+            raise item
+        if item is None:
+            raise AssertionError("the watch stream ended")
+        return item
+
+    def events(self, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """The next ``count`` events (heartbeats skipped)."""
+        deadline = time.monotonic() + timeout
+        out: list[dict[str, Any]] = []
+        while len(out) < count:
+            line = self.get(max(0.01, deadline - time.monotonic()))
+            if "sequence" in line:
+                out.append(line)
+        return out
+
+    def until(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20.0
+              ) -> list[dict[str, Any]]:
+        """Every line up to and including the first one ``predicate`` accepts."""
+        deadline = time.monotonic() + timeout
+        seen: list[dict[str, Any]] = []
+        while True:
+            line = self.get(max(0.01, deadline - time.monotonic()))
+            seen.append(line)
+            if predicate(line):
+                return seen
+
+    def close(self) -> None:
+        self._closed = True
+        self._client.close()
+
+
+class CliWatcher:
+    """``better-compute events watch`` as a real process; stdout lines over a queue."""
+
+    def __init__(self, env: Mapping[str, str], *args: str) -> None:
+        self.process = subprocess.Popen([CLI, "events", "watch", *args], env=dict(env),
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump_out, daemon=True).start()
+        self._err_thread = threading.Thread(target=self._pump_err, daemon=True)
+        self._err_thread.start()
+
+    def _pump_out(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _pump_err(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.stderr.append(line)
+
+    def events(self, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        out: list[dict[str, Any]] = []
+        while len(out) < count:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"got {len(out)} of {count} events; stderr: {''.join(self.stderr)[-2000:]}"
+                ) from None
+            if line is None:
+                raise AssertionError(f"events watch exited: {''.join(self.stderr)[-2000:]}")
+            out.append(json.loads(line))
+        return out
+
+    def no_more_events(self, within: float) -> bool:
+        """True when no line arrives within ``within`` seconds (checks for duplicates)."""
+        try:
+            line = self.lines.get(timeout=within)
+        except queue.Empty:
+            return True
+        return line is None
+
+    def stop(self, sig: int) -> tuple[int, str]:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout=30)
+        self._err_thread.join(timeout=10)
+        return code, "".join(self.stderr)
