@@ -39,8 +39,7 @@ class TokensCreate(Params, kw_only=True):
 
 
 class TokensRevoke(Params, kw_only=True):
-    token_id: str
-    tenant_id: str | None = None
+    token_id: str  # the tok_ id names the tenant; no tenantId to contradict it
 
 
 class SitesCreate(Params, kw_only=True):
@@ -90,7 +89,10 @@ class RpcError(msgspec.Struct, omit_defaults=True):
     data: dict[str, Any] = {}
 
 
-class RpcResponse(msgspec.Struct, omit_defaults=True):
+class RpcResponse(msgspec.Struct):
+    """JSON-RPC 2.0 requires ``jsonrpc`` and ``id`` (null when unknown) in every answer;
+    exactly one of ``result`` and ``error`` is present (UNSET fields are never encoded)."""
+
     jsonrpc: str = "2.0"
     id: int | str | None = None
     result: Any = msgspec.UNSET

@@ -30,7 +30,8 @@ environment:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
-        self.exit(2, f"error: {message}\n  (`better-compute help {self.prog.split(' ', 1)[-1]}` "
+        command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        self.exit(2, f"error: {message}\n  (`{' '.join(['better-compute help', command]).strip()}` "
                      "shows the command's flags)\n")
 
 
@@ -66,9 +67,24 @@ def _help(parser: argparse.ArgumentParser, topic: Sequence[str]) -> int:
     return 0
 
 
+def _command_parser(parser: argparse.ArgumentParser, argv: Sequence[str]
+                    ) -> argparse.ArgumentParser:
+    """The parser of the command ``argv`` names (its leading words), for error messages."""
+    words: list[str] = []
+    for word in argv:
+        if word.startswith("-") or _find(parser, [*words, word]) is None:
+            break
+        words.append(word)
+    return _find(parser, words) or parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # Reported by the command's own parser, so the hint names `help <that command>`.
+        _command_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extra)}")
     run = getattr(args, "run", None)
     if run == "help":
         return _help(parser, args.topic)

@@ -88,7 +88,7 @@ def parse_quota(items: list[str]) -> dict[str, Any]:
     for item in items:
         for part in item.split(","):
             name, sep, value = part.partition("=")
-            if not sep or not value.strip().isdigit():
+            if not sep or not name.strip() or not value.strip().isdigit():
                 raise InvalidInput(f"--quota {part!r} is not RESOURCE=N: write --quota gpu=16")
             quota[name.strip()] = int(value)
     return quota
@@ -122,27 +122,28 @@ def register(sub: Any) -> None:
     p = add_verb(g, "create", sites_create, "Create a platform site.")
     p.add_argument("--kind", required=True, help="shared (offered to tenants) or dedicated")
     p.add_argument("--region", required=True, help="for example eu-1")
-    p.add_argument("--name")
+    p.add_argument("--name", help="a display name")
     p.add_argument("--key", help="idempotency key: the same key returns the same site")
     p = add_verb(g, "get", sites_get, "Show one site.")
-    p.add_argument("site", metavar="SITE")
+    p.add_argument("site", metavar="SITE", help="site_… as sites create printed")
     add_verb(g, "list", sites_list, "List the sites you see.")
 
     g = add_group(sub, "pools", "Pools: machines of one GPU model with one policy.")
     p = add_verb(g, "create", pools_create, "Create a pool on a site.")
-    p.add_argument("--site", required=True, metavar="SITE")
+    p.add_argument("--site", required=True, metavar="SITE", help="the site (site_…) of the pool")
     p.add_argument("--class", dest="node_class", required=True, metavar="CLASS",
                    help="metal-host: joining machines become host nodes whose GPUs are held")
     p.add_argument("--gpu-model", required=True, help="the GPU family, for example H100")
     p.add_argument("--policy-file", required=True, metavar="FILE",
                    help='JSON: {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}')
-    p.add_argument("--name")
+    p.add_argument("--name", help="a display name")
     p.add_argument("--key", help="idempotency key: the same key returns the same pool")
     p = add_verb(g, "get", pools_get, "Show one pool with its policy and offerings.")
-    p.add_argument("pool", metavar="POOL")
+    p.add_argument("pool", metavar="POOL", help="pool_… as pools create printed")
     p = add_verb(g, "list", pools_list, "List the pools you own or are offered.")
-    p.add_argument("--site", metavar="SITE")
+    p.add_argument("--site", metavar="SITE", help="only the pools of this site")
     p = add_verb(g, "offer", pools_offer, "Offer a pool to a tenant with a gpu quota.")
-    p.add_argument("pool", metavar="POOL")
-    p.add_argument("--to", required=True, metavar="TENANT")
-    p.add_argument("--quota", required=True, action="append", metavar="gpu=N")
+    p.add_argument("pool", metavar="POOL", help="pool_… as pools create printed")
+    p.add_argument("--to", required=True, metavar="TENANT", help="the tenant id, for example acme")
+    p.add_argument("--quota", required=True, action="append", metavar="gpu=N",
+                   help="the GPUs the tenant may hold at once; the resource is gpu (singular)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from better_compute.cli.files import check_new_file, write_new_secret
@@ -21,6 +20,8 @@ def init(ctx: Any, args: argparse.Namespace) -> int:
         service = runtime.service
         if service.is_initialized():
             service.initialize({}, "")  # raises the "already initialized" conflict
+        # The key and the serving CA live in the data dir even when the store is PostgreSQL.
+        runtime.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         key_path = runtime.master_key_path()
         if runtime.env.get("BETTER_COMPUTE_MASTER_KEY"):
             key_text, key_note = runtime.env["BETTER_COMPUTE_MASTER_KEY"], "from BETTER_COMPUTE_MASTER_KEY"
@@ -35,7 +36,6 @@ def init(ctx: Any, args: argparse.Namespace) -> int:
         public = pki.public_parts(bundle)
         secret = service.initialize(public, sealed)
         ca_path = runtime.data_dir / "serving-ca.pem"
-        runtime.data_dir.mkdir(parents=True, exist_ok=True)
         ca_path.write_text(public["servingCaCertificate"])
         print(f"initialized {runtime.config.describe()}")
         print(f"master key: {key_note} — it opens the sealed PKI bundle; keep it apart from backups of the store")
@@ -59,7 +59,7 @@ def serve(ctx: Any, args: argparse.Namespace) -> int:
     run_server(
         ServeOptions(listen=args.listen, hostnames=args.hostname or [],
                      insecure_loopback=args.insecure_loopback, gateway_url=args.gateway_url,
-                     log_level=args.log_level),
+                     log_level=args.log_level, gateway_listen=args.gateway_listen),
         dict(ctx.env),
     )
     return 0
@@ -71,15 +71,21 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600, never overwritten)")
     p = add_verb(sub, "serve", serve, "Serve the API over TLS with a certificate from the serving CA.",
                  output=False)
-    p.add_argument("--listen", default="127.0.0.1:8443", metavar="HOST:PORT")
+    p.add_argument("--listen", default="127.0.0.1:8443", metavar="HOST:PORT",
+                   help="the address to serve on (default 127.0.0.1:8443)")
     p.add_argument("--hostname", action="append", metavar="NAME",
                    help="a name clients use for this server; repeat for several (loopback names "
                    "are added when listening on loopback)")
     p.add_argument("--insecure-loopback", action="store_true",
                    help="serve plain HTTP; allowed only on a loopback address")
-    p.add_argument("--gateway-url", default=os.environ.get("BETTER_COMPUTE_GATEWAY_URL"),
-                   help="the agents' gateway URL published in the well-known document")
+    p.add_argument("--gateway-url",
+                   help="the agents' gateway URL published in the well-known document "
+                   "(default: BETTER_COMPUTE_GATEWAY_URL)")
+    p.add_argument("--gateway-listen", metavar="HOST:PORT",
+                   help="also serve the agents' gateway (mutual TLS with node certificates) on "
+                   "HOST:PORT; its URL is published unless --gateway-url names another")
     p.add_argument("--log-level", default="warning",
-                   choices=["critical", "error", "warning", "info", "debug"])
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level on standard error (default warning)")
 
 
