@@ -187,10 +187,11 @@ class ComputeService:
             if existing.name == name:
                 return existing.to_doc()
             raise Conflict(f"tenant {tenant_id!r} already exists with the name {existing.name!r}")
-        tenant = self._create(
-            Tenant, lambda: Tenant(tenant_id=tenant_id, name=name, created_by=principal.token_id),
-            key=tenant_id, fp="", what="tenant",
-        )
+        tenant = Tenant(tenant_id=tenant_id, name=name, created_by=principal.token_id)
+        try:
+            self.store.save(tenant)
+        except IntegrityError:  # created by a concurrent request just now
+            return self.tenants_create(principal, tenant_id, name)
         return tenant.to_doc()
 
     def tenants_get(self, principal: Principal, tenant_id: str) -> dict[str, Any]:

@@ -9,10 +9,11 @@ and the key, so a retry lands on the same aggregate.
 from __future__ import annotations
 
 import base64
+import binascii
 import re
 import uuid
 
-from better_compute.domain.errors import InvalidInput, NotFound
+from better_compute.domain.errors import InvalidInput
 
 NAMESPACE = uuid.UUID("5b0e0c2e-6f6c-4a35-9a55-6b1c0a3d7e11")
 
@@ -27,17 +28,21 @@ def public_id(prefix: str, value: uuid.UUID) -> str:
 
 
 def parse_id(prefix: str, text: str) -> uuid.UUID:
-    """The UUID behind ``text``; NotFound-style input error when it is not a ``prefix_`` id."""
+    """The UUID behind ``text``; an input error when it is not a well-formed ``prefix_`` id."""
     head, sep, tail = text.partition("_")
-    if head != prefix or not sep or len(tail) != 26:
+    value: uuid.UUID | None = None
+    if head == prefix and sep and len(tail) == 26:
+        try:
+            value = uuid.UUID(bytes=base64.b32decode(tail.upper() + "======"))
+        except (ValueError, binascii.Error):
+            value = None
+    # Only the canonical spelling is an id: 26 base32 characters carry 130 bits for 128.
+    if value is None or public_id(prefix, value) != f"{prefix}_{tail.lower()}":
         raise InvalidInput(
             f"{text!r} is not a {prefix} id: {prefix} ids look like {prefix}_ followed by "
             "26 letters and digits, as printed when the object was created"
         )
-    try:
-        return uuid.UUID(bytes=base64.b32decode(tail.upper() + "======"))
-    except (ValueError, base64.binascii.Error):  # type: ignore[attr-defined]
-        raise NotFound(f"no {prefix} {text!r}") from None
+    return value
 
 
 def keyed_uuid(tenant_id: str, kind: str, key: str) -> uuid.UUID:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from better_compute.domain.base import TenantOwned, fingerprint
-from better_compute.domain.errors import Conflict, InvalidInput, NotFound
+from better_compute.domain.errors import Conflict, InvalidInput
 from better_compute.domain.events import public_event
 from better_compute.domain.ids import (
     check_key,
@@ -63,9 +63,20 @@ def test_malformed_ids_say_what_an_id_looks_like(text: str) -> None:
         parse_id("pool", text)
 
 
-def test_an_id_of_the_right_shape_but_not_base32_is_not_found() -> None:
-    with pytest.raises(NotFound):
+def test_an_id_of_the_right_shape_but_not_base32_is_invalid_input() -> None:
+    with pytest.raises(InvalidInput, match="pool_ followed by 26 letters and digits"):
         parse_id("pool", "pool_" + "1" * 26)
+
+
+def test_only_the_canonical_spelling_of_an_id_is_accepted() -> None:
+    text = public_id("pool", new_uuid())
+    last = "b" if text[-1] != "b" else "c"  # the last character carries 2 unused bits
+    sibling = text[:-1] + last
+    try:
+        value = parse_id("pool", sibling)
+    except InvalidInput:
+        return
+    assert public_id("pool", value) == sibling
 
 
 def test_keyed_ids_are_per_tenant_and_per_kind() -> None:
