@@ -1,0 +1,264 @@
+"""`bcd node`'s long-lived state and its tasks: GPU monitor, applier, session, status.
+
+One composition: :class:`NodeAgent` owns the GPU source, the journal and the state
+file; :meth:`NodeAgent.run` starts, in one task group, the status server on the unix
+socket, the monitor (reads the GPUs every ``poll_seconds`` and reports when their
+health changes), the applier (applies desired state whenever a new one arrives) and
+the session loop (agent/node/session.py: connect, Hello/Welcome, reconnect with
+backoff). Nothing here drops a hold: holds change only when the applier applies a
+``devices`` section the gateway sent.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import anyio
+import msgspec
+
+from ..gpu import GpuSource, GpuSourceError, Inventory
+from ..paths import Paths
+from ..version import bcd_version
+from .apply import ApplyContext, apply_desired
+from .backoff import Backoff
+from .devices import DevicesApplier, find_applier
+from .journal import Journal
+from .settings import NodeKey, NodeSettings
+from .state import NodeState, load_state, save_state, state_dir
+
+STATUS_SCHEMA_VERSION = 1
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Pulse:
+    """A wake-up for one waiting task: grab :meth:`waiter` BEFORE checking for work.
+
+    A fire between the check and the wait is never lost: the grabbed event is set.
+    """
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+
+    def waiter(self) -> anyio.Event:
+        if self._event.is_set():
+            self._event = anyio.Event()
+        return self._event
+
+
+@dataclass
+class NodeOptions:
+    heartbeat_seconds: float = 5.0  # until the gateway's Welcome says otherwise
+    poll_seconds: float | None = None  # GPU reads; default: the heartbeat interval
+    report_every: int = 6  # a telemetry Report every N heartbeats
+    welcome_timeout: float = 15.0
+    backoff: Backoff = field(default_factory=Backoff)
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+
+
+@dataclass
+class SessionInfo:
+    state: str = "connecting"  # connecting | connected | disconnected
+    epoch: int | None = None
+    since: str | None = None
+    last_error: str | None = None
+    connects: int = 0
+
+
+def _health_shape(inventory: Inventory | None, error: str | None) -> Any:
+    if inventory is None:
+        return ("error", error)
+    return tuple((gpu.uuid, gpu.healthy, tuple(gpu.health_reasons), gpu.family, gpu.memory_mib)
+                 for gpu in inventory.gpus)  # fmt: skip
+
+
+class NodeAgent:
+    def __init__(self, settings: NodeSettings, paths: Paths, source: GpuSource, key: NodeKey, *,
+                 options: NodeOptions | None = None,
+                 clock: Callable[[], datetime] = utc_now,
+                 devices: DevicesApplier | None = None) -> None:  # fmt: skip
+        self.settings = settings
+        self.paths = paths
+        self.source = source
+        self.key = key
+        self.options = options or NodeOptions()
+        self.clock = clock
+        self.devices = devices or find_applier()
+        self.heartbeat_seconds = self.options.heartbeat_seconds
+        folder = state_dir(paths)
+        self.state_path = folder / "state.json"
+        self.state: NodeState = load_state(self.state_path, settings.identity.node_id)
+        self.journal = Journal(folder / "journal.jsonl", key)
+        self.session = SessionInfo()
+        self.inventory: Inventory | None = None
+        self.source_error: str | None = None
+        self.inventory_time: str | None = None
+        self._shape: Any = None
+        # A restart between receiving and applying a desired state applies it now.
+        self._dirty = self.state.applied_generation != self.state.observed_generation
+        self._pending: tuple[int, dict[str, Any]] | None = None
+
+    # -- output ----------------------------------------------------------------
+
+    def say(self, line: str) -> None:
+        print(f"bcd node: {line}", file=self.options.out, flush=True)
+
+    def now(self) -> str:
+        return rfc3339(self.clock())
+
+    # -- the GPUs --------------------------------------------------------------
+
+    def _read_inventory(self) -> tuple[Inventory | None, str | None]:
+        try:
+            return self.source.inventory(), None
+        except GpuSourceError as exc:
+            return None, str(exc)
+
+    async def refresh_inventory(self) -> bool:
+        """Read the GPUs afresh; True when their health or identity changed."""
+        async with self._source_lock:
+            inventory, error = await anyio.to_thread.run_sync(self._read_inventory)
+        self.inventory, self.source_error, self.inventory_time = inventory, error, self.now()
+        shape = _health_shape(inventory, error)
+        changed = shape != self._shape
+        if changed and self._shape is not None:
+            self._log_health_change(inventory, error)
+        self._shape = shape
+        return changed
+
+    def _log_health_change(self, inventory: Inventory | None, error: str | None) -> None:
+        if inventory is None:
+            self.say(f"GPU source error: {error}")
+            return
+        for gpu in inventory.gpus:
+            state = "healthy" if gpu.healthy else f"unhealthy ({', '.join(gpu.health_reasons)})"
+            held = self.state.holds.get(gpu.uuid)
+            self.say(f"GPU {gpu.index} ({gpu.uuid}) {state}"
+                     + (f", still held by {held}" if held else ""))  # fmt: skip
+
+    async def _monitor(self) -> None:
+        while True:
+            await anyio.sleep(self.options.poll_seconds or self.heartbeat_seconds)
+            if await self.refresh_inventory():
+                self.report_wanted.fire()
+
+    # -- desired state ---------------------------------------------------------
+
+    def on_desired(self, generation: int, sections: dict[str, Any]) -> None:
+        """A DesiredState from the gateway: wake the applier (or just report when unchanged)."""
+        if self._pending is None and not self._dirty and \
+                generation == self.state.observed_generation and \
+                sections == self.state.desired_sections:  # fmt: skip
+            self.report_wanted.fire()  # nothing new (a resend after Welcome): say where we are
+            return
+        self._pending = (generation, sections)
+        self.apply_wanted.fire()
+
+    def _apply(self, state: NodeState, context: ApplyContext) -> tuple[NodeState, int]:
+        written = apply_desired(state, self.journal, context)
+        save_state(self.state_path, state)
+        return state, len(written)
+
+    async def _applier(self) -> None:
+        while True:
+            wake = self.apply_wanted.waiter()
+            if self._dirty or self._pending is not None:
+                self._dirty = False
+                await self.refresh_inventory()
+                # Applied on a copy in a worker thread; the status server reads the original.
+                work = msgspec.convert(msgspec.to_builtins(self.state), NodeState)
+                if self._pending is not None:
+                    work.observed_generation, work.desired_sections = self._pending
+                    self._pending = None
+                context = ApplyContext(
+                    node_id=self.settings.identity.node_id,
+                    epoch=self.session.epoch or self.state.last_epoch, time=self.now(),
+                    inventory=self.inventory, source_error=self.source_error,
+                    paths=self.paths, devices=self.devices,
+                )  # fmt: skip
+                result, written = await anyio.to_thread.run_sync(self._apply, work, context)
+                result.last_epoch = max(result.last_epoch, self.state.last_epoch)
+                self.state = result
+                for name, section in self.state.sections.items():
+                    self.say(f"section {name}: {section.state}: {section.message}")
+                if written:
+                    self.journal_added.fire()
+                self.report_wanted.fire()
+                continue
+            await wake.wait()
+
+    # -- journal answers -------------------------------------------------------
+
+    def settle(self, seq: int, outcome: str) -> None:
+        self.journal.settle(seq, outcome)
+
+    # -- run -------------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:  # fmt: skip
+        from .session import session_loop
+        from .status_server import serve_status
+
+        self.apply_wanted = Pulse()
+        self.report_wanted = Pulse()
+        self.journal_added = Pulse()
+        self._source_lock = anyio.Lock()
+        await self.refresh_inventory()
+        async with anyio.create_task_group() as group:
+            await group.start(serve_status, self)
+            self.say(f"status on {self.paths.socket}; connecting to {self.settings.gateway.url}")
+            group.start_soon(self._monitor)
+            group.start_soon(self._applier)
+            group.start_soon(session_loop, self)
+            task_status.started()
+
+    # -- status ----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """What `bcd status --json` prints; docs/bcd.md documents this schema (version 1)."""
+        identity = self.settings.identity
+        holds = dict(self.state.holds)
+        gpus = []
+        for gpu in self.inventory.gpus if self.inventory else []:
+            gpus.append({
+                "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "family": gpu.family,
+                "pciBusId": gpu.pci_bus_id, "nvlinkDomain": gpu.nvlink_domain,
+                "healthy": gpu.healthy, "healthReasons": list(gpu.health_reasons),
+                "utilizationPct": gpu.utilization_pct, "temperatureC": gpu.temperature_c,
+                "powerW": gpu.power_w, "memoryUsedMiB": gpu.memory_used_mib,
+                "memoryMiB": gpu.memory_mib, "heldBy": holds.get(gpu.uuid),
+            })  # fmt: skip
+        unsettled = self.journal.unsettled()
+        return {
+            "schemaVersion": STATUS_SCHEMA_VERSION,
+            "time": self.now(),
+            "bcdVersion": bcd_version(),
+            "node": {"id": identity.node_id, "siteId": identity.site_id,
+                     "poolId": identity.pool_id, "tenantId": identity.tenant_id},
+            "session": {"state": self.session.state, "epoch": self.session.epoch,
+                        "gateway": self.settings.gateway.url, "since": self.session.since,
+                        "lastError": self.session.last_error,
+                        "connects": self.session.connects},
+            "spec": {"appliedGeneration": self.state.applied_generation,
+                     "observedGeneration": self.state.observed_generation},
+            "sections": {name: msgspec.to_builtins(section)
+                         for name, section in sorted(self.state.sections.items())},
+            "gpus": gpus,
+            "holds": holds,
+            "gpuSource": {"name": self.source.name, "error": self.source_error,
+                          "readAt": self.inventory_time},
+            "journal": {"entries": len(self.journal.entries()), "unacknowledged": len(unsettled)},
+        }  # fmt: skip

@@ -1,0 +1,121 @@
+"""Applying the desired state, section by section, idempotently.
+
+Applying the same desired state twice does nothing the second time: each fact the
+node reports is journaled once under its key (an acceptance attempt, an allocation's
+binding), and a key already in the journal is never run or sent again, also after a
+restart. A section bcd does not know is recorded as ``unsupported``; a ``devices``
+section that is absent changes nothing (an empty one releases every hold), so bcd
+never drops a hold on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ..gpu import Inventory
+from ..paths import Paths
+from .devices import DevicesApplier
+from .diag import run_check
+from .journal import Entry, Journal
+from .state import NodeState, SectionState
+
+
+@dataclass(frozen=True)
+class ApplyContext:
+    node_id: str
+    epoch: int
+    time: str  # RFC 3339, now
+    inventory: Inventory | None
+    source_error: str | None
+    paths: Paths
+    devices: DevicesApplier
+
+
+def _common(ctx: ApplyContext, kind: str) -> dict[str, Any]:
+    return {"kind": kind, "nodeId": ctx.node_id, "epoch": ctx.epoch, "time": ctx.time}
+
+
+def _set(state: NodeState, name: str, section: SectionState, ctx: ApplyContext) -> None:
+    old = state.sections.get(name)
+    if old is None or (old.state, old.message, old.attempt) != (section.state, section.message,
+                                                                 section.attempt):  # fmt: skip
+        section.since = ctx.time
+    else:
+        section.since = old.since
+    state.sections[name] = section
+
+
+def _acceptance_state(payload: dict[str, Any], generation: int) -> SectionState:
+    attempt = payload.get("attempt")
+    checks = payload.get("checks") or []
+    detail = "; ".join(str(check.get("message", "")) for check in checks) or "no checks"
+    return SectionState(state="passed" if payload.get("passed") else "failed",
+                        message=f"attempt {attempt}: {detail}", generation=generation,
+                        attempt=attempt if isinstance(attempt, int) else None)  # fmt: skip
+
+
+def _apply_acceptance(section: dict[str, Any], state: NodeState, journal: Journal,
+                      ctx: ApplyContext, generation: int) -> Entry | None:  # fmt: skip
+    raw_attempt = section.get("attempt", 0)
+    attempt = raw_attempt if isinstance(raw_attempt, int) else 0
+    key = f"acceptance.result/{attempt}"
+    done = journal.payload_of(key)
+    if done is not None:  # this attempt ran already (maybe before a restart): never again
+        _set(state, "acceptance", _acceptance_state(done, generation), ctx)
+        return None
+    checks = [check for check in section.get("checks") or [] if isinstance(check, dict)]
+    results = [run_check(check, ctx.inventory, ctx.source_error) for check in checks]
+    payload = _common(ctx, "acceptance.result") | {
+        "attempt": attempt,
+        "passed": all(result.passed for result in results),
+        "checks": msgspec.to_builtins(results),
+        "gpus": msgspec.to_builtins(ctx.inventory.gpus) if ctx.inventory else [],
+    }
+    entry = journal.append(key, payload)
+    _set(state, "acceptance", _acceptance_state(payload, generation), ctx)
+    return entry
+
+
+def _apply_devices(section: dict[str, Any], state: NodeState, journal: Journal,
+                   ctx: ApplyContext, generation: int) -> list[Entry]:  # fmt: skip
+    outcome = ctx.devices(section, paths=ctx.paths, inventory=ctx.inventory,
+                          holds=dict(state.holds), done=journal.has)  # fmt: skip
+    entries = []
+    for key, body in outcome.entries:
+        if journal.has(key):
+            continue
+        kind = str(body.get("kind") or key.partition("/")[0])
+        entries.append(journal.append(key, _common(ctx, kind) | body))
+    state.holds = dict(outcome.holds)
+    _set(state, "devices", SectionState(state=outcome.state, message=outcome.message,
+                                        generation=generation), ctx)  # fmt: skip
+    return entries
+
+
+def apply_desired(state: NodeState, journal: Journal, ctx: ApplyContext) -> list[Entry]:
+    """Apply ``state.desired_sections`` (generation ``observed_generation``).
+
+    Returns the journal entries written (already durable); updates ``state`` in place,
+    ending with ``applied_generation = observed_generation``.
+    """
+    generation = state.observed_generation
+    written: list[Entry] = []
+    for name, section in state.desired_sections.items():
+        body = section if isinstance(section, dict) else {}
+        if name == "acceptance":
+            entry = _apply_acceptance(body, state, journal, ctx, generation)
+            written += [entry] if entry else []
+        elif name == "devices":
+            written += _apply_devices(body, state, journal, ctx, generation)
+        else:
+            _set(state, name, SectionState(
+                state="unsupported", generation=generation,
+                message=f"this bcd does not know the section {name!r}; upgrade bcd"), ctx)  # fmt: skip
+    for name in list(state.sections):
+        if name not in state.desired_sections and name != "devices":
+            del state.sections[name]
+    state.applied_generation = generation
+    return written

@@ -1,0 +1,28 @@
+"""Reconnect delays: exponential backoff with jitter, so a fleet does not reconnect in step.
+
+After the n-th failure in a row bcd waits ``min(cap, base * 2**n)`` scaled by a random
+factor in [0.5, 1.0]. A session that got as far as Welcome resets the count.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Backoff:
+    base: float = 0.5
+    cap: float = 30.0
+    random: Callable[[], float] = field(default=random.random)
+    failures: int = 0
+
+    def next_delay(self) -> float:
+        """The delay before the next attempt; counts one more failure."""
+        ceiling = min(self.cap, self.base * 2 ** min(self.failures, 30))
+        self.failures += 1
+        return ceiling * (0.5 + 0.5 * self.random())
+
+    def reset(self) -> None:
+        self.failures = 0

@@ -1,0 +1,124 @@
+"""`bcd node` and `bcd status`: the composition root of the running agent, and its reader.
+
+`bcd node` reads config.toml, the node key and the GPU source, takes the agent lock
+(BCD_ROOT/var/lib/bcd/lock: one agent per machine), and runs :class:`NodeAgent` until
+SIGTERM or SIGINT, then exits 0 and removes its socket. Progress goes to standard
+output, one ``bcd node: ...`` line each; ``bcd node: session connected (epoch N)`` is
+the ready line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TextIO
+
+import anyio
+import httpx
+
+from ..errors import BcdError
+from ..gpu import GpuSourceError, open_source
+from ..paths import Paths
+from .agent import NodeAgent, NodeOptions
+from .render import render_status
+from .settings import load_settings, resolve_config_path
+from .state import state_dir
+from .status_server import STATUS_PATH
+
+
+@contextlib.contextmanager
+def _agent_lock(paths: Paths) -> Iterator[None]:
+    folder = state_dir(paths)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o750)
+    fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BcdError(
+                f"another bcd node is already running on this machine (it holds {folder}/lock): "
+                "stop it first (systemctl stop bcd), or read it with `bcd status`"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+async def _until_signal(agent: NodeAgent) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with anyio.create_task_group() as group:
+            await group.start(agent.run)
+
+            async def stop() -> None:
+                async for received in signals:
+                    agent.say(f"stopping ({signal.Signals(received).name})")
+                    group.cancel_scope.cancel()
+                    return
+
+            group.start_soon(stop)
+
+
+def node_command(config: str | None, *, paths: Paths, env: Mapping[str, str],
+                 out: TextIO = sys.stdout, options: NodeOptions | None = None) -> int:  # fmt: skip
+    settings = load_settings(resolve_config_path(config, paths))
+    key = settings.load_key()
+    settings.ssl_context()  # refuse a broken identity now, not on every reconnect
+    try:
+        source = open_source(env.get("BCD_GPU_SOURCE"), host_root=str(paths.root))
+    except GpuSourceError as exc:
+        raise BcdError(f"cannot open the GPU source: {exc}") from None
+    try:
+        with _agent_lock(paths):
+            options = options or NodeOptions(out=out)
+            agent = NodeAgent(settings, paths, source, key, options=options)
+            agent.say(f"starting as {settings.identity.node_id} (GPU source {source.name})")
+            anyio.run(_until_signal, agent)
+            agent.say("stopped")
+    finally:
+        source.close()
+    return 0
+
+
+def _unreachable(path: Path, why: str) -> BcdError:
+    return BcdError(f"cannot read the running agent at {path}: {why}")
+
+
+def fetch_status(socket_path: Path) -> dict[str, object]:
+    if not socket_path.exists():
+        raise BcdError(
+            f"bcd node is not running: there is no socket at {socket_path}. Start it "
+            "(systemctl start bcd, or bcd node --config /etc/bcd/config.toml)"
+        )
+    if not os.access(socket_path, os.R_OK | os.W_OK):
+        raise _unreachable(socket_path, "permission denied; run it as root (sudo bcd status)")
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)),
+                          timeout=10.0) as client:  # fmt: skip
+            response = client.get(f"http://bcd{STATUS_PATH}")
+    except httpx.ConnectError:
+        raise _unreachable(socket_path, "nothing answers (bcd node is not running; start "
+                           "it with systemctl start bcd)") from None  # fmt: skip
+    except httpx.HTTPError as exc:
+        raise _unreachable(socket_path, f"{exc}; is bcd node hung? see its log") from None
+    if response.status_code != 200:
+        raise _unreachable(socket_path, f"it answered HTTP {response.status_code}")
+    data = response.json()
+    if not isinstance(data, dict):
+        raise _unreachable(socket_path, "it answered something other than a status object")
+    return data
+
+
+def status_command(*, paths: Paths, as_json: bool, socket: str | None = None,
+                   out: TextIO = sys.stdout) -> int:  # fmt: skip
+    status = fetch_status(Path(socket) if socket else paths.socket)
+    if as_json:
+        out.write(json.dumps(status, indent=2) + "\n")
+    else:
+        out.write(render_status(status))
+    return 0

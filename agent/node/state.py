@@ -1,0 +1,77 @@
+"""bcd's own state file, BCD_ROOT/var/lib/bcd/state.json: where a restarted agent resumes.
+
+It holds the last desired state the gateway sent, the applied and observed generations,
+each section's state and the GPUs held by allocations. It is rewritten atomically after
+every change, after the journal line that caused it (the journal is the record of what
+was done; the state file is the summary bcd starts from).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..errors import BcdError
+from ..files import write_atomic
+from ..paths import Paths
+
+
+class SectionState(msgspec.Struct, rename="camel", kw_only=True):
+    """One section of the desired state as applied here.
+
+    ``state``: ``passed`` / ``failed`` (checks, or device assignments that failed),
+    ``applied`` (nothing left to do) or ``unsupported`` (a section this bcd does not know).
+    """
+
+    state: str
+    message: str = ""
+    generation: int = 0
+    attempt: int | None = None
+    since: str | None = None  # RFC 3339, when the state last changed
+
+
+class NodeState(msgspec.Struct, rename="camel", kw_only=True):
+    node_id: str
+    applied_generation: int = 0
+    observed_generation: int = 0
+    desired_sections: dict[str, Any] = msgspec.field(default_factory=dict)
+    sections: dict[str, SectionState] = msgspec.field(default_factory=dict)
+    holds: dict[str, str] = msgspec.field(default_factory=dict)  # GPU uuid -> allocation id
+    last_epoch: int = 0
+
+
+def state_dir(paths: Paths) -> Path:
+    """``/var/lib/bcd``: the journal and the state file."""
+    return paths.under("var/lib/bcd")
+
+
+def load_state(path: Path, node_id: str) -> NodeState:
+    """The saved state of ``node_id``; a fresh one when there is none.
+
+    A state (and its journal) left by another node id, from before this machine joined
+    afresh, is moved aside with that id as suffix rather than mixed into this node's.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return NodeState(node_id=node_id)
+    except OSError as exc:
+        raise BcdError(f"cannot read {path}: {exc.strerror}; run bcd node as root") from None
+    try:
+        state = msgspec.json.decode(data, type=NodeState)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise BcdError(f"{path} is damaged ({exc}): move it away and bcd starts afresh "
+                       "(the gateway sends the desired state again)") from None  # fmt: skip
+    if state.node_id != node_id:
+        for old in (path, path.with_name("journal.jsonl")):
+            if old.exists():
+                old.rename(old.with_name(f"{old.name}.{state.node_id}"))
+        return NodeState(node_id=node_id)
+    return state
+
+
+def save_state(path: Path, state: NodeState) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+    write_atomic(path, msgspec.json.encode(state), mode=0o640)
