@@ -33,14 +33,11 @@ COMMON_FLAGS = {"--help", "--output", "--query"}  # documented once, under "Outp
 PENDING_METHODS: set[str] = {
     "joinTokens.create", "joinTokens.get", "joinTokens.list", "joinTokens.revoke", "nodes.join",
     "events.list", "projections.rebuild", "projections.status",
-    "nodes.adopt", "nodes.cordon", "nodes.events", "nodes.get", "nodes.list", "nodes.uncordon",
-    "capacity.get",
 }
 PENDING_COMMANDS: set[str] = {
     "join-tokens create", "join-tokens get", "join-tokens list", "join-tokens revoke",
     "daemon install-script", "events watch", "events list", "projections status",
     "projections rebuild",
-    "nodes cordon", "nodes events", "nodes get", "nodes list", "nodes uncordon",
     "capacity",
 }
 PENDING_VARIABLES: set[str] = set()

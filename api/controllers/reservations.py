@@ -1,0 +1,72 @@
+"""The reservations controller: the timers of reservations, one pass at a time.
+
+Each pass (``tick(now)``) catches the reservations projection up and acts on
+what is due at ``now`` (the service's database time unless a test passes it):
+
+* placed and started: ``reservation.binding``; the node's desired state gains
+  the hold's device assignment;
+* binding and no report from the node for BIND_TIMEOUT (5 minutes): a
+  failure, placed again at most twice, then ``reservation.failed``;
+* any live reservation past its end: ``reservation.released`` (reason
+  ``expired``), bookings ended, quota refunded, assignment removed.
+
+A pass is idempotent (each change re-reads its reservation inside its own
+save) and never sleeps: tests move the clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from uuid import UUID
+
+from better_compute.api.reservation_service import ReservationService
+from better_compute.projections.reservations import due_reservations
+
+MAX_ROUNDS = 4  # a re-placement can make a reservation due again in the same pass
+
+
+@dataclass
+class TickReport:
+    binding: list[str] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.binding or self.timed_out or self.expired)
+
+
+class ReservationTimers:
+    def __init__(self, reservations: ReservationService) -> None:
+        self.reservations = reservations
+
+    def tick(self, now: datetime | None = None) -> TickReport:
+        report = TickReport()
+        service = self.reservations
+        for _ in range(MAX_ROUNDS):
+            at = now or service.now()
+            service.projections.catch_up("reservations")
+            due = due_reservations(service.sql, at.timestamp())
+            acted = False
+            for row in due:
+                uuid = UUID(str(row["uuid"]))
+                if row["end_at"] <= at.timestamp():
+                    if service.expire(uuid, at):
+                        report.expired.append(str(row["id"]))
+                        acted = True
+                elif row["state"] == "placed":
+                    if service.begin_binding(uuid, at):
+                        report.binding.append(str(row["id"]))
+                        acted = True
+                elif row["state"] == "binding":
+                    rsv = service.get_aggregate(uuid)
+                    if rsv is not None and service.bind_failed(
+                        None, rsv.allocation_id, "timeout",
+                        f"node {rsv.node_id} did not report the hold within 5 minutes", at,
+                    ):
+                        report.timed_out.append(str(row["id"]))
+                        acted = True
+            if not acted:
+                break
+        return report

@@ -1,0 +1,197 @@
+"""The default placer: a pure function from a request and candidate nodes to a placement.
+
+``place(request, candidates)`` takes plain values (what the free-GPU projection
+read for the requested interval) and decides; it reads no clock and no store.
+
+The rule (docs/reservations.md, "Placement"):
+
+1. A GPU qualifies when it is healthy, free for the whole interval, of the
+   requested ``model`` / ``product`` (when given) and the selector is true
+   for it.
+2. With ``nvlink``, the GPUs must share one NVLink domain: on each node the
+   placer takes the smallest domain that still holds enough qualifying GPUs.
+   A single GPU is always in one domain.
+3. The node must also have the host CPUs and memory the GPUs carry (the
+   per-GPU share times the GPU count, see domain/host_share.py).
+4. Packing: among the nodes that fit, the one with the FEWEST free GPUs wins,
+   so large holes stay whole for large requests; ties go to the smallest node
+   id, so the choice is deterministic.
+5. On the chosen node (or domain), the GPUs with the lowest indexes are taken.
+
+When nothing fits, it raises ``NoCapacity`` saying what is available now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from better_compute.domain.errors import NoCapacity
+from better_compute.domain.gpus import gpu_family
+from better_compute.domain.selectors import Selector
+
+
+def gpu_attributes(gpu: Mapping[str, Any]) -> dict[str, Any]:
+    """A GPU as selectors see it, from the inventory document bcd reported.
+
+    ``vramGiB`` is the card's memory rounded to the nearest GiB, the way cards
+    are sold (an H100 80GB reports 81,559 MiB: 80 GiB).
+    """
+    memory_mib = gpu.get("memoryMiB")
+    name = str(gpu.get("name") or "")
+    return {
+        "vramGiB": round(memory_mib / 1024) if isinstance(memory_mib, int | float) else None,
+        "model": gpu.get("family") or gpu_family(name),
+        "product": gpu.get("product") or name or None,
+        "name": name or None,
+        "nvlinkDomain": gpu.get("nvlinkDomain"),
+        "index": gpu.get("index"),
+        "healthy": bool(gpu.get("healthy", True)),
+    }
+
+
+@dataclass(frozen=True)
+class FreeGpu:
+    uuid: str
+    index: int
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self.attributes.get("healthy", True))
+
+    @property
+    def nvlink_domain(self) -> str | None:
+        domain = self.attributes.get("nvlinkDomain")
+        return str(domain) if domain else None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One schedulable node and what is free on it for the requested interval."""
+
+    node_id: str
+    free_gpus: tuple[FreeGpu, ...]
+    cpus_per_gpu: int = 0
+    memory_gib_per_gpu: int = 0
+    free_cpus: int = 0
+    free_memory_gib: int = 0
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    gpus: int
+    model: str | None = None
+    product: str | None = None
+    selector: Selector | None = None
+    nvlink: bool = False
+    exclude_nodes: frozenset[str] = frozenset()
+
+    def qualifies(self, gpu: FreeGpu) -> bool:
+        attrs = gpu.attributes
+        if not gpu.healthy:
+            return False
+        if self.model is not None and str(attrs.get("model") or "").upper() != self.model.upper():
+            return False
+        if self.product is not None and attrs.get("product") != self.product:
+            return False
+        return self.selector is None or self.selector.matches(attrs)
+
+    def describe(self) -> str:
+        parts = [f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}"]
+        if self.model:
+            parts.append(f"model {self.model}")
+        if self.product:
+            parts.append(f"product {self.product!r}")
+        if self.selector is not None:
+            parts.append(f"selector {self.selector.text!r}")
+        if self.nvlink:
+            parts.append("in one NVLink domain")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Placement:
+    node_id: str
+    gpus: tuple[str, ...]
+    cpus: int
+    memory_gib: int
+
+
+def _pick_gpus(request: PlacementRequest, gpus: Sequence[FreeGpu]) -> list[FreeGpu] | None:
+    ordered = sorted(gpus, key=lambda g: (g.index, g.uuid))
+    if len(ordered) < request.gpus:
+        return None
+    if not request.nvlink or request.gpus == 1:
+        return ordered[: request.gpus]
+    domains: dict[str, list[FreeGpu]] = {}
+    for gpu in ordered:
+        if gpu.nvlink_domain is not None:
+            domains.setdefault(gpu.nvlink_domain, []).append(gpu)
+    fitting = [(len(members), name) for name, members in domains.items()
+               if len(members) >= request.gpus]
+    if not fitting:
+        return None
+    _, best = min(fitting)
+    return domains[best][: request.gpus]
+
+
+def _largest_group(request: PlacementRequest, gpus: Sequence[FreeGpu]) -> int:
+    if not request.nvlink:
+        return len(gpus)
+    counts: dict[str | None, int] = {}
+    for gpu in gpus:
+        counts[gpu.nvlink_domain] = counts.get(gpu.nvlink_domain, 0) + 1
+    best = max((n for d, n in counts.items() if d is not None), default=0)
+    return max(best, 1 if gpus else 0)
+
+
+def place(request: PlacementRequest, candidates: Iterable[Candidate]) -> Placement:
+    """Choose a node and its GPUs for ``request``; raises NoCapacity when none fits."""
+    best: tuple[tuple[int, str], Placement] | None = None
+    qualifying_total = 0
+    nodes_seen = 0
+    largest = 0
+    short_of_host = 0
+    for candidate in candidates:
+        if candidate.node_id in request.exclude_nodes:
+            continue
+        nodes_seen += 1
+        qualifying = [g for g in candidate.free_gpus if request.qualifies(g)]
+        qualifying_total += len(qualifying)
+        largest = max(largest, _largest_group(request, qualifying))
+        chosen = _pick_gpus(request, qualifying)
+        if chosen is None:
+            continue
+        cpus = candidate.cpus_per_gpu * request.gpus
+        memory = candidate.memory_gib_per_gpu * request.gpus
+        if cpus > candidate.free_cpus or memory > candidate.free_memory_gib:
+            short_of_host += 1
+            continue
+        rank = (len(candidate.free_gpus), candidate.node_id)
+        if best is None or rank < best[0]:
+            placement = Placement(candidate.node_id, tuple(g.uuid for g in chosen), cpus, memory)
+            best = (rank, placement)
+    if best is None:
+        raise _no_capacity(request, nodes_seen, qualifying_total, largest, short_of_host)
+    return best[1]
+
+
+def _no_capacity(request: PlacementRequest, nodes: int, free: int, largest: int,
+                 short_of_host: int) -> NoCapacity:
+    if nodes == 0:
+        now = "no node of the pool is adopted and schedulable now"
+    else:
+        group = "in one NVLink domain" if request.nvlink else "on one node"
+        now = (f"available now: {free} matching free GPU{'s' if free != 1 else ''} on "
+               f"{nodes} schedulable node{'s' if nodes != 1 else ''}, at most {largest} {group}")
+        if short_of_host:
+            now += (f"; {short_of_host} node{'s' if short_of_host != 1 else ''} had the GPUs "
+                    "but not the host CPUs or memory they carry")
+    return NoCapacity(
+        f"no capacity for {request.describe()}: {now}. Ask for fewer GPUs, relax --model/"
+        "--product/--selector/--nvlink, or start later with --start",
+        data={"requested": request.gpus, "freeGpus": free, "largestFit": largest,
+              "schedulableNodes": nodes},
+    )

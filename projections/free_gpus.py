@@ -1,0 +1,257 @@
+"""The free-GPU index: what the placer reads instead of loading nodes.
+
+Two tables, changed together in the projection's batch transaction:
+
+* ``bc_fg_node``: one row per node: its pool, whether the placer may use it
+  (``Node.schedulable``: adopted, reachable, not cordoned, some GPU healthy),
+  its GPUs with the attributes selectors see and their health, the per-GPU
+  share of host CPUs and memory (domain/host_share.py), and ``free_now``:
+  healthy GPUs that no live booking holds at any time. The row keeps a
+  snapshot of the Node aggregate, so every ``node.*`` event is applied by the
+  aggregate's own code and the index always agrees with ``Node.schedulable``.
+* ``bc_fg_booking``: one row per live booking (``bookings.*`` events): node,
+  GPUs, host resources and the interval [start, end) in epoch seconds.
+
+``candidates(pool, start, end, need)`` first reads the few schedulable nodes
+with the fewest ``free_now`` GPUs that still have ``need`` (an index range
+scan: its cost does not grow with the fleet), then only the bookings of those
+nodes that overlap the interval. Only when none of them fits (filters, future
+bookings) does ``all_candidates`` read every schedulable node of the pool.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from better_compute.domain.host_share import host_share
+from better_compute.domain.ids import public_id
+from better_compute.domain.placement import Candidate, FreeGpu, gpu_attributes
+from better_compute.projections.framework import Projection, Sql
+
+FAST_PATH_NODES = 16
+
+
+class SnapshotCodec(Protocol):
+    def snapshot(self, aggregate: Any) -> tuple[str, str]: ...
+    def restore(self, topic: str, state: str, originator_id: Any, version: int) -> Any: ...
+
+
+def epoch(value: datetime) -> float:
+    return value.timestamp()
+
+
+def _hardware_number(hardware: dict[str, Any], *names: str) -> float | None:
+    for name in names:
+        value = hardware.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def node_gpus(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The node's GPUs as the index keeps them: uuid, index and selector attributes."""
+    out = []
+    for position, gpu in enumerate(gpus):
+        doc = dict(gpu)
+        if "memoryMiB" not in doc and "memoryMib" in doc:
+            doc["memoryMiB"] = doc["memoryMib"]
+        doc.setdefault("index", position)
+        if doc.get("healthReasons"):
+            doc["healthy"] = False
+        out.append({"uuid": str(doc.get("uuid")), "index": int(doc["index"]),
+                    "attributes": gpu_attributes(doc)})
+    return out
+
+
+class FreeGpus(Projection):
+    name = "free_gpus"
+
+    def __init__(self, codec: SnapshotCodec) -> None:
+        self.codec = codec
+
+    def table_names(self) -> list[str]:
+        return ["bc_fg_node", "bc_fg_booking"]
+
+    def tables(self) -> list[str]:
+        return [
+            "CREATE TABLE IF NOT EXISTS bc_fg_node ("
+            "node_id TEXT PRIMARY KEY, uuid TEXT NOT NULL, pool_id TEXT NOT NULL, "
+            "tenant_id TEXT NOT NULL, schedulable INTEGER NOT NULL, gpus TEXT NOT NULL, "
+            "healthy_gpus INTEGER NOT NULL, free_now INTEGER NOT NULL, "
+            "cpus_per_gpu INTEGER NOT NULL, memory_gib_per_gpu INTEGER NOT NULL, "
+            "version BIGINT NOT NULL, snapshot_topic TEXT NOT NULL, snapshot TEXT NOT NULL)",
+            "CREATE INDEX IF NOT EXISTS bc_fg_node_pick ON bc_fg_node "
+            "(pool_id, schedulable, free_now, node_id)",
+            "CREATE TABLE IF NOT EXISTS bc_fg_booking ("
+            "allocation_id TEXT PRIMARY KEY, node_id TEXT NOT NULL, pool_id TEXT NOT NULL, "
+            "holder TEXT NOT NULL, reservation_id TEXT NOT NULL, gpus TEXT NOT NULL, "
+            "cpus INTEGER NOT NULL, memory_gib INTEGER NOT NULL, "
+            "start_at DOUBLE PRECISION NOT NULL, end_at DOUBLE PRECISION NOT NULL)",
+            "CREATE INDEX IF NOT EXISTS bc_fg_booking_node ON bc_fg_booking (node_id)",
+        ]
+
+    def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
+        kind = str(type(event).TOPIC)
+        if kind.startswith("node."):
+            self._node_event(sql, cursor, event)
+        elif kind == "bookings.booked":
+            node_id = str(event.node_id)
+            sql.execute(
+                cursor,
+                "INSERT INTO bc_fg_booking (allocation_id, node_id, pool_id, holder, "
+                "reservation_id, gpus, cpus, memory_gib, start_at, end_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (event.allocation_id, node_id, self._pool_of(sql, cursor, node_id), event.holder,
+                 event.reservation_id, json.dumps(list(event.gpus)), int(event.cpus),
+                 int(event.memory_gib), epoch(event.start), epoch(event.end)),
+            )
+            self._refresh_free(sql, cursor, node_id)
+        elif kind == "bookings.extended":
+            sql.execute(cursor, "UPDATE bc_fg_booking SET end_at = ? WHERE allocation_id = ?",
+                        (epoch(event.end), event.allocation_id))
+        elif kind == "bookings.ended":
+            node_id = str(event.node_id)
+            sql.execute(cursor, "DELETE FROM bc_fg_booking WHERE allocation_id = ?",
+                        (event.allocation_id,))
+            self._refresh_free(sql, cursor, node_id)
+
+    def _pool_of(self, sql: Sql, cursor: Any, node_id: str) -> str:
+        sql.execute(cursor, "SELECT pool_id FROM bc_fg_node WHERE node_id = ?", (node_id,))
+        row = cursor.fetchone()
+        return str(row["pool_id"]) if row else ""
+
+    def _node_event(self, sql: Sql, cursor: Any, event: Any) -> None:
+        node_id = public_id("node", event.originator_id)
+        if event.originator_version == 1:
+            node = event.mutate(None)
+            exists = False
+        else:
+            sql.execute(cursor, "SELECT snapshot_topic, snapshot FROM bc_fg_node WHERE node_id = ?",
+                        (node_id,))
+            row = cursor.fetchone()
+            if row is None:
+                return
+            previous = self.codec.restore(row["snapshot_topic"], row["snapshot"],
+                                          event.originator_id, event.originator_version - 1)
+            node = event.mutate(previous)
+            exists = True
+        gpus = node_gpus(list(node.gpus))
+        hardware = dict(getattr(node, "hardware", {}) or {})
+        share = host_share(
+            int(_hardware_number(hardware, "cpus") or 0),
+            _hardware_number(hardware, "memoryGiB", "memoryGib"), len(gpus),
+        )
+        healthy = sum(1 for g in gpus if g["attributes"].get("healthy"))
+        schedulable = bool(getattr(node, "schedulable", False))
+        topic, state = self.codec.snapshot(node)
+        params = (str(event.originator_id), node.pool_id, node.tenant_id, int(schedulable),
+                  json.dumps(gpus), healthy, share.cpus_per_gpu, share.memory_gib_per_gpu,
+                  node.version, topic, state, node_id)
+        if exists:
+            sql.execute(
+                cursor,
+                "UPDATE bc_fg_node SET uuid = ?, pool_id = ?, tenant_id = ?, schedulable = ?, "
+                "gpus = ?, healthy_gpus = ?, cpus_per_gpu = ?, memory_gib_per_gpu = ?, "
+                "version = ?, snapshot_topic = ?, snapshot = ? WHERE node_id = ?",
+                params,
+            )
+        else:
+            sql.execute(
+                cursor,
+                "INSERT INTO bc_fg_node (uuid, pool_id, tenant_id, schedulable, gpus, "
+                "healthy_gpus, cpus_per_gpu, memory_gib_per_gpu, version, snapshot_topic, "
+                "snapshot, node_id, free_now) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                params,
+            )
+        self._refresh_free(sql, cursor, node_id)
+
+    def _refresh_free(self, sql: Sql, cursor: Any, node_id: str) -> None:
+        sql.execute(cursor, "SELECT gpus FROM bc_fg_node WHERE node_id = ?", (node_id,))
+        row = cursor.fetchone()
+        if row is None:
+            return
+        healthy = {g["uuid"] for g in json.loads(row["gpus"]) if g["attributes"].get("healthy")}
+        sql.execute(cursor, "SELECT gpus FROM bc_fg_booking WHERE node_id = ?", (node_id,))
+        for booking in cursor.fetchall():
+            healthy.difference_update(json.loads(booking["gpus"]))
+        sql.execute(cursor, "UPDATE bc_fg_node SET free_now = ? WHERE node_id = ?",
+                    (len(healthy), node_id))
+
+
+def _candidates(sql: Sql, cursor: Any, rows: list[Any], start: datetime, end: datetime
+                ) -> list[Candidate]:
+    if not rows:
+        return []
+    ids = [str(r["node_id"]) for r in rows]
+    marks = ", ".join("?" for _ in ids)
+    sql.execute(
+        cursor,
+        f"SELECT node_id, gpus, cpus, memory_gib FROM bc_fg_booking WHERE node_id IN ({marks}) "
+        "AND start_at < ? AND end_at > ?",
+        (*ids, epoch(end), epoch(start)),
+    )
+    taken: dict[str, set[str]] = {}
+    host: dict[str, list[int]] = {}
+    for b in cursor.fetchall():
+        taken.setdefault(str(b["node_id"]), set()).update(json.loads(b["gpus"]))
+        used = host.setdefault(str(b["node_id"]), [0, 0])
+        used[0] += int(b["cpus"])
+        used[1] += int(b["memory_gib"])
+    out = []
+    for row in rows:
+        node_id = str(row["node_id"])
+        gpus = json.loads(row["gpus"])
+        busy = taken.get(node_id, set())
+        free = tuple(
+            FreeGpu(g["uuid"], int(g["index"]), g["attributes"])
+            for g in gpus if g["uuid"] not in busy and g["attributes"].get("healthy")
+        )
+        used_cpus, used_mem = host.get(node_id, [0, 0])
+        cpus_per_gpu, mem_per_gpu = int(row["cpus_per_gpu"]), int(row["memory_gib_per_gpu"])
+        out.append(Candidate(
+            node_id=node_id, free_gpus=free, cpus_per_gpu=cpus_per_gpu,
+            memory_gib_per_gpu=mem_per_gpu,
+            free_cpus=cpus_per_gpu * len(gpus) - used_cpus,
+            free_memory_gib=mem_per_gpu * len(gpus) - used_mem,
+        ))
+    return out
+
+
+def fast_candidates(sql: Sql, pool_id: str, start: datetime, end: datetime, need: int,
+                    limit: int = FAST_PATH_NODES) -> list[Candidate]:
+    """The schedulable nodes with the fewest free GPUs that still have ``need`` free now."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(
+            cursor,
+            "SELECT node_id, gpus, cpus_per_gpu, memory_gib_per_gpu FROM bc_fg_node "
+            "WHERE pool_id = ? AND schedulable = 1 AND free_now >= ? "
+            f"ORDER BY free_now, node_id LIMIT {int(limit)}",
+            (pool_id, need),
+        )
+        return _candidates(sql, cursor, list(cursor.fetchall()), start, end)
+
+
+def all_candidates(sql: Sql, pool_id: str, start: datetime, end: datetime) -> list[Candidate]:
+    """Every schedulable node of the pool, with what is free on it for [start, end)."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(
+            cursor,
+            "SELECT node_id, gpus, cpus_per_gpu, memory_gib_per_gpu FROM bc_fg_node "
+            "WHERE pool_id = ? AND schedulable = 1 ORDER BY node_id",
+            (pool_id,),
+        )
+        return _candidates(sql, cursor, list(cursor.fetchall()), start, end)
+
+
+def node_host_share(sql: Sql, node_id: str) -> tuple[int, int, int] | None:
+    """(cpus per GPU, GiB per GPU, GPU count) of a node, or None when it is not indexed."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT gpus, cpus_per_gpu, memory_gib_per_gpu FROM bc_fg_node "
+                    "WHERE node_id = ?", (node_id,))
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return int(row["cpus_per_gpu"]), int(row["memory_gib_per_gpu"]), len(json.loads(row["gpus"]))

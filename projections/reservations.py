@@ -1,0 +1,132 @@
+"""The reservations read model: listings and the reservations controller's worklist.
+
+One row per reservation with its public document and the columns the
+controller asks about: state, node, allocation, start, end and the binding
+deadline (epoch seconds). The row keeps a snapshot of the aggregate, so each
+``reservation.*`` event is applied by the aggregate's own code.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from better_compute.projections.framework import Projection, Sql
+
+
+class SnapshotCodec(Protocol):
+    def snapshot(self, aggregate: Any) -> tuple[str, str]: ...
+    def restore(self, topic: str, state: str, originator_id: Any, version: int) -> Any: ...
+
+
+def _epoch(value: Any) -> float | None:
+    return None if value is None else float(value.timestamp())
+
+
+class Reservations(Projection):
+    name = "reservations"
+
+    def __init__(self, codec: SnapshotCodec) -> None:
+        self.codec = codec
+
+    def table_names(self) -> list[str]:
+        return ["bc_rsv"]
+
+    def tables(self) -> list[str]:
+        return [
+            "CREATE TABLE IF NOT EXISTS bc_rsv ("
+            "uuid TEXT PRIMARY KEY, id TEXT NOT NULL, tenant_id TEXT NOT NULL, "
+            "pool_id TEXT NOT NULL, node_id TEXT NOT NULL, allocation_id TEXT NOT NULL, "
+            "state TEXT NOT NULL, start_at DOUBLE PRECISION NOT NULL, "
+            "end_at DOUBLE PRECISION NOT NULL, bind_deadline DOUBLE PRECISION, "
+            "created_seq BIGINT NOT NULL, doc TEXT NOT NULL, snapshot_topic TEXT NOT NULL, "
+            "snapshot TEXT NOT NULL)",
+            "CREATE INDEX IF NOT EXISTS bc_rsv_tenant ON bc_rsv (tenant_id, created_seq)",
+            "CREATE INDEX IF NOT EXISTS bc_rsv_state ON bc_rsv (state, start_at)",
+            "CREATE INDEX IF NOT EXISTS bc_rsv_alloc ON bc_rsv (allocation_id)",
+        ]
+
+    def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
+        if not str(type(event).TOPIC).startswith("reservation."):
+            return
+        uuid = str(event.originator_id)
+        if event.originator_version == 1:
+            aggregate = event.mutate(None)
+            created_seq = sequence
+        else:
+            sql.execute(cursor, "SELECT snapshot_topic, snapshot, created_seq FROM bc_rsv "
+                        "WHERE uuid = ?", (uuid,))
+            row = cursor.fetchone()
+            if row is None:
+                return
+            previous = self.codec.restore(row["snapshot_topic"], row["snapshot"],
+                                          event.originator_id, event.originator_version - 1)
+            aggregate = event.mutate(previous)
+            created_seq = int(row["created_seq"])
+        topic, state = self.codec.snapshot(aggregate)
+        params = (
+            aggregate.public_id, aggregate.tenant_id, aggregate.pool_id, aggregate.node_id,
+            aggregate.allocation_id, aggregate.state, _epoch(aggregate.start),
+            _epoch(aggregate.end), _epoch(aggregate.bind_deadline), created_seq,
+            json.dumps(aggregate.to_doc()), topic, state, uuid,
+        )
+        if event.originator_version == 1:
+            sql.execute(
+                cursor,
+                "INSERT INTO bc_rsv (id, tenant_id, pool_id, node_id, allocation_id, state, "
+                "start_at, end_at, bind_deadline, created_seq, doc, snapshot_topic, snapshot, "
+                "uuid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                params,
+            )
+        else:
+            sql.execute(
+                cursor,
+                "UPDATE bc_rsv SET id = ?, tenant_id = ?, pool_id = ?, node_id = ?, "
+                "allocation_id = ?, state = ?, start_at = ?, end_at = ?, bind_deadline = ?, "
+                "created_seq = ?, doc = ?, snapshot_topic = ?, snapshot = ? WHERE uuid = ?",
+                params,
+            )
+
+
+def list_reservations(sql: Sql, *, tenant_id: str | None = None, pool_id: str | None = None,
+                      states: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    clauses, params = ["1 = 1"], []
+    if tenant_id is not None:
+        clauses.append("tenant_id = ?")
+        params.append(tenant_id)
+    if pool_id is not None:
+        clauses.append("pool_id = ?")
+        params.append(pool_id)
+    if states:
+        clauses.append(f"state IN ({', '.join('?' for _ in states)})")
+        params.extend(states)
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, f"SELECT doc FROM bc_rsv WHERE {' AND '.join(clauses)} "
+                    "ORDER BY created_seq", params)
+        return [json.loads(row["doc"]) for row in cursor.fetchall()]
+
+
+def due_reservations(sql: Sql, now: float, limit: int = 500) -> list[dict[str, Any]]:
+    """Reservations the controller must act on at ``now`` (epoch seconds).
+
+    placed and started; binding past its deadline; any live one past its end.
+    """
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(
+            cursor,
+            "SELECT uuid, id, state, start_at, end_at, bind_deadline FROM bc_rsv WHERE "
+            "(state = 'placed' AND start_at <= ?) "
+            "OR (state = 'binding' AND bind_deadline <= ?) "
+            "OR (state IN ('placed', 'binding', 'active') AND end_at <= ?) "
+            f"ORDER BY start_at LIMIT {int(limit)}",
+            (now, now, now),
+        )
+        return [dict(row) for row in cursor.fetchall()]
+
+
+def reservation_of_allocation(sql: Sql, allocation_id: str) -> str | None:
+    """The reservation uuid that holds (or held) ``allocation_id`` as its current allocation."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT uuid FROM bc_rsv WHERE allocation_id = ?", (allocation_id,))
+        row = cursor.fetchone()
+    return str(row["uuid"]) if row else None

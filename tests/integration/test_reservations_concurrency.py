@@ -1,0 +1,95 @@
+"""50 clients reserving on one pool at once never double-book a GPU or exceed a quota.
+
+Five Runtimes on the same store stand for five server processes (each has its
+own connections and its own in-process placement lock), ten threads each, all
+released by one barrier. The check reads the store afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from better_compute.api.reservation_service import reservations
+from better_compute.domain.access import LOCAL_OPERATOR as OP
+from better_compute.domain.access import Principal, Role
+from better_compute.domain.bookings import NodeBookings, bookings_uuid, overlaps
+from better_compute.domain.errors import NoCapacity, QuotaExceeded
+from better_compute.domain.ids import parse_id
+from better_compute.domain.quota import QuotaUse, quota_uuid
+from better_compute.domain.reservation import Reservation
+from tests.fleet import add_nodes, make_pool
+from tests.support import open_runtime
+
+ACME = Principal("acme", Role.MEMBER, "tok_acme")
+QUOTA = 12
+PROCESSES, THREADS = 5, 10
+
+
+def test_fifty_clients_never_double_book_nor_exceed_the_quota(env: dict[str, str],
+                                                              runtime: Any) -> None:
+    pool = make_pool(runtime.service)
+    nodes = add_nodes(runtime.service, pool, 4)  # 32 GPUs
+    runtime.service.tenants_create(OP, "acme", None)
+    runtime.service.pools_offer(OP, pool, "acme", {"gpu": QUOTA})
+    runtimes = [runtime] + [open_runtime(env) for _ in range(PROCESSES - 1)]
+    barrier = threading.Barrier(PROCESSES * THREADS)
+    results: list[tuple[str, Any]] = []
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        rs = reservations(runtimes[n % PROCESSES].service)
+        who = ACME if n % 2 else OP
+        barrier.wait()
+        try:
+            doc = rs.create(who, tenant_id=None, pool_id=pool, gpus=1 + n % 3, duration="1h",
+                            key=f"client-{n}")
+            outcome: tuple[str, Any] = ("ok", doc)
+        except (NoCapacity, QuotaExceeded) as exc:
+            outcome = (exc.code, exc.message)
+        except Exception as exc:  # anything else fails the test below, with its message
+            outcome = ("error", repr(exc))
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(PROCESSES * THREADS)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=240)
+    finally:
+        for extra in runtimes[1:]:
+            extra.close()
+
+    assert len(results) == PROCESSES * THREADS
+    assert [r for r in results if r[0] == "error"] == []
+    placed = [doc for kind, doc in results if kind == "ok"]
+    assert placed, results
+
+    # Against the store: every booking, every reservation, the quota.
+    store = runtime.store
+    booked: list[dict[str, Any]] = []
+    for node_id in nodes:
+        try:
+            agg = store.repository.get(bookings_uuid(node_id))
+        except Exception:
+            continue
+        assert isinstance(agg, NodeBookings)
+        booked.extend({**b, "node": node_id} for b in agg.bookings.values())
+    for i, x in enumerate(booked):
+        for y in booked[i + 1:]:
+            if x["node"] == y["node"] and overlaps(x["start"], x["end"], y["start"], y["end"]):
+                assert not set(x["gpus"]) & set(y["gpus"]), (x, y)
+    assert sorted(b["reservationId"] for b in booked) == sorted(d["id"] for d in placed)
+    for doc in placed:
+        rsv = store.repository.get(parse_id("rsv", doc["id"]))
+        assert isinstance(rsv, Reservation) and rsv.gpus == doc["gpus"]
+    acme_held = sum(d["gpuCount"] for d in placed if d["tenantId"] == "acme")
+    assert acme_held <= QUOTA
+    quota = store.repository.get(quota_uuid(pool, "acme"))
+    assert isinstance(quota, QuotaUse) and quota.in_use == acme_held
+    total = sum(len(b["gpus"]) for b in booked)
+    assert total <= 32
+    refusals = {kind for kind, _ in results if kind != "ok"}
+    assert refusals <= {"no_capacity", "quota_exceeded"}
