@@ -20,7 +20,9 @@ from better_compute.api.store import ComputeStore, SqlRunner, StoreConfig, open_
 from better_compute.domain.errors import InvalidInput
 from better_compute.projections.capacity import Capacity
 from better_compute.projections.framework import ProjectionRunner
+from better_compute.projections.free_gpus import FreeGpus
 from better_compute.projections.listings import Listings
+from better_compute.projections.reservations import Reservations
 
 
 class StoreEvents:
@@ -54,7 +56,8 @@ class Projections(ProjectionRunner):
     def __init__(self, store: ComputeStore) -> None:
         source = StoreEvents(store)
         self.sql: SqlRunner = store.sql()
-        super().__init__(self.sql, source, [Listings(source), Capacity()])
+        super().__init__(self.sql, source, [Listings(source), Capacity(),
+                                            FreeGpus(source), Reservations(source)])
 
 
 @dataclass

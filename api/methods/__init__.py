@@ -1,3 +1,11 @@
 """JSON-RPC methods, one module per area; importing this registers them all."""
 
-from better_compute.api.methods import catalog, system  # noqa: F401
+from better_compute.api.methods import (  # noqa: F401
+    capacity,
+    catalog,
+    events,
+    join,
+    nodes,
+    reservations,
+    system,
+)

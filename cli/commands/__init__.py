@@ -1,5 +1,17 @@
 """One module per command group; GROUPS is the order `help` lists them in."""
 
-from better_compute.cli.commands import api, catalog, setup
+from better_compute.cli.commands import (
+    api,
+    capacity,
+    catalog,
+    daemon,
+    events,
+    join_tokens,
+    nodes,
+    projections,
+    reservations,
+    setup,
+)
 
-GROUPS = (setup, api, catalog)
+GROUPS = (setup, api, catalog, join_tokens, daemon, nodes, capacity, reservations, events,
+          projections)

@@ -1,0 +1,93 @@
+"""Running the controllers inside ``serve``: elected, woken by events and by a tick.
+
+``run_controllers`` is a lifespan task. It tries to become the leader
+every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass
+whenever the process's event hub reads a new event and at least every
+``tick`` seconds (the timers), and checks it still holds the lock before
+each pass. A pass that fails is logged and retried on the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from better_compute.api.controllers.leader import Leadership, leadership_for
+from better_compute.api.controllers.node_lifecycle import UNREACHABLE_AFTER, NodeLifecycle
+from better_compute.api.controllers.reservations import ReservationTimers
+from better_compute.api.node_presence import Presence
+from better_compute.api.node_service import NodeService
+from better_compute.api.reservation_service import reservations
+from better_compute.domain.durations import parse_duration
+from better_compute.domain.errors import InvalidInput
+
+log = logging.getLogger("better_compute.controllers")
+
+
+def _seconds(env: Any, name: str, default: float) -> float:
+    text = (env or {}).get(name)
+    if not text:
+        return default
+    try:
+        value = float(text) if text[-1].isdigit() else parse_duration(text).total_seconds()
+    except ValueError:
+        raise InvalidInput(f"{name}={text!r} is not a number of seconds or a duration") from None
+    if value <= 0:
+        raise InvalidInput(f"{name}={text!r} must be more than 0")
+    return value
+
+
+def unreachable_after(env: Any) -> timedelta:
+    seconds = _seconds(env, "BETTER_COMPUTE_NODE_UNREACHABLE_AFTER",
+                       UNREACHABLE_AFTER.total_seconds())
+    return timedelta(seconds=seconds)
+
+
+def lifecycle_for(runtime: Any) -> NodeLifecycle:
+    return NodeLifecycle(NodeService(runtime.service), Presence(runtime.store.sql()),
+                         unreachable_after(runtime.env))
+
+
+async def run_controllers(state: Any, *, leadership: Leadership | None = None,
+                          task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                          ) -> None:
+    runtime = state.runtime
+    env = runtime.env
+    tick = _seconds(env, "BETTER_COMPUTE_CONTROLLER_TICK", 1.0)
+    retry = _seconds(env, "BETTER_COMPUTE_CONTROLLER_RETRY", 1.0)
+    lead = leadership or leadership_for(runtime)
+    lifecycle = await anyio.to_thread.run_sync(lifecycle_for, runtime)
+    timers = ReservationTimers(reservations(runtime.service))
+    hub = state.extra.get("watch_hub")
+    limiter = anyio.CapacityLimiter(1)
+    task_status.started()
+    try:
+        while True:
+            if not await anyio.to_thread.run_sync(lead.try_acquire, limiter=limiter):
+                await anyio.sleep(retry)
+                continue
+            log.info("this process runs the controllers")
+            state.extra["controllers_leader"] = True
+            while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
+                position = hub.head if hub is not None else 0
+                try:
+                    await anyio.to_thread.run_sync(lifecycle.reconcile, limiter=limiter)
+                except Exception:
+                    log.exception("a NodeLifecycle pass failed; retrying on the next tick")
+                try:
+                    await anyio.to_thread.run_sync(timers.tick, limiter=limiter)
+                except Exception:
+                    log.exception("a reservations pass failed; retrying on the next tick")
+                if hub is not None:
+                    await hub.wait_beyond(position, tick)
+                else:
+                    await anyio.sleep(tick)
+            state.extra["controllers_leader"] = False
+            log.warning("lost the controllers' lock; trying to take it again")
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lead.release, limiter=limiter)

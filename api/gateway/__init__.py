@@ -1,0 +1,8 @@
+"""The agents' gateway (``serve --gateway-listen``): mutual TLS, one session per node.
+
+Protocol: api/wire/gateway.py. Pieces: tls.py (the server's TLS context:
+a serving-CA certificate, client certificates required from the node CA),
+journal.py (verifying entries signed by the node key), session.py (one
+node's session), server.py (the listener, the sessions by node, the wake-ups
+from the event log and the heartbeat writer). docs/nodes.md describes it.
+"""

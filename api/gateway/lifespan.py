@@ -1,0 +1,52 @@
+"""Running the gateway inside ``serve``: a lifespan task beside uvicorn, one event loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from better_compute.api import pki
+from better_compute.api.gateway.server import Gateway
+from better_compute.api.gateway.tls import server_context
+from better_compute.domain.errors import InvalidInput
+
+
+def _seconds(env: Any, name: str, default: float) -> float:
+    text = (env or {}).get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidInput(f"{name}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise InvalidInput(f"{name}={text!r} must be more than 0")
+    return value
+
+
+def gateway_task(host: str, port: int, hostnames: list[str]) -> Any:
+    """A lifespan task that serves the gateway on ``host:port`` until shutdown."""
+
+    async def run(state: Any, *,
+                  task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        runtime = state.runtime
+
+        def build() -> Gateway:
+            bundle = pki.unseal_bundle(runtime.service.pki().sealed,
+                                       pki.parse_master_key(runtime.master_key_text()))
+            context = server_context(bundle, hostnames, runtime.data_dir / "run")
+            return Gateway(
+                runtime.service, context,
+                heartbeat_seconds=_seconds(runtime.env, "BETTER_COMPUTE_NODE_HEARTBEAT", 5.0),
+                hub=state.extra.get("watch_hub"),
+            )
+
+        gateway = await anyio.to_thread.run_sync(build)
+        state.extra["gateway"] = gateway
+        async with anyio.create_task_group() as tg:
+            await tg.start(gateway.serve, host, port)
+            task_status.started()
+
+    return run

@@ -1,0 +1,223 @@
+"""The gateway listener: admit a node, run its session, fence the older one.
+
+Admission, after the TLS handshake verified the client certificate against
+the node CA: the first line must be a Hello whose ``nodeId`` equals the
+certificate's common name; the node must exist and the certificate's key
+must be the key whose pin the node recorded at join. Anything else is
+answered with Refused and the connection closes, recording nothing.
+
+Wake-ups: one task follows the process's event hub (the /watch follower)
+and pokes the session of every node an event is about, so a changed desired
+state goes down at once, whichever replica recorded it. Heartbeats are kept
+in memory and written to ``bc_node_presence`` once per ``flush_interval``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import ssl
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+import anyio
+import anyio.abc
+import msgspec
+from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.tls import TLSAttribute, TLSListener, TLSStream
+from cryptography import x509
+
+from better_compute.api import pki
+from better_compute.api.eventlog import EventFilter
+from better_compute.api.gateway.session import _CLOSED, MAX_LINE, Session
+from better_compute.api.node_presence import Presence
+from better_compute.api.node_service import NodeService
+from better_compute.api.service import ComputeService
+from better_compute.api.wire.gateway import Hello, Refused, decode_to_gateway, encode
+from better_compute.domain.errors import BetterComputeError, InvalidInput
+from better_compute.domain.ids import parse_id
+from better_compute.domain.node import Node
+
+log = logging.getLogger("better_compute.gateway")
+T = TypeVar("T")
+
+
+class Refusal(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _QuietTLSListener(TLSListener):
+    """A failed handshake (no or wrong client certificate) is one warning line, no traceback."""
+
+    @staticmethod
+    async def handle_handshake_error(exc: BaseException, stream: Any) -> None:
+        await anyio.aclose_forcefully(stream)
+        if isinstance(exc, anyio.get_cancelled_exc_class()) or not isinstance(exc, Exception):
+            raise exc
+        log.warning("gateway: TLS handshake refused: %s", exc)
+
+
+class Gateway:
+    def __init__(self, service: ComputeService, ssl_context: ssl.SSLContext, *,
+                 heartbeat_seconds: float = 5.0, flush_interval: float = 1.0,
+                 hello_timeout: float = 10.0, min_idle: float = 15.0,
+                 hub: Any = None, limiter: anyio.CapacityLimiter | None = None) -> None:
+        self.nodes = NodeService(service)
+        self.presence = Presence(service.sql)
+        self.ssl_context = ssl_context
+        self.heartbeat_seconds = heartbeat_seconds
+        self.flush_interval = flush_interval
+        self.hello_timeout = hello_timeout
+        self.min_idle = min_idle
+        self.hub = hub
+        self.limiter = limiter or anyio.CapacityLimiter(4)
+        self.sessions: dict[str, Session] = {}
+        self.beats: dict[str, tuple[int, datetime]] = {}
+        self.stats: Counter[str] = Counter()
+        self.port = 0
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    # -------------------------------------------------------------- running
+
+    async def serve(self, host: str, port: int, *,
+                    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Listen until cancelled; ``task_status`` gets the bound port."""
+        tcp = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        self.port = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
+        listener = _QuietTLSListener(tcp, self.ssl_context, standard_compatible=False)
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(self._flush_loop)
+            if self.hub is not None:
+                tg.start_soon(self._follow_events)
+            task_status.started(self.port)
+            await listener.serve(self._connection, task_group=tg)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.flush_interval)
+            await self.flush_heartbeats()
+
+    async def flush_heartbeats(self) -> int:
+        beats, self.beats = self.beats, {}
+        if not beats:
+            return 0
+        rows = [(uuid, epoch, at) for uuid, (epoch, at) in beats.items()]
+        return await self.call(self.presence.record, rows)
+
+    def beat(self, session: Session, message: Any) -> None:
+        self.stats["heartbeats"] += 1
+        self.beats[str(session.uuid)] = (session.epoch, self.nodes.clock())
+
+    async def _follow_events(self) -> None:
+        hub = self.hub
+        everything = EventFilter()
+        position = hub.head
+        while not hub.stopping:
+            await hub.wait_beyond(position, 5.0)
+            got = hub.after(position, everything)
+            if got is None:  # fell behind the window: wake every session once
+                position = hub.head
+                self.poke_all()
+                continue
+            lines, position = got
+            for line in lines:
+                self._poke_for(line)
+
+    def _poke_for(self, line: bytes) -> None:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return
+        targets = {doc.get("subject")}
+        data = doc.get("data") or {}
+        if isinstance(data, dict):
+            targets.add(data.get("nodeId"))
+        for target in targets:
+            session = self.sessions.get(target) if isinstance(target, str) else None
+            if session is not None:
+                session.poke.set()
+
+    def poke_all(self) -> None:
+        for session in list(self.sessions.values()):
+            session.poke.set()
+
+    # ----------------------------------------------------------- admission
+
+    def _admit(self, cert: x509.Certificate, hello: Hello) -> Node:
+        try:
+            cn = pki.node_id_from_certificate(cert)
+        except InvalidInput as exc:
+            raise Refusal("bad_certificate", exc.message) from None
+        if cn != hello.node_id:
+            raise Refusal("wrong_node", f"this certificate is node {cn}'s, not {hello.node_id}'s")
+        try:
+            uuid: UUID = parse_id("node", cn)
+        except BetterComputeError:
+            raise Refusal("unknown_node", f"{cn!r} is not a node id") from None
+        node = self.nodes.load(uuid)
+        if node is None:
+            raise Refusal("unknown_node", f"no node {cn}: join again with bcd join")
+        if pki.spki_pin(cert.public_key()) != node.key_pin:
+            raise Refusal("wrong_key", f"the certificate's key is not the key node {cn} joined "
+                          "with: use the node key and certificate bcd join wrote")
+        return node
+
+    async def _connection(self, stream: TLSStream) -> None:
+        session: Session | None = None
+        try:
+            der = stream.extra(TLSAttribute.peer_certificate_binary)
+            if not der:
+                raise Refusal("no_certificate", "the gateway needs the node certificate")
+            cert = x509.load_der_x509_certificate(der)
+            reader = BufferedByteReceiveStream(stream)
+            with anyio.fail_after(self.hello_timeout):
+                first = await reader.receive_until(b"\n", MAX_LINE)
+            try:
+                hello = decode_to_gateway(first)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                hello = None
+            if not isinstance(hello, Hello):
+                raise Refusal("hello_first", "the first message of a session must be a Hello")
+            await self.call(self._admit, cert, hello)
+            epoch, node = await self.call(self.nodes.session_opened, parse_id("node", hello.node_id),
+                                          hello.bcd_version)
+            session = Session(self, stream, reader, node, epoch, cert.public_key())
+            older = self.sessions.get(session.node_id)
+            self.sessions[session.node_id] = session
+            if older is not None:
+                older.fence()
+            self.stats["sessions"] += 1
+            await session.run(node)
+        except Refusal as refusal:
+            self.stats["refused_sessions"] += 1
+            log.warning("gateway: session refused (%s): %s", refusal.code, refusal.message)
+            with anyio.move_on_after(2), contextlib.suppress(*_CLOSED):
+                await stream.send(encode(Refused(code=refusal.code, message=refusal.message)))
+        except (TimeoutError, *_CLOSED):
+            pass
+        finally:
+            if session is not None:
+                await self._close(session)
+            await anyio.aclose_forcefully(stream)
+
+    async def _close(self, session: Session) -> None:
+        if self.sessions.get(session.node_id) is session:
+            del self.sessions[session.node_id]
+        if session.fenced:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.call(self.nodes.session_closed, session.uuid, session.epoch,
+                                session.reason)
+            except BetterComputeError:
+                log.exception("gateway: could not record the end of node %s's session",
+                              session.node_id)

@@ -1,0 +1,233 @@
+"""One node's session: Welcome, desired state down, heartbeats, reports and journal up.
+
+The session is fenced off (closed, recording nothing more) as soon as a
+newer session of the same node exists: in this process the gateway cancels
+it at once; on another replica it notices on the next wake-up, when the
+node's epoch has moved on. Every message that carries an epoch other than
+this session's is refused. A session that hears nothing for three heartbeat
+intervals (at least 15 s) closes itself: the connection is dead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import anyio
+import msgspec
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from better_compute.api.gateway.journal import HANDLERS, EntryRefused, verify_entry
+from better_compute.api.wire.gateway import (
+    Ack,
+    DesiredState,
+    Heartbeat,
+    Hello,
+    Journal,
+    Msg,
+    Nack,
+    Refused,
+    Report,
+    Welcome,
+    decode_to_gateway,
+    encode,
+)
+from better_compute.domain.errors import BetterComputeError
+from better_compute.domain.node import Node
+from better_compute.domain.node_rules import SESSION_UNREACHABLE
+
+if TYPE_CHECKING:
+    from better_compute.api.gateway.server import Gateway
+
+log = logging.getLogger("better_compute.gateway")
+
+MAX_LINE = 1 << 20
+_CLOSED = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
+           anyio.ClosedResourceError, anyio.DelimiterNotFound, OSError)
+
+
+def _health(gpus: list[dict[str, Any]]) -> dict[str, tuple[bool, tuple[str, ...]]]:
+    out = {}
+    for g in gpus:
+        if isinstance(g, dict) and isinstance(g.get("uuid"), str):
+            reasons = tuple(str(r) for r in g.get("healthReasons") or [])
+            out[g["uuid"]] = (bool(g.get("healthy", True)) and not reasons, reasons)
+    return out
+
+
+class Session:
+    def __init__(self, gateway: Gateway, stream: Any, reader: BufferedByteReceiveStream,
+                 node: Node, epoch: int, public_key: Any) -> None:
+        self.gateway = gateway
+        self.stream = stream
+        self.reader = reader
+        self.node_id = node.public_id
+        self.uuid: UUID = node.id
+        self.epoch = epoch
+        self.public_key = public_key
+        self.fenced = False
+        self.reason = "the connection closed"
+        self.poke = anyio.Event()
+        self.last_sent: tuple[int, str] | None = None
+        self.health = _health(node.gpus)
+        self.applied_generation = 0
+        self.observed_generation = 0
+        self.last_report: Report | None = None
+        self._send_lock = anyio.Lock()
+        self._scope: anyio.CancelScope | None = None
+
+    # ------------------------------------------------------------------ I/O
+
+    async def send(self, message: Msg) -> None:
+        async with self._send_lock:
+            await self.stream.send(encode(message))
+
+    def fence(self) -> None:
+        """A newer session of this node exists: stop, record nothing more."""
+        self.fenced = True
+        self.reason = "fenced off by a newer session"
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def run(self, node: Node) -> None:
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            if self.fenced:
+                return
+            await self.send(Welcome(epoch=self.epoch,
+                                    heartbeat_seconds=self.gateway.heartbeat_seconds))
+            await self.push_desired(node)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._pusher)
+                try:
+                    await self._receive_loop()
+                finally:
+                    tg.cancel_scope.cancel()
+
+    async def push_desired(self, node: Node) -> None:
+        sections = node.desired_sections()
+        key = (node.generation, json.dumps(sections, sort_keys=True))
+        if key == self.last_sent:
+            return
+        self.last_sent = key
+        await self.send(DesiredState(epoch=self.epoch, generation=node.generation,
+                                     sections=sections))
+
+    async def _pusher(self) -> None:
+        while True:
+            await self.poke.wait()
+            self.poke = anyio.Event()
+            node = await self.gateway.call(self.gateway.nodes.load, self.uuid)
+            if node is None or node.session_epoch != self.epoch:
+                self.fence()
+                return
+            if node.session == SESSION_UNREACHABLE:
+                # Marked unreachable while this connection lingered: close it, so bcd
+                # reconnects with a new epoch and the node counts again.
+                self.reason = "the node was marked unreachable"
+                self.fence()
+                return
+            await self.push_desired(node)
+
+    async def _receive_loop(self) -> None:
+        idle = max(3 * self.gateway.heartbeat_seconds, self.gateway.min_idle)
+        while True:
+            line: bytes | None = None
+            with anyio.move_on_after(idle):
+                try:
+                    line = await self.reader.receive_until(b"\n", MAX_LINE)
+                except _CLOSED:
+                    return
+            if line is None:
+                self.reason = f"nothing heard for {idle:.0f}s"
+                return
+            if not line.strip():
+                continue
+            try:
+                message = decode_to_gateway(line)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                continue  # an unknown message type from a newer bcd: skip it
+            if not await self._handle(message):
+                return
+
+    # ------------------------------------------------------------- messages
+
+    async def _stale(self, epoch: int) -> bool:
+        if epoch == self.epoch:
+            return False
+        await self.send(Refused(code="stale_epoch", message=(
+            f"epoch {epoch} is not this session's ({self.epoch}): say Hello again")))
+        return True
+
+    async def _handle(self, message: Any) -> bool:
+        """Handle one message; False ends the session."""
+        gateway = self.gateway
+        if isinstance(message, Hello):
+            return True  # already said; harmless
+        if isinstance(message, Heartbeat):
+            if await self._stale(message.epoch):
+                return False
+            gateway.beat(self, message)
+            return True
+        if isinstance(message, Report):
+            if await self._stale(message.epoch):
+                return False
+            await self._report(message)
+            return True
+        if isinstance(message, Journal):
+            await self._journal(message)
+            return True
+        return True
+
+    async def _report(self, report: Report) -> None:
+        gateway = self.gateway
+        gateway.beat(self, report)
+        gateway.stats["reports"] += 1
+        self.last_report = report
+        self.applied_generation = report.applied_generation
+        self.observed_generation = report.observed_generation
+        gpus = (report.inventory or {}).get("gpus")
+        if not isinstance(gpus, list):
+            return
+        health = _health(gpus)
+        changed = [g for g in gpus if isinstance(g, dict) and g.get("uuid") in self.health
+                   and health.get(g["uuid"]) != self.health[g["uuid"]]]
+        if changed:
+            await gateway.call(gateway.nodes.gpu_health, self.uuid, self.epoch, changed)
+            self.health.update({k: v for k, v in health.items() if k in self.health})
+
+    async def _journal(self, message: Journal) -> None:
+        gateway = self.gateway
+        gateway.stats["journal"] += 1
+        if message.epoch != self.epoch:
+            await self.send(Nack(seq=message.seq, code="stale_epoch", message=(
+                f"epoch {message.epoch} is not this session's ({self.epoch})")))
+            return
+        try:
+            payload = verify_entry(self.public_key, message.entry)
+            if payload.get("nodeId") != self.node_id:
+                raise EntryRefused("wrong_node", f"the entry names node {payload.get('nodeId')}, "
+                                   f"not this session's node {self.node_id}")
+            handler = HANDLERS.get(str(payload["kind"]))
+            if handler is None:
+                raise EntryRefused("unknown_kind", f"no handler for journal entries of kind "
+                                   f"{payload['kind']!r} on this control plane")
+            await gateway.call(handler, gateway.nodes, self.uuid, self.epoch, payload)
+        except EntryRefused as exc:
+            gateway.stats["refused"] += 1
+            log.warning("node %s: journal entry %d refused: %s", self.node_id, message.seq,
+                        exc.message)
+            await self.send(Nack(seq=message.seq, code=exc.code, message=exc.message))
+            return
+        except BetterComputeError as exc:
+            await self.send(Nack(seq=message.seq, code=exc.code, message=exc.message))
+            return
+        await self.send(Ack(seq=message.seq))
+
+    def status(self) -> dict[str, Any]:
+        return {"nodeId": self.node_id, "epoch": self.epoch,
+                "appliedGeneration": self.applied_generation,
+                "observedGeneration": self.observed_generation}
+

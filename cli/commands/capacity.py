@@ -1,0 +1,34 @@
+"""capacity --pool P: a pool's rollup per resource (docs/capacity.md).
+
+``capacity`` is one verb with flags, not a group: reservations add
+``--preview`` (with ``--gpus`` and ``--for``) to the same parser through
+:data:`EXTENSIONS` and answer it from their own runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from better_compute.cli.registry import add_verb
+
+# (add_arguments(parser), run(ctx, args) -> bool handled) pairs other features plug in.
+EXTENSIONS: list[tuple[Callable[[argparse.ArgumentParser], None],
+                       Callable[[Any, argparse.Namespace], bool]]] = []
+
+
+def capacity(ctx: Any, a: argparse.Namespace) -> None:
+    for _, run in EXTENSIONS:
+        if run(ctx, a):
+            return
+    ctx.emit(ctx.call("capacity.get", poolId=a.pool))
+
+
+def register(sub: Any) -> None:
+    p = add_verb(sub, "capacity", capacity,
+                 "A pool's capacity per resource: total, allocatable, allocated, reserved, "
+                 "available, and GPUs provisioning, unhealthy, in maintenance, unreachable.")
+    p.add_argument("--pool", required=True, metavar="POOL", help="the pool (pool_…)")
+    for add_arguments, _ in EXTENSIONS:
+        add_arguments(p)

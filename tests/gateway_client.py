@@ -1,0 +1,256 @@
+"""A control plane with a running gateway, and a node that speaks the session protocol.
+
+Built in the test process: a real store (real ``init``, so the PKI opens),
+a site and a pool, a node joined through ``nodes.join`` with a key made
+here, the gateway and the event hub in one anyio task group, and a
+``FakeClock`` the service, the gateway and the controller all read. The
+node client is what bcd does on the wire (api/wire/gateway.py), no more.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.streams.buffered import BufferedByteReceiveStream
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from better_compute.api import pki
+from better_compute.api.controllers.node_lifecycle import NodeLifecycle
+from better_compute.api.gateway.server import Gateway
+from better_compute.api.gateway.tls import server_context
+from better_compute.api.join_service import JoinService
+from better_compute.api.node_presence import Presence
+from better_compute.api.node_service import NodeService
+from better_compute.api.runtime import Runtime
+from better_compute.api.watch import WatchHub
+from better_compute.api.wire import gateway as wire
+from better_compute.domain.access import LOCAL_OPERATOR
+from tests.join_client import POLICY, JoinAttempt, hardware, open_response
+from tests.support import initialize, open_runtime
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)  # node certificates are issued by this clock too
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def gpus(count: int = 8, healthy: int | None = None, name: str = "NVIDIA H100 80GB HBM3"
+         ) -> list[dict[str, Any]]:
+    healthy = count if healthy is None else healthy
+    return [{"index": i, "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000", "name": name,
+             "memoryMiB": 81559, "healthy": i < healthy,
+             "healthReasons": [] if i < healthy else ["xid-79"]} for i in range(count)]
+
+
+@dataclass
+class JoinedNode:
+    node_id: str
+    key: ec.EllipticCurvePrivateKey
+    cert_pem: str
+    key_path: Path
+    cert_path: Path
+
+
+@dataclass
+class Plane:
+    runtime: Runtime
+    clock: FakeClock
+    bundle: pki.PkiBundle
+    pool: str
+    site: str
+    tmp: Path
+    gateway: Gateway | None = None
+    nodes: NodeService = field(init=False)
+    lifecycle: NodeLifecycle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nodes = NodeService(self.runtime.service)
+        self.lifecycle = NodeLifecycle(self.nodes, Presence(self.runtime.store.sql()))
+
+    def join(self, serial: str = "SN-7701", n_gpus: int = 8) -> JoinedNode:
+        service = self.runtime.service
+        joins = JoinService(service)
+        token = joins.create(LOCAL_OPERATOR, self.pool, "2h", 1, None, None, None, None)["token"]
+        attempt = JoinAttempt(token, hardware(serial=serial, gpus=n_gpus))
+        public = service.pki().public
+        response = open_response(joins.join(attempt.params(public)["sealed"]), public)
+        return self.write_identity(response.node_id, attempt.key, response.certificate_pem)
+
+    def write_identity(self, node_id: str, key: ec.EllipticCurvePrivateKey, cert_pem: str
+                       ) -> JoinedNode:
+        folder = self.tmp / f"node-{node_id}-{id(key)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        key_path, cert_path = folder / "node.key", folder / "node.crt"
+        key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                               serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+        cert_path.write_text(cert_pem)
+        return JoinedNode(node_id, key, cert_pem, key_path, cert_path)
+
+    def event_types(self, node_id: str) -> list[str]:
+        return [e["type"] for e in self.nodes.events(LOCAL_OPERATOR, node_id)]
+
+    def node(self, node_id: str) -> dict[str, Any]:
+        return self.nodes.get(LOCAL_OPERATOR, node_id)
+
+    def capacity(self) -> dict[str, Any]:
+        return self.nodes.capacity(LOCAL_OPERATOR, self.pool)["resources"]["gpu"]
+
+    async def reconcile(self) -> Any:
+        return await anyio.to_thread.run_sync(self.lifecycle.reconcile)
+
+
+def make_plane(env: dict[str, str], tmp: Path) -> Plane:
+    initialize(env)  # the real init: the master key file opens the PKI bundle
+    runtime = open_runtime(env)
+    clock = FakeClock()
+    runtime.service.clock = clock
+    service = runtime.service
+    site = service.sites_create(LOCAL_OPERATOR, "shared", "eu-1", None, "site-eu-1")["id"]
+    pool = service.pools_create(LOCAL_OPERATOR, site, "metal-host", "H100", POLICY, None,
+                                "pool-eu-1-h100")["id"]
+    bundle = pki.unseal_bundle(service.pki().sealed,
+                               pki.parse_master_key(runtime.master_key_text()))
+    return Plane(runtime, clock, bundle, pool, site, tmp)
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(plane: Plane) -> AsyncIterator[Gateway]:
+    """The hub and the gateway on a free loopback port, for the life of the block."""
+    runtime = plane.runtime
+    hub = WatchHub.for_runtime(runtime)
+    context = server_context(plane.bundle, ["localhost", "127.0.0.1"], plane.tmp / "run")
+    gateway = Gateway(runtime.service, context, heartbeat_seconds=5.0, hub=hub,
+                      flush_interval=3600)
+    plane.gateway = gateway
+    async with anyio.create_task_group() as tg:
+        await tg.start(hub.run)
+        await tg.start(gateway.serve, "127.0.0.1", 0)
+        try:
+            yield gateway
+        finally:
+            hub.stop()
+            tg.cancel_scope.cancel()
+
+
+def client_context(plane: Plane, node: JoinedNode | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cadata=pki.pem(plane.bundle.serving_ca_cert))
+    if node is not None:
+        context.load_cert_chain(node.cert_path, node.key_path)
+    return context
+
+
+def sign(key: Any, doc: dict[str, Any]) -> wire.SignedEntry:
+    payload = json.dumps(doc).encode()
+    signature = key.sign(payload, ec.ECDSA(hashes.SHA256()))
+    return wire.SignedEntry(payload=base64.b64encode(payload).decode(),
+                            signature=base64.b64encode(signature).decode())
+
+
+class NodeClient:
+    """One session as bcd opens it: TLS with the node certificate, Hello, then messages."""
+
+    def __init__(self, plane: Plane, node: JoinedNode, *, hello_id: str | None = None,
+                 context: ssl.SSLContext | None = None) -> None:
+        self.plane = plane
+        self.node = node
+        self.hello_id = hello_id or node.node_id
+        self.context = context or client_context(plane, node)
+        self.stream: Any = None
+        self.reader: BufferedByteReceiveStream | None = None
+        self.epoch = 0
+        self.seq = 0
+
+    async def connect(self) -> wire.ToNode:
+        assert self.plane.gateway is not None
+        self.stream = await anyio.connect_tcp("127.0.0.1", self.plane.gateway.port,
+                                              ssl_context=self.context, tls_hostname="localhost",
+                                              tls_standard_compatible=False)
+        self.reader = BufferedByteReceiveStream(self.stream)
+        await self.send(wire.Hello(node_id=self.hello_id, bcd_version="0.1.0"))
+        first = await self.receive()
+        if isinstance(first, wire.Welcome):
+            self.epoch = first.epoch
+        return first
+
+    async def send(self, message: wire.Msg) -> None:
+        await self.stream.send(wire.encode(message))
+
+    async def receive(self, timeout: float = 10.0) -> wire.ToNode:
+        assert self.reader is not None
+        with anyio.fail_after(timeout):
+            return wire.decode_to_node(await self.reader.receive_until(b"\n", 1 << 20))
+
+    async def receive_desired(self, predicate: Any = None, timeout: float = 10.0
+                              ) -> wire.DesiredState:
+        with anyio.fail_after(timeout):
+            while True:
+                message = await self.receive(timeout)
+                if isinstance(message, wire.DesiredState) and (predicate is None
+                                                               or predicate(message)):
+                    return message
+
+    async def journal(self, doc: dict[str, Any], key: Any = None) -> wire.ToNode:
+        self.seq += 1
+        entry = sign(key or self.node.key, {"nodeId": self.node.node_id, "epoch": self.epoch,
+                                            "time": "2030-01-01T00:00:00Z", **doc})
+        await self.send(wire.Journal(epoch=self.epoch, seq=self.seq, entry=entry))
+        with anyio.fail_after(10):
+            while True:
+                message = await self.receive()
+                if isinstance(message, wire.Ack | wire.Nack) and message.seq == self.seq:
+                    return message
+
+    async def acceptance(self, attempt: int, gpu_list: list[dict[str, Any]], *,
+                         key: Any = None) -> wire.ToNode:
+        healthy = sum(1 for g in gpu_list if g["healthy"])
+        return await self.journal({
+            "kind": "acceptance.result", "attempt": attempt, "passed": healthy >= 8,
+            "checks": [{"kind": "diag.nvml", "passed": healthy >= 8,
+                        "message": f"{healthy} healthy GPUs"}],
+            "gpus": gpu_list,
+        }, key=key)
+
+    async def report(self, gpu_list: list[dict[str, Any]], applied: int = 0) -> None:
+        await self.send(wire.Report(epoch=self.epoch, applied_generation=applied,
+                                    observed_generation=applied,
+                                    inventory={"gpus": gpu_list, "host": {}, "source": "fake"}))
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            await self.stream.aclose()
+            self.stream = None
+
+    async def closed_by_peer(self, timeout: float = 10.0) -> bool:
+        """True once the gateway closed this connection (reads hit the end)."""
+        assert self.reader is not None
+        with anyio.fail_after(timeout):
+            while True:
+                try:
+                    await self.reader.receive_until(b"\n", 1 << 20)
+                except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
+                        ssl.SSLError, OSError):
+                    return True
+
+
+async def wait_for(condition: Any, timeout: float = 10.0) -> None:
+    """Poll a store condition (in a thread) until it holds, with a deadline."""
+    with anyio.fail_after(timeout):
+        while not await anyio.to_thread.run_sync(condition):
+            await anyio.sleep(0.02)

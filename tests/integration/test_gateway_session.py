@@ -1,0 +1,252 @@
+"""The gateway end to end in one process, on each backend, with a client that speaks the wire.
+
+The node is joined through nodes.join (its key made here, never sent), the
+gateway runs on loopback with mutual TLS, and the NodeLifecycle controller
+runs one pass at a time on a fake clock: nothing here sleeps for time to pass.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from better_compute.api.wire import gateway as wire
+from better_compute.domain.access import LOCAL_OPERATOR
+from tests.gateway_client import (
+    NodeClient,
+    Plane,
+    client_context,
+    gpus,
+    make_plane,
+    running_gateway,
+    wait_for,
+)
+
+
+def run(env: dict[str, str], tmp_path: Path, body: Callable[[Plane], Awaitable[None]]) -> None:
+    plane = make_plane(env, tmp_path)
+
+    async def main() -> None:
+        async with running_gateway(plane):
+            await body(plane)
+
+    try:
+        anyio.run(main)
+    finally:
+        plane.runtime.close()
+
+
+def test_a_node_is_adopted_over_its_session(env: dict[str, str], tmp_path: Path) -> None:
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        client = NodeClient(plane, node)
+        welcome = await client.connect()
+        assert isinstance(welcome, wire.Welcome) and welcome.epoch == 1
+        first = await client.receive_desired()
+        assert first.generation == 0 and "acceptance" not in first.sections
+
+        passed = await plane.reconcile()
+        assert passed.acceptance_started == [node.node_id]
+        checks = await client.receive_desired(lambda d: "acceptance" in d.sections)
+        section = checks.sections["acceptance"]
+        assert section["attempt"] == 1 and checks.generation == 0
+        assert section["checks"] == [{"kind": "diag.nvml",
+                                      "expect": {"gpuCount": 8, "gpuModel": "H100"}}]
+
+        answer = await client.acceptance(1, gpus(8))
+        assert isinstance(answer, wire.Ack)
+        adopted = await client.receive_desired(lambda d: d.generation == 1)
+        assert adopted.sections == {"devices": {"assignments": []}}
+
+        doc = plane.node(node.node_id)
+        assert doc["provisionState"] == "adopted" and doc["generation"] == 1
+        conditions = {c["type"]: c["status"] for c in doc["conditions"]}
+        assert conditions == {"Connected": "True", "AcceptancePassed": "True",
+                              "Healthy": "True", "Schedulable": "True"}
+        assert plane.event_types(node.node_id) == [
+            "node.joined", "node.connected", "node.acceptance.started", "node.adopted"]
+        capacity = plane.capacity()
+        assert (capacity["total"], capacity["allocatable"], capacity["available"]) == (8, 8, 8)
+        await client.close()
+
+    run(env, tmp_path, body)
+
+
+def test_seven_healthy_gpus_fail_until_nodes_adopt(env: dict[str, str], tmp_path: Path) -> None:
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        client = NodeClient(plane, node)
+        await client.connect()
+        await plane.reconcile()
+        await client.receive_desired(lambda d: "acceptance" in d.sections)
+        answer = await client.acceptance(1, gpus(8, healthy=7))
+        assert isinstance(answer, wire.Ack)  # accepted as a result: the result is a failure
+        doc = plane.node(node.node_id)
+        assert doc["provisionState"] == "adopting"
+        assert doc["acceptance"]["state"] == "failed"
+        assert "7 healthy H100 GPUs, expected 8" in doc["acceptance"]["message"]
+
+        again = await plane.reconcile()  # sticky: the controller starts nothing
+        assert again.acceptance_started == []
+        assert plane.capacity()["provisioning"] == 8 and plane.capacity()["allocatable"] == 0
+
+        await anyio.to_thread.run_sync(
+            lambda: plane.nodes.adopt(LOCAL_OPERATOR, "root", node.node_id, "GPU 3 reseated"))
+        retry = await client.receive_desired(
+            lambda d: d.sections.get("acceptance", {}).get("attempt") == 2)
+        assert retry.sections["acceptance"]["state"] == "running"
+        assert isinstance(await client.acceptance(2, gpus(8)), wire.Ack)
+        assert plane.node(node.node_id)["provisionState"] == "adopted"
+        assert plane.event_types(node.node_id) == [
+            "node.joined", "node.connected", "node.acceptance.started",
+            "node.acceptance.failed", "node.acceptance.started", "node.adopted"]
+        events = plane.nodes.events(LOCAL_OPERATOR, node.node_id)
+        assert events[4]["data"]["reason"] == "GPU 3 reseated"
+        await client.close()
+
+    run(env, tmp_path, body)
+
+
+def test_an_entry_signed_by_another_key_changes_nothing(env: dict[str, str],
+                                                        tmp_path: Path) -> None:
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        client = NodeClient(plane, node)
+        await client.connect()
+        await plane.reconcile()
+        await client.receive_desired(lambda d: "acceptance" in d.sections)
+        before = plane.event_types(node.node_id)
+        forged = await client.acceptance(1, gpus(8), key=ec.generate_private_key(ec.SECP256R1()))
+        assert isinstance(forged, wire.Nack) and forged.code == "bad_signature"
+        assert plane.event_types(node.node_id) == before
+        assert plane.node(node.node_id)["acceptance"]["state"] == "running"
+        stale = await client.journal({"kind": "acceptance.result", "attempt": 1})
+        assert isinstance(stale, wire.Ack | wire.Nack)
+        await client.close()
+
+    run(env, tmp_path, body)
+
+
+def test_stolen_config_without_the_node_key_cannot_connect(env: dict[str, str],
+                                                           tmp_path: Path) -> None:
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        other = plane.join(serial="SN-7702")
+        # The certificate without its key: TLS cannot even be set up with it.
+        thief_key = ec.generate_private_key(ec.SECP256R1())
+        stolen = plane.write_identity(node.node_id, thief_key, node.cert_pem)
+        with pytest.raises(ssl.SSLError):
+            client_context(plane, stolen)
+        # No client certificate at all: the handshake is refused.
+        bare = NodeClient(plane, node, context=client_context(plane, None))
+        with pytest.raises((ssl.SSLError, OSError, anyio.BrokenResourceError,
+                            anyio.EndOfStream, anyio.IncompleteRead)):
+            await bare.connect()
+        # Another node's certificate and key, claiming to be this node: refused.
+        liar = NodeClient(plane, other, hello_id=node.node_id)
+        refused = await liar.connect()
+        assert isinstance(refused, wire.Refused) and refused.code == "wrong_node"
+        assert plane.event_types(node.node_id) == ["node.joined"]
+
+    run(env, tmp_path, body)
+
+
+def test_a_new_session_fences_the_old_one_and_silence_is_unreachable(
+        env: dict[str, str], tmp_path: Path) -> None:
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        first = NodeClient(plane, node)
+        await first.connect()
+        await plane.reconcile()
+        await first.receive_desired(lambda d: "acceptance" in d.sections)
+        await first.acceptance(1, gpus(8))
+
+        second = NodeClient(plane, node)
+        welcome = await second.connect()
+        assert isinstance(welcome, wire.Welcome) and welcome.epoch == 2
+        assert await first.closed_by_peer()
+        assert plane.node(node.node_id)["session"]["epoch"] == 2
+        assert "node.disconnected" not in plane.event_types(node.node_id)  # fenced, not ended
+
+        await second.close()
+        await wait_for(lambda: plane.node(node.node_id)["session"]["state"] == "disconnected")
+        assert plane.capacity()["allocatable"] == 8  # within the timeout: still counted
+        plane.clock.advance(29)
+        assert (await plane.reconcile()).unreachable == []
+        plane.clock.advance(2)
+        assert (await plane.reconcile()).unreachable == [node.node_id]
+        capacity = plane.capacity()
+        assert (capacity["unreachable"], capacity["allocatable"]) == (8, 0)
+        conditions = {c["type"]: c for c in plane.node(node.node_id)["conditions"]}
+        assert conditions["Schedulable"]["reason"] == "Unreachable"
+
+        third = NodeClient(plane, node)
+        welcome = await third.connect()
+        assert isinstance(welcome, wire.Welcome) and welcome.epoch == 3
+        assert plane.capacity()["allocatable"] == 8
+        assert plane.event_types(node.node_id)[-3:] == [
+            "node.disconnected", "node.unreachable", "node.connected"]
+        await third.close()
+
+    run(env, tmp_path, body)
+
+
+def test_heartbeats_keep_a_connected_node_reachable(env: dict[str, str], tmp_path: Path) -> None:
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        client = NodeClient(plane, node)
+        await client.connect()
+        assert plane.gateway is not None
+        for _ in range(4):
+            plane.clock.advance(20)
+            await client.send(wire.Heartbeat(epoch=client.epoch, time="2030-01-01T00:00:00Z"))
+            await wait_for(lambda: plane.gateway is not None and bool(plane.gateway.beats))
+            await plane.gateway.flush_heartbeats()
+            assert (await plane.reconcile()).unreachable == []
+        plane.clock.advance(31)
+        assert (await plane.reconcile()).unreachable == [node.node_id]
+        assert await client.closed_by_peer()  # bcd reconnects with a new epoch
+
+        again = NodeClient(plane, node)
+        assert isinstance(await again.connect(), wire.Welcome) and again.epoch == 2
+        await again.receive_desired()
+        # A heartbeat of another epoch is refused and ends the session.
+        await again.send(wire.Heartbeat(epoch=1, time="2030-01-01T00:00:00Z"))
+        refused = await again.receive()
+        assert isinstance(refused, wire.Refused) and refused.code == "stale_epoch"
+        assert await again.closed_by_peer()
+
+    run(env, tmp_path, body)
+
+
+def test_gpu_health_follows_reports_and_never_drops_capacity_twice(
+        env: dict[str, str], tmp_path: Path) -> None:
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        client = NodeClient(plane, node)
+        await client.connect()
+        await plane.reconcile()
+        await client.receive_desired(lambda d: "acceptance" in d.sections)
+        await client.acceptance(1, gpus(8))
+        sick = gpus(8, healthy=8)
+        sick[2] = {**sick[2], "healthy": False, "healthReasons": ["ecc-uncorrected"]}
+        await client.report(sick, applied=1)
+        await wait_for(lambda: "node.gpu.unhealthy" in plane.event_types(node.node_id))
+        capacity = plane.capacity()
+        assert (capacity["unhealthy"], capacity["allocatable"]) == (1, 7)
+        conditions = {c["type"]: c for c in plane.node(node.node_id)["conditions"]}
+        assert conditions["Healthy"]["status"] == "False"
+        assert "ecc-uncorrected" in conditions["Healthy"]["message"]
+        await client.report(sick, applied=1)  # the same state again records nothing
+        await client.report(gpus(8), applied=1)
+        await wait_for(lambda: "node.gpu.healthy" in plane.event_types(node.node_id))
+        assert plane.event_types(node.node_id).count("node.gpu.unhealthy") == 1
+        assert plane.capacity()["allocatable"] == 8
+        await client.close()
+
+    run(env, tmp_path, body)
