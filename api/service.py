@@ -103,7 +103,8 @@ class ComputeService:
         if not principal.can_see_tenant(tenant):
             raise PermissionDenied(
                 f"this token belongs to tenant {principal.tenant_id} and cannot act on tenant "
-                f"{tenant}: use a token of that tenant"
+                f"{tenant} (named by --tenant, tenantId or BETTER_COMPUTE_TENANT): use a token "
+                f"of tenant {tenant}, or set BETTER_COMPUTE_TENANT={principal.tenant_id}"
             )
         return tenant
 
