@@ -29,7 +29,13 @@ from better_compute.domain.access import Principal, Role
 from better_compute.domain.base import TenantOwned, fingerprint, iso
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
 from better_compute.domain.durations import format_duration, parse_duration, parse_start
-from better_compute.domain.errors import Conflict, InvalidInput, NoCapacity, NotFound
+from better_compute.domain.errors import (
+    Conflict,
+    InvalidInput,
+    NoCapacity,
+    NotFound,
+    PermissionDenied,
+)
 from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.ids import check_key, parse_id, public_id
 from better_compute.domain.placement import PlacementRequest
@@ -47,6 +53,23 @@ MAX_GPUS = 1024
 MIN_DURATION = timedelta(minutes=1)
 MAX_DURATION = timedelta(days=366)
 PLACEMENT_DEADLINE_S = 30.0  # how long a create keeps placing again after conflicts
+
+
+def require_member_of(principal: Principal, tenant_id: str, action: str) -> None:
+    """Members and admins of the tenant, or a root administrator for any tenant.
+
+    Root-tenant tokens READ every tenant's reservations, but only a root
+    administrator changes another tenant's: a root member or read-only token
+    is refused, like any other tenant's.
+    """
+    if principal.is_root_admin:
+        return
+    if principal.tenant_id != tenant_id:
+        raise PermissionDenied(
+            f"this token belongs to tenant {principal.tenant_id} and cannot {action} for tenant "
+            f"{tenant_id}: use a token of tenant {tenant_id} (member or admin)"
+        )
+    principal.require_role(Role.MEMBER, action)
 
 
 class ReservationService(ReservationBinding):
@@ -105,7 +128,7 @@ class ReservationService(ReservationBinding):
         key: str | None = None,
     ) -> dict[str, Any]:
         tenant = self.service._scope(principal, tenant_id)
-        principal.require_role(Role.MEMBER, "reserving GPUs")
+        require_member_of(principal, tenant, "reserve GPUs")
         if key:
             check_key(key)
         pool = self._visible_pool(principal, tenant, pool_id)
@@ -216,7 +239,7 @@ class ReservationService(ReservationBinding):
     def release(self, principal: Principal, reservation_id: str, cancel: bool = False
                 ) -> dict[str, Any]:
         first = self.reservation(principal, reservation_id)
-        principal.require_role(Role.MEMBER, "releasing reservations")
+        require_member_of(principal, first.tenant_id, "release reservations")
         result: dict[str, Any] = {}
 
         def change() -> list[TenantOwned]:
@@ -245,7 +268,7 @@ class ReservationService(ReservationBinding):
 
     def extend(self, principal: Principal, reservation_id: str, by: str) -> dict[str, Any]:
         first = self.reservation(principal, reservation_id)
-        principal.require_role(Role.MEMBER, "extending reservations")
+        require_member_of(principal, first.tenant_id, "extend reservations")
         delta = parse_duration(by, flag="--by")
         if delta <= timedelta(0):
             raise InvalidInput(f"--by {by} must be longer than 0 (for example --by 2h)")

@@ -13,31 +13,29 @@ what ``POST /api/compute/rpc`` runs, minus the socket.
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import x25519
 
 import better_compute.api.methods  # noqa: F401  (registers every method)
-from better_compute.api import rpc
+from better_compute.api import pki, rpc
 from better_compute.api.runtime import Runtime
+from better_compute.api.wire.join import JoinRequest
 from better_compute.domain.access import LOCAL_OPERATOR
+from tests.fleet import add_nodes
+from tests.join_client import JoinAttempt, hardware, open_response
+from tests.support import open_runtime
 
 # Methods whose isolation case is still to be written, each with the reason.
 # Keep this short: a method listed here is NOT checked.
-KNOWN_UNCOVERED: set[str] = {
-    # join tokens and the join itself, built beside the foundation:
-    "joinTokens.create", "joinTokens.get", "joinTokens.list", "joinTokens.revoke", "nodes.join",
-    # the event log and the read models' maintenance:
-    "events.list", "projections.rebuild", "projections.status",
-    # nodes, capacity and reservations:
-    "nodes.adopt", "nodes.cordon", "nodes.events", "nodes.get", "nodes.list", "nodes.uncordon",
-    "capacity.get", "capacity.preview",
-    "reservations.cancel", "reservations.create", "reservations.extend", "reservations.get",
-    "reservations.list", "reservations.release",
-}
+KNOWN_UNCOVERED: set[str] = set()
 
 POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 DENIED = {"permission_denied", "not_found"}
@@ -336,6 +334,470 @@ def _pools_offer(w: World) -> None:
     assert {"tenantId": "acme", "quota": {"gpu": 24}} in changed["offerings"]
 
 
+# ------------------------------------------------------- fleet: nodes and reservations
+
+
+def with_fleet(w: World) -> None:
+    """Adopted nodes and reservations, made without processes (tests/fleet.py).
+
+    - node_both, node_both_2 (root's, adopted) in pool_both; node_root in pool_root;
+    - node_acme (adopted) and node_acme_new (adopting, never accepted) owned by acme in
+      pool_acme. Today every pool, hence every node, belongs to the root tenant; these two
+      stand for the nodes of a tenant-owned (dedicated) pool, so the node methods are checked
+      against the tenant rule itself and not only against "root's objects";
+    - rsv_acme (now, 2 GPUs for 2h) and rsv_acme_later (in 3h, 1 GPU) of acme, rsv_globex (now,
+      1 GPU) of globex, all in pool_both; acme and globex used the SAME key "rsv-1".
+    """
+    service = w.rt.service
+    w.ids["node_both"], w.ids["node_both_2"] = add_nodes(service, w.ids["pool_both"], 2)
+    [w.ids["node_root"]] = add_nodes(service, w.ids["pool_root"], 1)
+    [w.ids["node_acme"]] = add_nodes(service, w.ids["pool_acme"], 1, owner="acme")
+    [w.ids["node_acme_new"]] = add_nodes(service, w.ids["pool_acme"], 1, owner="acme",
+                                         adopted=False)
+    both = w.ids["pool_both"]
+    w.ids["rsv_acme"] = w.ok("acme-member", "reservations.create", poolId=both, gpus=2,
+                             duration="2h", key="rsv-1")["id"]
+    w.ids["rsv_acme_later"] = w.ok("acme-member", "reservations.create", poolId=both, gpus=1,
+                                   duration="1h", start="+3h", key="rsv-2")["id"]
+    w.ids["rsv_globex"] = w.ok("globex-member", "reservations.create", poolId=both, gpus=1,
+                               duration="2h", key="rsv-1")["id"]
+
+
+def unchanged(w: World, who: str, method: str, **params: Any) -> Any:
+    """A read that succeeds and leaves the event log where it was."""
+    before = w.head()
+    result = w.ok(who, method, **params)
+    assert w.head() == before, f"{who} {method} changed the store although it only reads"
+    return result
+
+
+# ------------------------------------------------------------- join tokens, nodes.join
+
+
+def mint(w: World, pool: str = "pool_root", **params: Any) -> dict[str, Any]:
+    return w.ok("root", "joinTokens.create", poolId=w.ids[pool], ttl="2h", **params)  # type: ignore[no-any-return]
+
+
+@case("joinTokens.create")
+def _join_tokens_create(w: World) -> None:
+    root_pool, both, acme_pool = w.ids["pool_root"], w.ids["pool_both"], w.ids["pool_acme"]
+    # A tenant a pool is offered to cannot let machines into it; nobody else sees it at all.
+    for who in ("acme-admin", "acme-member", "acme-ro", "globex-admin"):
+        w.refused(who, "joinTokens.create", "permission_denied", poolId=both, ttl="2h")
+    w.refused("acme-admin", "joinTokens.create", "not_found", poolId=root_pool, ttl="2h")
+    w.refused("globex-admin", "joinTokens.create", "not_found", poolId=acme_pool, ttl="2h")
+    for who in ("root-member", "root-ro"):
+        w.refused(who, "joinTokens.create", "permission_denied", poolId=root_pool, ttl="2h")
+    # root's key, reused by acme on an offered pool, neither mints nor returns root's token.
+    first = mint(w, "pool_both", key="jt-shared")
+    w.refused("acme-admin", "joinTokens.create", "permission_denied", poolId=both, ttl="2h",
+              key="jt-shared")
+    assert first["token"].startswith("bcjt_") and first["tenantId"] == "root"
+    w.refused("acme-admin", "joinTokens.get", "not_found", joinTokenId=first["id"])
+
+
+@case("joinTokens.get")
+def _join_tokens_get(w: World) -> None:
+    minted = mint(w)
+    for who in ("acme-admin", "acme-ro", "globex-admin", "globex-member"):
+        w.refused(who, "joinTokens.get", "not_found", joinTokenId=minted["id"])
+    seen = unchanged(w, "root-ro", "joinTokens.get", joinTokenId=minted["id"])
+    assert seen["id"] == minted["id"] and "token" not in seen
+    assert minted["token"] not in json.dumps(seen)
+
+
+@case("joinTokens.list")
+def _join_tokens_list(w: World) -> None:
+    minted = mint(w, "pool_both")
+    for who in ("acme-admin", "acme-ro", "globex-member"):
+        assert w.ok(who, "joinTokens.list") == []
+        assert w.ok(who, "joinTokens.list", poolId=w.ids["pool_both"]) == []
+    w.refused("acme-admin", "joinTokens.list", "permission_denied", tenantId="root")
+    w.refused("globex-admin", "joinTokens.list", "permission_denied", tenantId="acme")
+    seen = unchanged(w, "root-ro", "joinTokens.list")
+    assert [t["id"] for t in seen] == [minted["id"]]
+    assert minted["token"] not in json.dumps(seen) and "token" not in seen[0]
+
+
+@case("joinTokens.revoke")
+def _join_tokens_revoke(w: World) -> None:
+    minted = mint(w, "pool_both")
+    for who in ("acme-admin", "globex-admin", "acme-member"):
+        w.refused(who, "joinTokens.revoke", "not_found", joinTokenId=minted["id"])
+    for who in ("root-member", "root-ro"):
+        w.refused(who, "joinTokens.revoke", "permission_denied", joinTokenId=minted["id"])
+    assert w.ok("root", "joinTokens.get", joinTokenId=minted["id"])["state"] == "active"
+    assert w.ok("root", "joinTokens.revoke", joinTokenId=minted["id"])["state"] == "revoked"
+
+
+@pytest.fixture
+def runtime(env: dict[str, str]) -> Iterator[Runtime]:
+    """conftest's ``runtime``, keeping its master key: nodes.join unseals the PKI with it."""
+    rt = open_runtime(env)
+    key = pki.new_master_key()
+    bundle = pki.generate_bundle()
+    rt.root_token = rt.service.initialize(  # type: ignore[attr-defined]
+        pki.public_parts(bundle), pki.seal_bundle(bundle, pki.parse_master_key(key)))
+    rt.service.master_key_text = lambda: key
+    yield rt
+    rt.close()
+
+
+def sealed_join(w: World, secret: str, serial: str, **extra: Any) -> tuple[str, JoinAttempt]:
+    """A sealed JoinRequest as bcd sends it, plus any ``extra`` fields an attacker adds."""
+    attempt = JoinAttempt(secret, hardware(serial=serial))
+    request = JoinRequest(token=secret, nonce=attempt.nonce, csr_pem=attempt.csr_pem(),
+                          hardware=attempt.facts, bcd_version="0.1.0")
+    doc = {**msgspec.to_builtins(request), **extra}
+    public = w.rt.service.pki().public
+    recipient = serialization.load_pem_public_key(public["joinEncryptionPublicKey"].encode())
+    assert isinstance(recipient, x25519.X25519PublicKey)
+    sealed = pki.seal_to(recipient, json.dumps(doc).encode())
+    return base64.b64encode(sealed).decode(), attempt
+
+
+@case("nodes.join")
+def _nodes_join(w: World) -> None:
+    public = w.rt.service.pki().public
+    minted = mint(w, "pool_root", maxUses=5)
+    secret = minted["token"]
+    # The request (and the params around it) may name acme's pool, tenant and site: the node
+    # still lands in the token's pool, with the token's tenant, whoever's bearer comes along.
+    elsewhere = {"poolId": w.ids["pool_acme"], "tenantId": "acme", "siteId": w.ids["site_acme"],
+                 "pool_id": w.ids["pool_acme"], "tenant_id": "acme"}
+    sealed, _ = sealed_join(w, secret, "SN-1", **elsewhere)
+    answer = w.ok("acme-admin", "nodes.join", sealed=sealed, **elsewhere)
+    joined = open_response(answer, public)
+    assert (joined.pool_id, joined.tenant_id, joined.site_id) == (
+        w.ids["pool_root"], "root", w.ids["site_root"])
+    sealed, _ = sealed_join(w, secret, "SN-2")
+    anonymous = open_response(w.ok(None, "nodes.join", sealed=sealed), public)
+    assert (anonymous.pool_id, anonymous.tenant_id) == (w.ids["pool_root"], "root")
+    node = w.ok("root", "nodes.get", nodeId=joined.node_id)
+    assert (node["poolId"], node["tenantId"]) == (w.ids["pool_root"], "root")
+    for who in ("acme-admin", "globex-admin"):
+        w.refused(who, "nodes.get", "not_found", nodeId=joined.node_id)
+        assert w.ok(who, "nodes.list") == []
+    # Credentials that are not this join token create nothing anywhere.
+    forged = secret[:-4] + ("AAAA" if not secret.endswith("AAAA") else "BBBB")
+    for bad in (forged, w.tokens["acme-admin"], "bcjt_nothing.here"):
+        sealed, _ = sealed_join(w, bad, "SN-3")
+        w.refused("acme-admin", "nodes.join", "unauthenticated", sealed=sealed)
+    w.ok("root", "joinTokens.revoke", joinTokenId=minted["id"])
+    sealed, _ = sealed_join(w, secret, "SN-4")
+    w.refused(None, "nodes.join", "permission_denied", sealed=sealed)
+    assert len(w.ok("root", "nodes.list")) == 2
+
+
+# ------------------------------------------------------------ events, projections
+
+
+@case("events.list")
+def _events_list(w: World) -> None:
+    with_fleet(w)
+    everything = w.ok("root-ro", "events.list", limit=1000)
+    assert everything["next"] == everything["head"] == w.head()
+    by_tenant: dict[str, set[int]] = {}
+    for event in everything["events"]:
+        by_tenant.setdefault(event["tenantId"], set()).add(event["sequence"])
+    assert {"root", "acme", "globex"} <= set(by_tenant)
+    for who, tenant, other in [("acme-ro", "acme", "globex"), ("acme-admin", "acme", "globex"),
+                               ("globex-member", "globex", "acme")]:
+        page = unchanged(w, who, "events.list", limit=1000)
+        assert {e["sequence"] for e in page["events"]} == by_tenant[tenant]
+        text = json.dumps(page["events"])
+        assert other not in text and w.ids[f"rsv_{other}"] not in text
+        hidden = ["pool_root", "node_root"] + (["node_acme", "node_acme_new"]
+                                               if tenant == "globex" else [])
+        assert not [h for h in hidden if w.ids[h] in text], hidden
+        # Type globs narrow what a tenant sees; they never widen it.
+        for types in ("*", "node.*,pool.*,bookings.*,site.*", ["reservation.*", "token.*"]):
+            narrowed = w.ok(who, "events.list", types=types, limit=1000)["events"]
+            assert {e["tenantId"] for e in narrowed} <= {tenant}
+        # Page by page, from any position, only its own events come back.
+        seen, since = [], 0
+        while True:
+            step = w.ok(who, "events.list", since=since, limit=3)
+            seen += [e["sequence"] for e in step["events"]]
+            if step["next"] >= step["head"]:
+                break
+            since = step["next"]
+        assert set(seen) == by_tenant[tenant] and len(seen) == len(set(seen))
+    assert [e["type"] for e in w.ok("globex-admin", "events.list", types="node.*")["events"]] == []
+    w.refused(None, "events.list", "unauthenticated")
+
+
+@case("projections.status")
+def _projections_status(w: World) -> None:
+    for who in ("acme-admin", "acme-ro", "globex-admin", "root-member", "root-ro"):
+        w.refused(who, "projections.status", "permission_denied")
+    w.refused(None, "projections.status", "unauthenticated")
+    status = w.ok("root", "projections.status")
+    assert {"listings", "capacity"} <= {s["name"] for s in status}
+
+
+@case("projections.rebuild")
+def _projections_rebuild(w: World) -> None:
+    w.rt.projections.catch_up()
+    before = w.ok("root", "projections.status")
+    for who in ("acme-admin", "acme-member", "globex-admin", "root-member", "root-ro"):
+        w.refused(who, "projections.rebuild", "permission_denied")
+        w.refused(who, "projections.rebuild", "permission_denied", name="listings")
+    # Refused rebuilds left the read models alone (nothing emptied them).
+    assert w.ok("root", "projections.status") == before
+    with w.rt.projections.sql.transaction(commit=False) as cursor:
+        w.rt.projections.sql.execute(cursor, "SELECT COUNT(*) AS n FROM bc_listing")
+        assert cursor.fetchone()["n"] > 0
+    done = w.ok("root", "projections.rebuild", name="listings")
+    assert [d["name"] for d in done] == ["listings"] and done[0]["lag"] == 0
+    assert [t["id"] for t in w.ok("acme-ro", "tenants.list")] == ["acme"]
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+@case("nodes.list")
+def _nodes_list(w: World) -> None:
+    with_fleet(w)
+    acme_nodes = {w.ids["node_acme"], w.ids["node_acme_new"]}
+    for who in ("acme-admin", "acme-ro"):
+        assert {n["id"] for n in unchanged(w, who, "nodes.list")} == acme_nodes
+        # Root's nodes in a pool offered to acme are root's, not acme's.
+        assert w.ok(who, "nodes.list", poolId=w.ids["pool_both"]) == []
+    for who in ("globex-admin", "globex-member"):
+        assert w.ok(who, "nodes.list") == []
+        assert w.ok(who, "nodes.list", poolId=w.ids["pool_acme"]) == []
+    w.refused("globex-admin", "nodes.list", "permission_denied", tenantId="acme")
+    w.refused("acme-ro", "nodes.list", "permission_denied", tenantId="root")
+    assert len(w.ok("root-ro", "nodes.list")) == 5
+    assert {n["id"] for n in w.ok("root-ro", "nodes.list", tenantId="acme")} == acme_nodes
+
+
+@case("nodes.get")
+def _nodes_get(w: World) -> None:
+    with_fleet(w)
+    for who, node in [("globex-admin", "node_acme"), ("globex-member", "node_acme_new"),
+                      ("acme-admin", "node_both"), ("acme-ro", "node_root"),
+                      ("globex-admin", "node_both")]:
+        w.refused(who, "nodes.get", "not_found", nodeId=w.ids[node])
+        w.refused(who, "nodes.get", "not_found", nodeId=w.ids[node], tenantId=who.split("-")[0])
+    assert unchanged(w, "acme-ro", "nodes.get", nodeId=w.ids["node_acme"])["tenantId"] == "acme"
+    assert w.ok("root-ro", "nodes.get", nodeId=w.ids["node_acme"])["id"] == w.ids["node_acme"]
+
+
+@case("nodes.events")
+def _nodes_events(w: World) -> None:
+    with_fleet(w)
+    for who, node in [("globex-admin", "node_acme"), ("acme-admin", "node_both"),
+                      ("acme-ro", "node_root")]:
+        w.refused(who, "nodes.events", "not_found", nodeId=w.ids[node])
+    events = unchanged(w, "acme-ro", "nodes.events", nodeId=w.ids["node_acme"])
+    assert events and {e["subject"] for e in events} == {w.ids["node_acme"]}
+    assert {e["tenantId"] for e in events} == {"acme"}
+    assert w.ok("root-ro", "nodes.events", nodeId=w.ids["node_acme"]) == events
+
+
+def node_state(w: World, node: str) -> dict[str, Any]:
+    return w.ok("root", "nodes.get", nodeId=w.ids[node])  # type: ignore[no-any-return]
+
+
+@case("nodes.cordon")
+def _nodes_cordon(w: World) -> None:
+    with_fleet(w)
+    for who, node, code in [
+        ("globex-admin", "node_acme", "not_found"), ("acme-admin", "node_both", "not_found"),
+        ("acme-admin", "node_root", "not_found"), ("acme-member", "node_acme", "permission_denied"),
+        ("acme-ro", "node_acme", "permission_denied"),
+        ("root-member", "node_acme", "permission_denied"),
+        ("root-member", "node_root", "permission_denied"),
+        ("root-ro", "node_both", "permission_denied"),
+    ]:
+        w.refused(who, "nodes.cordon", code, nodeId=w.ids[node], reason="mine now")
+    for node in ("node_acme", "node_both", "node_root"):
+        assert node_state(w, node)["maintenance"]["cordoned"] is False
+    cordoned = w.ok("acme-admin", "nodes.cordon", nodeId=w.ids["node_acme"], reason="reseat")
+    assert cordoned["maintenance"]["cordoned"] is True
+
+
+@case("nodes.uncordon")
+def _nodes_uncordon(w: World) -> None:
+    with_fleet(w)
+    for node in ("node_acme", "node_both"):
+        w.ok("root", "nodes.cordon", nodeId=w.ids[node], reason="maintenance")
+    for who, node, code in [
+        ("globex-admin", "node_acme", "not_found"), ("acme-admin", "node_both", "not_found"),
+        ("acme-member", "node_acme", "permission_denied"),
+        ("acme-ro", "node_acme", "permission_denied"),
+        ("root-member", "node_both", "permission_denied"),
+        ("root-ro", "node_acme", "permission_denied"),
+    ]:
+        w.refused(who, "nodes.uncordon", code, nodeId=w.ids[node])
+    for node in ("node_acme", "node_both"):
+        assert node_state(w, node)["maintenance"]["cordoned"] is True
+    done = w.ok("acme-admin", "nodes.uncordon", nodeId=w.ids["node_acme"])
+    assert done["maintenance"]["cordoned"] is False
+
+
+@case("nodes.adopt")
+def _nodes_adopt(w: World) -> None:
+    with_fleet(w)
+    new = w.ids["node_acme_new"]
+    w.refused("globex-admin", "nodes.adopt", "not_found", nodeId=new, reason="fixed")
+    w.refused("globex-admin", "nodes.adopt", "not_found", nodeId=new, tenantId="globex")
+    w.refused("acme-admin", "nodes.adopt", "not_found", nodeId=new, tenantId="globex")
+    w.refused("acme-admin", "nodes.adopt", "not_found", nodeId=w.ids["node_root"])
+    for who in ("acme-member", "acme-ro", "root-member", "root-ro"):
+        w.refused(who, "nodes.adopt", "permission_denied", nodeId=new, reason="fixed")
+    assert node_state(w, "node_acme_new")["acceptance"]["attempt"] == 0
+    adopted = w.ok("acme-admin", "nodes.adopt", nodeId=new, tenantId="acme", reason="fixed")
+    assert adopted["acceptance"]["attempt"] == 1
+
+
+# ------------------------------------------------------------------------ capacity
+
+
+@case("capacity.get")
+def _capacity_get(w: World) -> None:
+    with_fleet(w)
+    for who, pool in [("globex-admin", "pool_acme"), ("globex-member", "pool_root"),
+                      ("acme-admin", "pool_root"), ("acme-ro", "pool_root")]:
+        w.refused(who, "capacity.get", "not_found", poolId=w.ids[pool])
+    for who in ("acme-ro", "globex-member"):
+        seen = unchanged(w, who, "capacity.get", poolId=w.ids["pool_both"])
+        assert seen["poolId"] == w.ids["pool_both"] and seen["resources"]["gpu"]["total"] == 16
+        assert w.ids["node_both"] not in json.dumps(seen)  # figures, never root's node ids
+    assert w.ok("root-ro", "capacity.get", poolId=w.ids["pool_root"])["poolId"] == \
+        w.ids["pool_root"]
+
+
+@case("capacity.preview")
+def _capacity_preview(w: World) -> None:
+    with_fleet(w)
+    ask = {"gpus": 1, "duration": "1h"}
+    for who, pool in [("globex-member", "pool_acme"), ("acme-member", "pool_root"),
+                      ("acme-ro", "pool_root")]:
+        w.refused(who, "capacity.preview", "not_found", poolId=w.ids[pool], **ask)
+    both = w.ids["pool_both"]
+    w.refused("acme-member", "capacity.preview", "permission_denied", poolId=both,
+              tenantId="globex", **ask)
+    w.refused("globex-admin", "capacity.preview", "permission_denied", poolId=both,
+              tenantId="acme", **ask)
+    # Each tenant's quota use is its own: acme holds 3 GPUs, globex 1.
+    acme = unchanged(w, "acme-ro", "capacity.preview", poolId=both, **ask)
+    assert acme["fits"] is True and acme["quota"] == {"gpu": 16, "inUse": 3}
+    globex = unchanged(w, "globex-member", "capacity.preview", poolId=both, **ask)
+    assert globex["quota"] == {"gpu": 8, "inUse": 1}
+    for_acme = w.ok("root-ro", "capacity.preview", poolId=both, tenantId="acme", **ask)
+    assert for_acme["quota"] == acme["quota"]
+
+
+# -------------------------------------------------------------------- reservations
+
+
+def rsv(w: World, name: str) -> dict[str, Any]:
+    return w.ok("root", "reservations.get", reservationId=w.ids[name])  # type: ignore[no-any-return]
+
+
+@case("reservations.create")
+def _reservations_create(w: World) -> None:
+    with_fleet(w)
+    both = w.ids["pool_both"]
+    ask = {"gpus": 1, "duration": "1h"}
+    w.refused("globex-member", "reservations.create", "not_found", poolId=w.ids["pool_acme"],
+              **ask)
+    w.refused("acme-member", "reservations.create", "not_found", poolId=w.ids["pool_root"],
+              **ask)
+    for who in ("acme-member", "acme-admin"):
+        w.refused(who, "reservations.create", "permission_denied", poolId=both,
+                  tenantId="globex", **ask)
+    # Below member, and root tokens below admin acting for a tenant, book nothing.
+    for who, tenant in [("acme-ro", None), ("root-ro", "acme"), ("root-member", "acme"),
+                        ("root-member", "globex")]:
+        extra = {"tenantId": tenant} if tenant else {}
+        w.refused(who, "reservations.create", "permission_denied", poolId=both, **ask, **extra)
+    # Keys are per tenant: globex's "rsv-1" is its own reservation, acme's is untouched.
+    assert w.ids["rsv_globex"] != w.ids["rsv_acme"]
+    assert (rsv(w, "rsv_acme")["tenantId"], rsv(w, "rsv_acme")["gpuCount"]) == ("acme", 2)
+    again = w.ok("globex-member", "reservations.create", poolId=both, gpus=1, duration="2h",
+                 key="rsv-1")
+    assert again["id"] == w.ids["rsv_globex"] and again["tenantId"] == "globex"
+    made = w.ok("root", "reservations.create", poolId=both, tenantId="acme", **ask)
+    assert made["tenantId"] == "acme"  # a root administrator may act for a tenant
+
+
+@case("reservations.get")
+def _reservations_get(w: World) -> None:
+    with_fleet(w)
+    for who, name in [("globex-admin", "rsv_acme"), ("globex-member", "rsv_acme_later"),
+                      ("acme-ro", "rsv_globex"), ("acme-admin", "rsv_globex")]:
+        w.refused(who, "reservations.get", "not_found", reservationId=w.ids[name])
+        w.refused(who, "reservations.get", "not_found", reservationId=w.ids[name],
+                  tenantId=who.split("-")[0])
+    assert unchanged(w, "acme-ro", "reservations.get",
+                     reservationId=w.ids["rsv_acme"])["tenantId"] == "acme"
+    assert w.ok("root-ro", "reservations.get", reservationId=w.ids["rsv_globex"])["id"] == \
+        w.ids["rsv_globex"]
+
+
+@case("reservations.list")
+def _reservations_list(w: World) -> None:
+    with_fleet(w)
+    acme = {w.ids["rsv_acme"], w.ids["rsv_acme_later"]}
+    for who in ("acme-ro", "acme-member"):
+        assert {r["id"] for r in unchanged(w, who, "reservations.list")} == acme
+    assert [r["id"] for r in w.ok("globex-member", "reservations.list")] == [w.ids["rsv_globex"]]
+    assert w.ok("globex-admin", "reservations.list", poolId=w.ids["pool_acme"]) == []
+    w.refused("acme-member", "reservations.list", "permission_denied", tenantId="globex")
+    w.refused("globex-admin", "reservations.list", "permission_denied", tenantId="acme")
+    w.refused("acme-admin", "reservations.list", "permission_denied", tenantId="root")
+    assert {r["id"] for r in w.ok("root-ro", "reservations.list", tenantId="acme")} == acme
+    assert w.ok("root", "reservations.list") == []  # root's own: none
+
+
+def _refused_changes(w: World, method: str, name: str, **params: Any) -> None:
+    """Another tenant cannot find it; its read-only token and root's non-admins may not."""
+    target = {"reservationId": w.ids[name], **params}
+    before = rsv(w, name)
+    for who in ("globex-admin", "globex-member"):
+        w.refused(who, method, "not_found", **target)
+        w.refused(who, method, "not_found", **target, tenantId="globex")
+    for who in ("acme-ro", "root-ro", "root-member"):
+        w.refused(who, method, "permission_denied", **target)
+    assert rsv(w, name) == before
+
+
+@case("reservations.release")
+def _reservations_release(w: World) -> None:
+    with_fleet(w)
+    _refused_changes(w, "reservations.release", "rsv_acme")
+    w.refused("acme-member", "reservations.release", "not_found",
+              reservationId=w.ids["rsv_globex"])
+    assert rsv(w, "rsv_globex")["endedAt"] is None
+    released = w.ok("acme-member", "reservations.release", reservationId=w.ids["rsv_acme"])
+    assert released["state"] == "released"
+
+
+@case("reservations.cancel")
+def _reservations_cancel(w: World) -> None:
+    with_fleet(w)
+    _refused_changes(w, "reservations.cancel", "rsv_acme_later")
+    cancelled = w.ok("acme-member", "reservations.cancel",
+                     reservationId=w.ids["rsv_acme_later"])
+    assert cancelled["state"] == "cancelled"
+
+
+@case("reservations.extend")
+def _reservations_extend(w: World) -> None:
+    with_fleet(w)
+    _refused_changes(w, "reservations.extend", "rsv_acme", by="30m")
+    w.refused("acme-member", "reservations.extend", "not_found",
+              reservationId=w.ids["rsv_globex"], by="30m")
+    before = rsv(w, "rsv_acme")["end"]
+    extended = w.ok("acme-member", "reservations.extend", reservationId=w.ids["rsv_acme"],
+                    by="30m")  # rsv_acme_later starts after the new end
+    assert extended["end"] > before
+
+
 # ---------------------------------------------------------------------------- tests
 
 
@@ -367,6 +829,8 @@ ROLE_MATRIX = [
     ("pools.offer", lambda w: {"poolId": w.ids["pool_both"], "toTenantId": "globex",
                                "quota": {"gpu": 1}}),
     ("tenants.create", lambda w: {"tenantId": "initech"}),
+    ("joinTokens.create", lambda w: {"poolId": w.ids["pool_both"], "ttl": "2h"}),
+    ("projections.rebuild", lambda w: {}),
 ]
 
 
