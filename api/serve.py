@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 import sys
@@ -14,20 +13,12 @@ import uvicorn
 from better_compute.api import pki
 from better_compute.api.app import LifespanTask, build_app
 from better_compute.api.controllers.runner import run_controllers
+from better_compute.api.net import is_loopback
 from better_compute.api.runtime import Runtime
 from better_compute.api.watch import stop_streams
 from better_compute.domain.errors import InvalidInput
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_listen(text: str) -> tuple[str, int]:

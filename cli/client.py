@@ -7,7 +7,6 @@ rebuilt from their stable code.
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -16,6 +15,7 @@ from urllib.parse import urlparse
 import httpx
 import msgspec
 
+from better_compute.api.net import is_loopback
 from better_compute.domain.errors import InvalidInput, Unavailable, error_from_code
 
 
@@ -30,15 +30,6 @@ def _raise_rpc_error(error: dict[str, Any]) -> None:
     raise error_from_code(code, str(error.get("message", "error")), data)
 
 
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def api_base(url: str) -> str:
     """The API root (…/api/compute) for BETTER_COMPUTE_URL, with or without the path."""
     parsed = urlparse(url)
@@ -47,7 +38,7 @@ def api_base(url: str) -> str:
             f"BETTER_COMPUTE_URL {url!r} is not an http(s) URL: set it to the server, "
             "for example https://compute.example.com"
         )
-    if parsed.scheme == "http" and not is_loopback_host(parsed.hostname):
+    if parsed.scheme == "http" and not is_loopback(parsed.hostname):
         raise InvalidInput(
             f"BETTER_COMPUTE_URL {url!r} uses plain http to a non-loopback host; tokens would "
             "cross the network in clear text: use https:// (plain http is allowed only for "

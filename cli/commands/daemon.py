@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from better_compute.cli.client import is_loopback_host
+from better_compute.api.net import is_loopback
 from better_compute.cli.files import check_new_file
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.domain.errors import Conflict, InvalidInput
@@ -81,7 +81,7 @@ def check_url(text: str, flag: str, *, schemes: tuple[str, ...]) -> str:
             f"{flag} {text!r} is not a {' or '.join(schemes)} URL (for example "
             f"{schemes[0]}://compute.example.com)"
         )
-    if parsed.scheme == "http" and not is_loopback_host(parsed.hostname):
+    if parsed.scheme == "http" and not is_loopback(parsed.hostname):
         raise InvalidInput(
             f"{flag} {text!r} uses plain http to a non-loopback host: use https://"
         )

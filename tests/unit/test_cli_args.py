@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from better_compute.cli.client import api_base, is_loopback_host, make_client, tls_context
+from better_compute.api.net import is_loopback
+from better_compute.cli.client import api_base, make_client, tls_context
 from better_compute.cli.commands.api import parse_assignments
 from better_compute.cli.commands.catalog import parse_quota
 from better_compute.cli.files import write_new_secret
@@ -69,8 +70,8 @@ def test_urls_that_are_not_http(url: str) -> None:
 
 
 def test_loopback_hosts() -> None:
-    assert is_loopback_host("localhost") and is_loopback_host("::1")
-    assert not is_loopback_host("example.com") and not is_loopback_host("192.168.1.1")
+    assert is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("example.com") and not is_loopback("192.168.1.1")
 
 
 def test_a_missing_or_broken_ca_file_is_named(tmp_path: Path) -> None:
