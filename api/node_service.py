@@ -10,7 +10,7 @@ ends in one save, retried a few times when another writer got there first.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -18,6 +18,7 @@ import msgspec
 from eventsourcing.persistence import IntegrityError, Notification
 
 from better_compute.api.eventlog import render
+from better_compute.api.node_presence import Reports
 from better_compute.api.service import ComputeService
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import Conflict, InvalidInput, NotFound
@@ -102,7 +103,11 @@ class NodeService:
         return self.service.listing("node", tenant_id=tenant, where=where)
 
     def get(self, principal: Principal, node_id: str) -> dict[str, Any]:
-        return self._node(principal, node_id).to_doc()
+        """The node, with ``report``: the newest report summary the gateway kept (or null)."""
+        node = self._node(principal, node_id)
+        doc = node.to_doc()
+        doc["report"] = Reports(self.service.sql).latest(str(node.id))
+        return doc
 
     def events(self, principal: Principal, node_id: str) -> list[dict[str, Any]]:
         """Every event of the node, oldest first, as the event log shows them."""
@@ -210,6 +215,22 @@ class NodeService:
             return n.start_acceptance(self.clock(), checks, "the node's session is up", None)
 
         return self._change(uuid, change)[1]
+
+    def time_out_acceptance(self, uuid: UUID, attempt: int, after: timedelta) -> bool:
+        """The controller's step: ``attempt`` ran for ``after`` without a verdict: failed."""
+        return self._change(uuid, lambda n: n.time_out_acceptance(attempt, self.clock(),
+                                                                  after))[1]
+
+    def certificate_renewed(self, uuid: UUID, epoch: int, serial: str,
+                            not_after: datetime) -> None:
+        """Record a certificate the gateway issued over session ``epoch`` (api/gateway/renewal.py)."""
+        def change(node: Node) -> None:
+            if node.session_epoch != epoch:
+                raise Conflict(f"session epoch {epoch} of node {node.public_id} is stale "
+                               f"(current {node.session_epoch})")
+            node.renew_certificate(serial, not_after, self.clock())
+
+        self._change(uuid, change)
 
     def acceptance_result(self, uuid: UUID, epoch: int, entry: dict[str, Any]) -> bool:
         """A verified ``acceptance.result`` entry: our verdict, then adopted or failed."""

@@ -20,7 +20,7 @@ control plane's clock when it was decided.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -175,6 +175,25 @@ class Node(TenantOwned):
         self.acceptance_since = at
         self._touch(at)
 
+    def time_out_acceptance(self, attempt: int, at: datetime, after: timedelta) -> bool:
+        """The running ``attempt`` got no verdict within ``after``: failed, reason ``timeout``.
+
+        False when that attempt is no longer running (a verdict, or another attempt, came
+        first) or has not run for ``after`` yet. Sticky like any failure: nodes.adopt
+        starts the next attempt.
+        """
+        if attempt != self.acceptance_attempt or self.acceptance_state != ACCEPTANCE_RUNNING:
+            return False
+        since = self.acceptance_since
+        if since is not None and at - since < after:
+            return False
+        seconds = int(after.total_seconds())
+        message = (f"no acceptance result within {seconds}s: is bcd node running on the "
+                   "machine and connected? (`bcd status`); then run nodes.adopt")
+        self._acceptance_failed(attempt=attempt, message=message, results=[], at=at,
+                                reason="timeout")
+        return True
+
     def finish_acceptance(self, attempt: int, passed: bool, message: str,
                           results: list[dict[str, Any]], gpus: list[dict[str, Any]] | None,
                           at: datetime) -> bool:
@@ -185,7 +204,8 @@ class Node(TenantOwned):
             self._adopted(attempt=attempt, generation=ADOPTED_GENERATION, results=results,
                           gpus=gpus if gpus is not None else self.gpus, at=at)
         else:
-            self._acceptance_failed(attempt=attempt, message=message, results=results, at=at)
+            self._acceptance_failed(attempt=attempt, message=message, results=results, at=at,
+                                    reason="checks")
         return True
 
     @event("Adopted", topic="node.adopted")
@@ -203,8 +223,11 @@ class Node(TenantOwned):
 
     @event("AcceptanceFailed", topic="node.acceptance.failed")
     def _acceptance_failed(self, attempt: int, message: str, results: list[dict[str, Any]],
-                           at: datetime) -> None:
+                           at: datetime, reason: str = "checks") -> None:
+        # ``reason``: ``checks`` (the verdict failed) or ``timeout`` (no verdict in time);
+        # events stored before it existed replay as ``checks``.
         self.acceptance_state = ACCEPTANCE_FAILED
+        self.acceptance_failure = reason
         self.acceptance_results = results
         self.acceptance_message = message
         self.acceptance_since = at
@@ -235,6 +258,15 @@ class Node(TenantOwned):
         self.gpus = [{**g, "healthy": True, "healthReasons": []}
                      if g.get("uuid") == uuid else g for g in self.gpus]
         self._touch(at)
+
+    def renew_certificate(self, serial: str, not_after: datetime, at: datetime) -> None:
+        """A new node certificate for the SAME node key (checked by the caller), over a session."""
+        self._certificate_renewed(serial=serial, not_after=not_after, at=at)
+
+    @event("CertificateRenewed", topic="node.certificate.renewed")
+    def _certificate_renewed(self, serial: str, not_after: datetime, at: datetime) -> None:
+        self.certificate_serial = serial
+        self.certificate_not_after = not_after
 
     def cordon(self, reason: str, at: datetime, by: str | None) -> bool:
         """Put the node in maintenance: the placer skips it; holds stay."""
@@ -345,7 +377,8 @@ class Node(TenantOwned):
             ACCEPTANCE_PENDING: ("Pending", "acceptance starts once the session is up"),
             ACCEPTANCE_RUNNING: ("Running", f"attempt {self.acceptance_attempt} is running"),
             ACCEPTANCE_PASSED: ("Passed", f"attempt {self.acceptance_attempt} passed"),
-            ACCEPTANCE_FAILED: ("Failed", f"attempt {self.acceptance_attempt}: "
+            ACCEPTANCE_FAILED: ("TimedOut" if getattr(self, "acceptance_failure", "") == "timeout"
+                                else "Failed", f"attempt {self.acceptance_attempt}: "
                                 f"{self.acceptance_message}"),
         }[self.acceptance_state]
         health_reason = (("AllGpusHealthy", f"{len(self.gpus)} GPUs healthy") if not sick else
@@ -396,7 +429,9 @@ class Node(TenantOwned):
             "acceptance": {"state": self.acceptance_state, "attempt": self.acceptance_attempt,
                            "message": self.acceptance_message,
                            "checks": [dict(c) for c in self.acceptance_results],
-                           "since": iso(self.acceptance_since)},
+                           "since": iso(self.acceptance_since),
+                           "failureReason": (getattr(self, "acceptance_failure", None) or "checks")
+                           if self.acceptance_state == ACCEPTANCE_FAILED else None},
             "generation": self.generation,
             "maintenance": {"cordoned": self.cordoned, "reason": self.cordon_reason,
                             "since": iso(self.cordoned_since)},

@@ -2,26 +2,33 @@
 
 Two tables, changed together in the projection's batch transaction:
 
-* ``bc_node_state``: one row per node with what capacity and the
+* ``bc_capacity_node``: one row per node with what capacity and the
   NodeLifecycle controller need (provision state, session, acceptance,
-  maintenance, GPUs with their health, CPUs and memory) and the node's
-  current contribution to its pool (``domain.node_rules.node_capacity``);
-* ``bc_capacity``: one row per pool and resource holding the sums of the
-  contributions, kept by adding the difference between a node's new and old
-  contribution on each event. ``capacity.get`` reads these rows only, so its
-  cost does not grow with the number of nodes.
+  maintenance, GPUs with their health, CPUs and memory, holds, live
+  bookings) and the node's current contribution to its pool
+  (:func:`node_contribution`);
+* ``bc_capacity_pool``: one row per pool and resource holding the sums of
+  the contributions, kept by adding the difference between a node's new and
+  old contribution on each event. ``capacity.get`` reads these rows only, so
+  its cost does not grow with the number of nodes.
 
 ``allocated`` comes from the node's device assignments (holds, events
-``node.devices.assigned`` / ``node.devices.unassigned``); ``reserved``
-(booked, not yet held) stays 0 until the bookings feed it.
+``node.devices.assigned`` / ``node.devices.unassigned``); ``reserved`` from
+its live bookings that no hold has yet (``bookings.booked`` until
+``bookings.ended``). The rollup moves only on events: a future booking turns
+from reserved into allocated when the reservations controller records its
+binding at the start (``node.devices.assigned``), within one controller tick.
+Version 2 added the bookings (new tables, rebuilt from sequence 0).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from better_compute.domain.ids import public_id
+from better_compute.domain.errors import BetterComputeError
+from better_compute.domain.ids import parse_id, public_id
 from better_compute.domain.node_rules import (
     ACCEPTANCE_FAILED,
     ACCEPTANCE_PASSED,
@@ -38,6 +45,8 @@ from better_compute.domain.node_rules import (
 from better_compute.projections.framework import Projection, Sql
 
 _COLUMNS = GPU_FIELDS  # cpu and memory rows leave the GPU-only columns at 0
+NODE_TABLE = "bc_capacity_node"
+POOL_TABLE = "bc_capacity_pool"
 
 
 def _num(value: Any) -> float:
@@ -47,8 +56,60 @@ def _num(value: Any) -> float:
         return 0.0
 
 
+def _healthy(gpu: dict[str, Any]) -> bool:
+    return bool(gpu.get("healthy", True)) and not gpu.get("healthReasons")
+
+
+def node_contribution(provision_state: str, session: str, cordoned: bool,
+                      gpus: list[dict[str, Any]], cpus: float, memory_gib: float,
+                      holds: Sequence[dict[str, Any]] = (),
+                      bookings: Sequence[dict[str, Any]] = ()) -> dict[str, dict[str, float]]:
+    """What one node adds to its pool's rollup (docs/capacity.md, "Definitions").
+
+    ``node_capacity`` (domain/node_rules.py) counts the GPUs by state and the
+    holds as ``allocated``. This adds ``reserved``: GPUs of the node's live
+    bookings (``allocationId``, ``gpus``, ``cpus``, ``memoryGiB``) whose
+    allocation has no hold yet and that no hold has now, each GPU once (a GPU
+    booked for two later intervals is one reserved GPU), with the per-GPU
+    share of CPUs and memory its first booking (by allocation id) carries.
+    ``available`` is then the allocatable GPUs neither allocated nor
+    reserved: exactly the placer's ``free_now`` (projections/free_gpus.py),
+    healthy GPUs of a usable node that no live booking holds at any time.
+    """
+    part = node_capacity(provision_state, session, cordoned, gpus, cpus, memory_gib,
+                         tuple(holds))
+    known = {str(g.get("uuid")): g for g in gpus}
+    held_allocations = {str(h.get("allocationId")) for h in holds}
+    held = {str(u) for h in holds for u in h.get("gpus") or []}
+    later: dict[str, tuple[float, float]] = {}
+    for booking in sorted(bookings, key=lambda b: str(b.get("allocationId"))):
+        if str(booking.get("allocationId")) in held_allocations:
+            continue
+        booked = [str(u) for u in booking.get("gpus") or []]
+        share = (_num(booking.get("cpus")) / max(1, len(booked)),
+                 _num(booking.get("memoryGiB")) / max(1, len(booked)))
+        for uuid in booked:
+            if uuid in known and uuid not in held and uuid not in later:
+                later[uuid] = share
+    if not later:
+        return part
+    usable = (provision_state == "adopted" and session != SESSION_UNREACHABLE
+              and not cordoned)
+    gpu, cpu, memory = part["gpu"], part["cpu"], part["memory"]
+    gpu["reserved"] = float(len(later))
+    if usable:
+        gpu["available"] -= sum(1 for u in later if _healthy(known[u]))
+    cpu["reserved"] = float(sum(c for c, _ in later.values()))
+    memory["reserved"] = float(sum(m for _, m in later.values()))
+    if usable:
+        cpu["available"] = max(0.0, cpu["allocatable"] - cpu["allocated"] - cpu["reserved"])
+        memory["available"] = max(0.0, memory["allocatable"] - memory["allocated"]
+                                  - memory["reserved"])
+    return part
+
+
 class NodeState:
-    """The projection's copy of one node, as the columns of ``bc_node_state`` hold it."""
+    """The projection's copy of one node, as the columns of ``bc_capacity_node`` hold it."""
 
     def __init__(self, row: dict[str, Any]) -> None:
         self.uuid = str(row["uuid"])
@@ -66,17 +127,18 @@ class NodeState:
         self.cpus = _num(row["cpus"])
         self.memory_gib = _num(row["memory_gib"])
         self.holds: list[dict[str, Any]] = json.loads(row.get("holds") or "[]")
+        self.bookings: list[dict[str, Any]] = json.loads(row.get("bookings") or "[]")
 
     def contribution(self) -> dict[str, dict[str, float]]:
-        return node_capacity(self.provision_state, self.session, self.cordoned, self.gpus,
-                             self.cpus, self.memory_gib, self.holds)
+        return node_contribution(self.provision_state, self.session, self.cordoned, self.gpus,
+                                 self.cpus, self.memory_gib, self.holds, self.bookings)
 
     def params(self) -> tuple[Any, ...]:
         return (self.id, self.tenant_id, self.pool_id, self.provision_state, self.session,
                 self.session_epoch, self.session_since, self.acceptance_state,
                 self.acceptance_attempt, int(self.cordoned), json.dumps(self.gpus), self.cpus,
-                self.memory_gib, json.dumps(self.holds), json.dumps(self.contribution()),
-                self.uuid)
+                self.memory_gib, json.dumps(self.holds), json.dumps(self.bookings),
+                json.dumps(self.contribution()), self.uuid)
 
 
 def _at(event: Any) -> str | None:
@@ -114,35 +176,53 @@ def _apply_to_state(state: NodeState, event: Any, kind: str) -> None:
         state.holds.append(dict(event.assignment))
     elif kind == "node.devices.unassigned":
         state.holds = [h for h in state.holds if h.get("allocationId") != event.allocation_id]
+    elif kind == "bookings.booked":
+        state.bookings = [b for b in state.bookings if b.get("allocationId") != event.allocation_id]
+        state.bookings.append({"allocationId": event.allocation_id, "gpus": list(event.gpus),
+                               "cpus": int(event.cpus), "memoryGiB": int(event.memory_gib)})
+    elif kind == "bookings.ended":
+        state.bookings = [b for b in state.bookings if b.get("allocationId") != event.allocation_id]
+
+
+_BOOKING_EVENTS = ("bookings.booked", "bookings.ended")
 
 
 class Capacity(Projection):
     name = "capacity"
+    version = 2  # 2: live bookings feed ``reserved`` (new tables)
 
     def table_names(self) -> list[str]:
-        return ["bc_node_state", "bc_capacity"]
+        return [NODE_TABLE, POOL_TABLE]
 
     def tables(self) -> list[str]:
         sums = ", ".join(f"{c} DOUBLE PRECISION NOT NULL DEFAULT 0" for c in _COLUMNS)
         return [
-            "CREATE TABLE IF NOT EXISTS bc_node_state ("
+            f"CREATE TABLE IF NOT EXISTS {NODE_TABLE} ("
             "uuid TEXT PRIMARY KEY, id TEXT NOT NULL, tenant_id TEXT NOT NULL, "
             "pool_id TEXT NOT NULL, provision_state TEXT NOT NULL, session TEXT NOT NULL, "
             "session_epoch BIGINT NOT NULL, session_since TEXT, acceptance_state TEXT NOT NULL, "
             "acceptance_attempt BIGINT NOT NULL, cordoned INTEGER NOT NULL, gpus TEXT NOT NULL, "
             "cpus DOUBLE PRECISION NOT NULL, memory_gib DOUBLE PRECISION NOT NULL, "
-            "holds TEXT NOT NULL, contribution TEXT NOT NULL)",
-            "CREATE INDEX IF NOT EXISTS bc_node_state_pool ON bc_node_state (pool_id)",
-            "CREATE INDEX IF NOT EXISTS bc_node_state_session ON bc_node_state (session)",
-            f"CREATE TABLE IF NOT EXISTS bc_capacity (pool_id TEXT NOT NULL, "
+            "holds TEXT NOT NULL, bookings TEXT NOT NULL, contribution TEXT NOT NULL)",
+            f"CREATE INDEX IF NOT EXISTS {NODE_TABLE}_pool ON {NODE_TABLE} (pool_id)",
+            f"CREATE INDEX IF NOT EXISTS {NODE_TABLE}_session ON {NODE_TABLE} (session)",
+            f"CREATE INDEX IF NOT EXISTS {NODE_TABLE}_acceptance ON {NODE_TABLE} "
+            "(acceptance_state)",
+            f"CREATE TABLE IF NOT EXISTS {POOL_TABLE} (pool_id TEXT NOT NULL, "
             f"resource TEXT NOT NULL, {sums}, PRIMARY KEY (pool_id, resource))",
         ]
 
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         kind = str(type(event).TOPIC)
-        if not kind.startswith("node."):
+        if kind in _BOOKING_EVENTS:
+            try:
+                uuid = str(parse_id("node", str(event.node_id)))
+            except BetterComputeError:
+                return
+        elif kind.startswith("node."):
+            uuid = str(event.originator_id)
+        else:
             return
-        uuid = str(event.originator_id)
         if kind == "node.joined":
             hardware = dict(event.hardware or {})
             state = NodeState({
@@ -157,14 +237,14 @@ class Capacity(Projection):
             before: dict[str, dict[str, float]] | None = None
             sql.execute(
                 cursor,
-                "INSERT INTO bc_node_state (id, tenant_id, pool_id, provision_state, session, "
+                f"INSERT INTO {NODE_TABLE} (id, tenant_id, pool_id, provision_state, session, "
                 "session_epoch, session_since, acceptance_state, acceptance_attempt, cordoned, "
-                "gpus, cpus, memory_gib, holds, contribution, uuid) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "gpus, cpus, memory_gib, holds, bookings, contribution, uuid) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 state.params(),
             )
         else:
-            sql.execute(cursor, "SELECT * FROM bc_node_state WHERE uuid = ?", (uuid,))
+            sql.execute(cursor, f"SELECT * FROM {NODE_TABLE} WHERE uuid = ?", (uuid,))
             row = cursor.fetchone()
             if row is None:
                 return
@@ -173,10 +253,10 @@ class Capacity(Projection):
             _apply_to_state(state, event, kind)
             sql.execute(
                 cursor,
-                "UPDATE bc_node_state SET id = ?, tenant_id = ?, pool_id = ?, "
+                f"UPDATE {NODE_TABLE} SET id = ?, tenant_id = ?, pool_id = ?, "
                 "provision_state = ?, session = ?, session_epoch = ?, session_since = ?, "
                 "acceptance_state = ?, acceptance_attempt = ?, cordoned = ?, gpus = ?, cpus = ?, "
-                "memory_gib = ?, holds = ?, contribution = ? WHERE uuid = ?",
+                "memory_gib = ?, holds = ?, bookings = ?, contribution = ? WHERE uuid = ?",
                 state.params(),
             )
         self._add(sql, cursor, state.pool_id, before, state.contribution())
@@ -192,10 +272,10 @@ class Capacity(Projection):
                 continue
             names = ", ".join(_COLUMNS)
             marks = ", ".join("?" for _ in _COLUMNS)
-            updates = ", ".join(f"{c} = bc_capacity.{c} + excluded.{c}" for c in _COLUMNS)
+            updates = ", ".join(f"{c} = {POOL_TABLE}.{c} + excluded.{c}" for c in _COLUMNS)
             sql.execute(
                 cursor,
-                f"INSERT INTO bc_capacity (pool_id, resource, {names}) VALUES (?, ?, {marks}) "
+                f"INSERT INTO {POOL_TABLE} (pool_id, resource, {names}) VALUES (?, ?, {marks}) "
                 f"ON CONFLICT (pool_id, resource) DO UPDATE SET {updates}",
                 (pool_id, resource, *delta),
             )
@@ -205,7 +285,7 @@ def read_capacity(sql: Sql, pool_id: str) -> dict[str, dict[str, float]]:
     """The rollup rows of one pool, by resource (zeros for a pool with no node yet)."""
     out = {r: dict.fromkeys(_COLUMNS, 0.0) for r in RESOURCES}
     with sql.transaction(commit=False) as cursor:
-        sql.execute(cursor, f"SELECT resource, {', '.join(_COLUMNS)} FROM bc_capacity "
+        sql.execute(cursor, f"SELECT resource, {', '.join(_COLUMNS)} FROM {POOL_TABLE} "
                     "WHERE pool_id = ?", (pool_id,))
         for row in cursor.fetchall():
             out[str(row["resource"])] = {c: float(row[c]) for c in _COLUMNS}
@@ -214,16 +294,17 @@ def read_capacity(sql: Sql, pool_id: str) -> dict[str, dict[str, float]]:
 
 def read_node_states(sql: Sql, *, where: str = "", params: tuple[Any, ...] = ()
                      ) -> list[NodeState]:
-    """Rows of ``bc_node_state`` (the controller's worklist), oldest first."""
+    """Rows of the node table (the controller's worklist), oldest first."""
     clause = f" WHERE {where}" if where else ""
     with sql.transaction(commit=False) as cursor:
-        sql.execute(cursor, f"SELECT * FROM bc_node_state{clause} ORDER BY uuid", params)
+        sql.execute(cursor, f"SELECT * FROM {NODE_TABLE}{clause} ORDER BY uuid", params)
         return [NodeState(dict(row)) for row in cursor.fetchall()]
 
 
 def count_nodes(sql: Sql, pool_id: str) -> dict[str, int]:
     with sql.transaction(commit=False) as cursor:
-        sql.execute(cursor, "SELECT provision_state, session, COUNT(*) AS n FROM bc_node_state "
+        sql.execute(cursor, "SELECT provision_state, session, COUNT(*) AS n FROM "
+                    f"{NODE_TABLE} "
                     "WHERE pool_id = ? GROUP BY provision_state, session", (pool_id,))
         rows = cursor.fetchall()
     counts = {"total": 0, "adopting": 0, "adopted": 0, "connected": 0, "unreachable": 0}

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 import anyio
 import msgspec
 
+from ..errors import BcdError
 from ..gpu import GpuSource, GpuSourceError, Inventory
 from ..paths import Paths
 from ..version import bcd_version
@@ -27,6 +28,7 @@ from .apply import ApplyContext, apply_desired
 from .backoff import Backoff
 from .devices import DevicesApplier, find_applier
 from .journal import Journal
+from .renewal import CertificateWindow, check_renewed, install, make_csr, read_window
 from .settings import NodeKey, NodeSettings
 from .state import NodeState, load_state, save_state, state_dir
 
@@ -65,8 +67,19 @@ class NodeOptions:
     poll_seconds: float | None = None  # GPU reads; default: the heartbeat interval
     report_every: int = 6  # a telemetry Report every N heartbeats
     welcome_timeout: float = 15.0
+    renew_check_seconds: float = 3600.0  # how often a session checks the certificate's age
+    renew_retry_seconds: float = 600.0  # after a refused or unanswered Renew
+    renew_answer_timeout: float = 30.0
     backoff: Backoff = field(default_factory=Backoff)
     out: TextIO = field(default_factory=lambda: sys.stdout)
+
+
+@dataclass
+class RenewalInfo:
+    renewals: int = 0
+    last_renewed: str | None = None
+    last_error: str | None = None
+    answer: anyio.Event | None = None  # set by the reader on Renewed or a renew_* refusal
 
 
 @dataclass
@@ -110,6 +123,9 @@ class NodeAgent:
         # A restart between receiving and applying a desired state applies it now.
         self._dirty = self.state.applied_generation != self.state.observed_generation
         self._pending: tuple[int, dict[str, Any]] | None = None
+        self.certificate = read_window(settings.certificate_path)
+        self.renewal = RenewalInfo()
+        self.tls_changed = False  # node.crt was renewed: the next connection reloads it
 
     # -- output ----------------------------------------------------------------
 
@@ -200,6 +216,44 @@ class NodeAgent:
                 continue
             await wake.wait()
 
+    # -- certificate renewal (agent/node/renewal.py) ------------------------------
+
+    def renewal_due(self) -> bool:
+        return self.certificate is not None and self.certificate.due(self.clock())
+
+    def renewal_csr(self) -> str:
+        return make_csr(self.key, self.settings.identity.node_id)
+
+    def on_renewed(self, certificate_pem: str, not_after: str) -> None:
+        """A Renewed from the gateway: check it, write node.crt, use it from the next connect.
+
+        Runs in a worker thread (it writes files); :meth:`renewal_answered` follows it.
+        """
+        info = self.renewal
+        try:
+            cert = check_renewed(certificate_pem, self.key, self.settings.identity.node_id,
+                                 self.settings.node_ca_path)
+            install(self.settings, cert, not_after)
+        except (BcdError, OSError) as exc:
+            info.last_error = str(exc)
+            self.say(f"certificate renewal failed: {exc}")
+        else:
+            self.certificate = CertificateWindow(cert.not_valid_before_utc,
+                                                 cert.not_valid_after_utc)
+            self.tls_changed = True
+            info.renewals += 1
+            info.last_renewed, info.last_error = self.now(), None
+            self.say(f"certificate renewed; valid until {rfc3339(cert.not_valid_after_utc)}")
+
+    def on_renew_refused(self, code: str, message: str) -> None:
+        self.renewal.last_error = f"{code}: {message}"
+        self.say(f"certificate renewal refused: {code}: {message}")
+
+    def renewal_answered(self) -> None:
+        """Wake the session's renewal task (call from the event loop, never a thread)."""
+        if self.renewal.answer is not None:
+            self.renewal.answer.set()
+
     # -- journal answers -------------------------------------------------------
 
     def settle(self, seq: int, outcome: str) -> None:
@@ -261,4 +315,8 @@ class NodeAgent:
             "gpuSource": {"name": self.source.name, "error": self.source_error,
                           "readAt": self.inventory_time},
             "journal": {"entries": len(self.journal.entries()), "unacknowledged": len(unsettled)},
+            "certificate": {
+                "notAfter": rfc3339(self.certificate.not_after) if self.certificate else None,
+                "renewals": self.renewal.renewals, "lastRenewed": self.renewal.last_renewed,
+                "lastError": self.renewal.last_error},
         }  # fmt: skip

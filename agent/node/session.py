@@ -9,7 +9,11 @@ network drops), waits a backoff with jitter, and connects again, forever. Each s
   telemetry every ``report_every`` heartbeats, and at once when the GPUs' health changes
   or a desired state was applied), and every journal entry not yet settled, in order;
 * applies each DesiredState of its epoch (messages of another epoch are stale: ignored);
-* settles journal entries on Ack, and on Nack unless the code says to retry.
+* settles journal entries on Ack, and on Nack unless the code says to retry;
+* renews the node certificate for the same key when less than a third of its lifetime is
+  left (agent/node/renewal.py): a Renew at the session's start and on each check, the
+  Renewed certificate written for the next connection, a ``renew_*`` refusal logged and
+  retried later without ending the session.
 
 A dead peer that sends nothing is noticed by TCP_USER_TIMEOUT and keepalives on the
 socket (a few heartbeat intervals), so a network drop ends the session without a reply.
@@ -37,12 +41,15 @@ from better_compute.api.wire.gateway import (
     Msg,
     Nack,
     Refused,
+    Renew,
+    Renewed,
     Report,
     Welcome,
     decode_to_node,
     encode,
 )
 
+from ..errors import BcdError
 from ..version import bcd_version
 
 if TYPE_CHECKING:
@@ -163,9 +170,32 @@ async def _read(agent: NodeAgent, link: Link, reader: BufferedByteReceiveStream)
             agent.say(f"journal entry {message.seq} refused: {message.code}: {message.message}")
             if message.code not in RETRY_CODES:
                 agent.settle(message.seq, f"nacked:{message.code}")
+        elif isinstance(message, Renewed):
+            await anyio.to_thread.run_sync(agent.on_renewed, message.certificate_pem,
+                                           message.not_after)
+            agent.renewal_answered()
+        elif isinstance(message, Refused) and message.code.startswith("renew_"):
+            agent.on_renew_refused(message.code, message.message)  # the session stays up
+            agent.renewal_answered()
         elif isinstance(message, Refused):
             raise SessionEnded(f"the gateway ended the session: {message.code}: "
                                f"{message.message}")  # fmt: skip
+
+
+async def _renewals(agent: NodeAgent, link: Link) -> None:
+    """Renew the certificate when it is due: at the session's start, then every check."""
+    options = agent.options
+    while True:
+        if agent.renewal_due():
+            answer = agent.renewal.answer = anyio.Event()
+            await link.send(Renew(epoch=link.epoch, csr_pem=agent.renewal_csr()))
+            with anyio.move_on_after(options.renew_answer_timeout):
+                await answer.wait()
+            agent.renewal.answer = None
+            if agent.renewal_due():  # refused, failed or unanswered: not before the retry
+                await anyio.sleep(options.renew_retry_seconds)
+                continue
+        await anyio.sleep(options.renew_check_seconds)
 
 
 @contextmanager
@@ -206,6 +236,7 @@ async def run_session(agent: NodeAgent, stream: ByteStream) -> None:
             group.start_soon(_reports, agent, link)
             group.start_soon(_journal, agent, link)
             group.start_soon(_heartbeats, agent, link)
+            group.start_soon(_renewals, agent, link)
             try:
                 await _read(agent, link, reader)
             except anyio.EndOfStream:
@@ -232,6 +263,12 @@ async def session_loop(agent: NodeAgent) -> None:
     context = agent.settings.ssl_context()
     while True:
         reason = "the session ended"
+        if agent.tls_changed:  # a renewed node.crt: present it from this connection on
+            agent.tls_changed = False
+            try:
+                context = agent.settings.ssl_context()
+            except BcdError as exc:
+                agent.say(f"cannot use the renewed certificate ({exc}); keeping the old one")
         try:
             stream = await anyio.connect_tcp(gateway.host, gateway.port, ssl_context=context,
                                              tls_standard_compatible=False)  # fmt: skip

@@ -56,6 +56,7 @@ class NodeSettings:
     certificate_path: Path
     serving_ca_path: Path
     serving_ca_pin: str | None
+    node_ca_path: Path | None = None  # checks renewed certificates (agent/node/renewal.py)
 
     def load_key(self) -> NodeKey:
         """The node's private key (it signs journal entries and the TLS handshake)."""
@@ -168,4 +169,5 @@ def load_settings(config_path: Path) -> NodeSettings:
         certificate_path=Path(config.files.certificate),
         serving_ca_path=Path(config.files.serving_ca),
         serving_ca_pin=config.server.serving_ca_pin,
+        node_ca_path=Path(config.files.node_ca),
     )

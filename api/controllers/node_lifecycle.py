@@ -7,7 +7,10 @@ node states this controller reads), then for every node with a session:
   pool's checks (``node.acceptance.started``); the gateway sends them;
 * connected or disconnected, and nothing heard for ``unreachable_after``
   (default 30 s; the newest heartbeat of its current epoch, else the
-  session's last change): ``node.unreachable``.
+  session's last change): ``node.unreachable``;
+* an acceptance attempt running for ``acceptance_timeout`` (default 10
+  minutes) without a verdict: ``node.acceptance.failed`` with reason
+  ``timeout`` (sticky like any failure: nodes.adopt starts the next attempt).
 
 The verdict on an attempt comes from the node's signed journal through the
 gateway, not from here; a failed attempt stays failed until nodes.adopt.
@@ -26,12 +29,14 @@ from better_compute.api.node_presence import Presence
 from better_compute.api.node_service import NodeService
 from better_compute.domain.node_rules import (
     ACCEPTANCE_PENDING,
+    ACCEPTANCE_RUNNING,
     SESSION_CONNECTED,
     SESSION_DISCONNECTED,
 )
 from better_compute.projections.capacity import read_node_states
 
 UNREACHABLE_AFTER = timedelta(seconds=30)
+ACCEPTANCE_TIMEOUT = timedelta(minutes=10)
 
 
 @dataclass
@@ -40,23 +45,29 @@ class PassReport:
 
     acceptance_started: list[str] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
+    acceptance_timed_out: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
-        return bool(self.acceptance_started or self.unreachable)
+        return bool(self.acceptance_started or self.unreachable or self.acceptance_timed_out)
 
 
 class NodeLifecycle:
     def __init__(self, nodes: NodeService, presence: Presence,
-                 unreachable_after: timedelta = UNREACHABLE_AFTER) -> None:
+                 unreachable_after: timedelta = UNREACHABLE_AFTER,
+                 acceptance_timeout: timedelta = ACCEPTANCE_TIMEOUT) -> None:
         self.nodes = nodes
         self.presence = presence
         self.unreachable_after = unreachable_after
+        self.acceptance_timeout = acceptance_timeout
+        # (node uuid, attempt) -> when that attempt started; read once from the aggregate.
+        self._attempt_started: dict[tuple[str, int], datetime | None] = {}
 
     def reconcile(self) -> PassReport:
         report = PassReport()
         service = self.nodes.service
         service.projections.catch_up("capacity")
+        self._time_out_attempts(report)
         states = read_node_states(
             service.sql, where="session IN (?, ?)",
             params=(SESSION_CONNECTED, SESSION_DISCONNECTED),
@@ -76,6 +87,28 @@ class NodeLifecycle:
                     and self.nodes.mark_unreachable(uuid, state.session_epoch, last):
                 report.unreachable.append(state.id)
         return report
+
+    def _time_out_attempts(self, report: PassReport) -> None:
+        """Fail every attempt that has run for ``acceptance_timeout`` without a verdict."""
+        running = read_node_states(self.nodes.service.sql, where="acceptance_state = ?",
+                                   params=(ACCEPTANCE_RUNNING,))
+        keys = {(state.uuid, state.acceptance_attempt) for state in running}
+        self._attempt_started = {k: v for k, v in self._attempt_started.items() if k in keys}
+        if not running:
+            return
+        now = self.nodes.clock()
+        for state in running:
+            key = (state.uuid, state.acceptance_attempt)
+            if key not in self._attempt_started:
+                node = self.nodes.load(UUID(state.uuid))
+                same = node is not None and node.acceptance_attempt == state.acceptance_attempt
+                self._attempt_started[key] = node.acceptance_since if same and node else None
+            since = self._attempt_started[key]
+            if since is None or now - since < self.acceptance_timeout:
+                continue
+            if self.nodes.time_out_acceptance(UUID(state.uuid), state.acceptance_attempt,
+                                              self.acceptance_timeout):
+                report.acceptance_timed_out.append(state.id)
 
 
 def _last_heard(session_since: str | None, beat: tuple[int, datetime] | None,

@@ -17,7 +17,11 @@ import anyio
 import anyio.abc
 
 from better_compute.api.controllers.leader import Leadership, leadership_for
-from better_compute.api.controllers.node_lifecycle import UNREACHABLE_AFTER, NodeLifecycle
+from better_compute.api.controllers.node_lifecycle import (
+    ACCEPTANCE_TIMEOUT,
+    UNREACHABLE_AFTER,
+    NodeLifecycle,
+)
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.node_presence import Presence
 from better_compute.api.node_service import NodeService
@@ -34,8 +38,9 @@ def _seconds(env: Any, name: str, default: float) -> float:
         return default
     try:
         value = float(text) if text[-1].isdigit() else parse_duration(text).total_seconds()
-    except ValueError:
-        raise InvalidInput(f"{name}={text!r} is not a number of seconds or a duration") from None
+    except (ValueError, InvalidInput):
+        raise InvalidInput(f"{name}={text!r} is not a number of seconds or a duration "
+                           "(for example 30, 30s or 10m)") from None
     if value <= 0:
         raise InvalidInput(f"{name}={text!r} must be more than 0")
     return value
@@ -47,9 +52,15 @@ def unreachable_after(env: Any) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def acceptance_timeout(env: Any) -> timedelta:
+    seconds = _seconds(env, "BETTER_COMPUTE_NODE_ACCEPTANCE_TIMEOUT",
+                       ACCEPTANCE_TIMEOUT.total_seconds())
+    return timedelta(seconds=seconds)
+
+
 def lifecycle_for(runtime: Any) -> NodeLifecycle:
     return NodeLifecycle(NodeService(runtime.service), Presence(runtime.store.sql()),
-                         unreachable_after(runtime.env))
+                         unreachable_after(runtime.env), acceptance_timeout(runtime.env))
 
 
 async def run_controllers(state: Any, *, leadership: Leadership | None = None,

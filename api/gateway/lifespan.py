@@ -40,7 +40,7 @@ def gateway_task(host: str, port: int, hostnames: list[str]) -> Any:
             return Gateway(
                 runtime.service, context,
                 heartbeat_seconds=_seconds(runtime.env, "BETTER_COMPUTE_NODE_HEARTBEAT", 5.0),
-                hub=state.extra.get("watch_hub"),
+                hub=state.extra.get("watch_hub"), bundle=bundle,
             )
 
         gateway = await anyio.to_thread.run_sync(build)

@@ -20,7 +20,7 @@ import logging
 import ssl
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -33,12 +33,14 @@ from cryptography import x509
 
 from better_compute.api import pki
 from better_compute.api.eventlog import EventFilter
+from better_compute.api.gateway.renewal import Renewal
 from better_compute.api.gateway.session import _CLOSED, MAX_LINE, Session
-from better_compute.api.node_presence import Presence
+from better_compute.api.join_service import NODE_CERTIFICATE_LIFETIME
+from better_compute.api.node_presence import Presence, Reports
 from better_compute.api.node_service import NodeService
 from better_compute.api.service import ComputeService
 from better_compute.api.wire.gateway import Hello, Refused, decode_to_gateway, encode
-from better_compute.domain.errors import BetterComputeError, InvalidInput
+from better_compute.domain.errors import BetterComputeError, InvalidInput, Unavailable
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 
@@ -51,6 +53,12 @@ class Refusal(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def _open_bundle(service: ComputeService) -> pki.PkiBundle:
+    if service.master_key_text is None:
+        raise Unavailable("no master key: run serve with BETTER_COMPUTE_MASTER_KEY_FILE set")
+    return pki.unseal_bundle(service.pki().sealed, pki.parse_master_key(service.master_key_text()))
 
 
 class _QuietTLSListener(TLSListener):
@@ -68,9 +76,14 @@ class Gateway:
     def __init__(self, service: ComputeService, ssl_context: ssl.SSLContext, *,
                  heartbeat_seconds: float = 5.0, flush_interval: float = 1.0,
                  hello_timeout: float = 10.0, min_idle: float = 15.0,
-                 hub: Any = None, limiter: anyio.CapacityLimiter | None = None) -> None:
+                 hub: Any = None, limiter: anyio.CapacityLimiter | None = None,
+                 bundle: pki.PkiBundle | None = None,
+                 certificate_lifetime: timedelta = NODE_CERTIFICATE_LIFETIME) -> None:
         self.nodes = NodeService(service)
+        self.renewal = Renewal(self.nodes, (lambda: bundle) if bundle is not None
+                               else lambda: _open_bundle(service), certificate_lifetime)
         self.presence = Presence(service.sql)
+        self.report_rows = Reports(service.sql)
         self.ssl_context = ssl_context
         self.heartbeat_seconds = heartbeat_seconds
         self.flush_interval = flush_interval
@@ -80,6 +93,7 @@ class Gateway:
         self.limiter = limiter or anyio.CapacityLimiter(4)
         self.sessions: dict[str, Session] = {}
         self.beats: dict[str, tuple[int, datetime]] = {}
+        self.reports: dict[str, tuple[int, datetime, dict[str, Any]]] = {}
         self.stats: Counter[str] = Counter()
         self.port = 0
 
@@ -107,11 +121,20 @@ class Gateway:
             await self.flush_heartbeats()
 
     async def flush_heartbeats(self) -> int:
+        """Write the newest heartbeat and report summary of each node heard since last time."""
         beats, self.beats = self.beats, {}
-        if not beats:
-            return 0
-        rows = [(uuid, epoch, at) for uuid, (epoch, at) in beats.items()]
-        return await self.call(self.presence.record, rows)
+        reports, self.reports = self.reports, {}
+        written = 0
+        if beats:
+            rows = [(uuid, epoch, at) for uuid, (epoch, at) in beats.items()]
+            written += await self.call(self.presence.record, rows)
+        if reports:
+            docs = [(uuid, epoch, at, doc) for uuid, (epoch, at, doc) in reports.items()]
+            await self.call(self.report_rows.record, docs)
+        return written
+
+    def keep_report(self, session: Session, summary: dict[str, Any]) -> None:
+        self.reports[str(session.uuid)] = (session.epoch, self.nodes.clock(), summary)
 
     def beat(self, session: Session, message: Any) -> None:
         self.stats["heartbeats"] += 1

@@ -1,4 +1,4 @@
-"""One node's session: Welcome, desired state down, heartbeats, reports and journal up.
+"""One node's session: Welcome, desired state down, heartbeats, reports, journal, renewals up.
 
 The session is fenced off (closed, recording nothing more) as soon as a
 newer session of the same node exists: in this process the gateway cancels
@@ -20,6 +20,8 @@ import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from better_compute.api.gateway.journal import HANDLERS, EntryRefused, verify_entry
+from better_compute.api.gateway.renewal import RenewRefused
+from better_compute.api.node_presence import summarize_report
 from better_compute.api.wire.gateway import (
     Ack,
     DesiredState,
@@ -29,12 +31,14 @@ from better_compute.api.wire.gateway import (
     Msg,
     Nack,
     Refused,
+    Renew,
+    Renewed,
     Report,
     Welcome,
     decode_to_gateway,
     encode,
 )
-from better_compute.domain.errors import BetterComputeError
+from better_compute.domain.errors import BetterComputeError, InvalidInput
 from better_compute.domain.node import Node
 from better_compute.domain.node_rules import SESSION_UNREACHABLE
 
@@ -179,6 +183,30 @@ class Session:
         if isinstance(message, Journal):
             await self._journal(message)
             return True
+        if isinstance(message, Renew):
+            if await self._stale(message.epoch):
+                return False
+            return await self._renew(message)
+        return True
+
+    async def _renew(self, message: Renew) -> bool:
+        """Renew the node certificate for the same key; a refusal keeps the session up."""
+        gateway = self.gateway
+        gateway.stats["renewals"] += 1
+        try:
+            pem, not_after = await gateway.call(gateway.renewal.renew, self.uuid, self.epoch,
+                                                message.csr_pem)
+        except RenewRefused as exc:
+            gateway.stats["renewals_refused"] += 1
+            log.warning("node %s: certificate renewal refused (%s): %s", self.node_id, exc.code,
+                        exc.message)
+            await self.send(Refused(code=exc.code, message=exc.message))
+            return exc.code != "stale_epoch"
+        except BetterComputeError as exc:
+            code = "renew_bad_csr" if isinstance(exc, InvalidInput) else "renew_unavailable"
+            await self.send(Refused(code=code, message=exc.message))
+            return True
+        await self.send(Renewed(certificate_pem=pem, not_after=not_after))
         return True
 
     async def _report(self, report: Report) -> None:
@@ -188,6 +216,9 @@ class Session:
         self.last_report = report
         self.applied_generation = report.applied_generation
         self.observed_generation = report.observed_generation
+        gateway.keep_report(self, summarize_report(
+            self.epoch, gateway.nodes.clock(), report.applied_generation,
+            report.observed_generation, report.sections, report.inventory, report.telemetry))
         gpus = (report.inventory or {}).get("gpus")
         if not isinstance(gpus, list):
             return

@@ -27,6 +27,15 @@ Sections of DesiredState (the control plane owns their content; bcd applies):
 - ``devices``: ``{"assignments": [{"allocationId": "alloc_…", "reservationId":
   "rsv_…", "gpus": ["GPU-…", …], "cpus": N, "memoryGiB": M}]}`` (reservations).
 
+Certificate renewal: bcd sends Renew(epoch, csrPem) when its certificate has
+less than a third of its lifetime left (checked when a session starts and
+then periodically). The gateway issues a new certificate from the node CA for
+the CSR's key only when that key's pin is the one the node joined with, and
+answers Renewed(certificatePem, notAfter); otherwise Refused with a code
+starting ``renew_`` (``renew_wrong_key``, ``renew_bad_csr``,
+``renew_unavailable``), which does NOT end the session. A gateway that does
+not know Renew skips it (unknown type); bcd simply tries again later.
+
 Journal entry payloads (JSON, signed by the node key), common fields
 ``{"kind", "nodeId", "epoch", "time"}`` plus:
 - ``acceptance.result``: ``attempt``, ``passed`` (bool), ``checks``: list of
@@ -107,8 +116,22 @@ class Nack(Msg, tag="nack", kw_only=True):
     message: str
 
 
-ToNode = Welcome | Refused | DesiredState | Ack | Nack
-ToGateway = Hello | Heartbeat | Report | Journal
+class Renew(Msg, tag="renew", kw_only=True):
+    """A CSR for the node's SAME key (it never leaves the machine), for a fresh certificate."""
+
+    epoch: int
+    csr_pem: str
+
+
+class Renewed(Msg, tag="renewed", kw_only=True):
+    """The fresh node certificate (PEM, from the node CA) and its end (RFC 3339)."""
+
+    certificate_pem: str
+    not_after: str
+
+
+ToNode = Welcome | Refused | DesiredState | Ack | Nack | Renewed
+ToGateway = Hello | Heartbeat | Report | Journal | Renew
 
 _to_node = msgspec.json.Decoder(ToNode)
 _to_gateway = msgspec.json.Decoder(ToGateway)
