@@ -18,10 +18,11 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from eventsourcing.application import Application
-from eventsourcing.persistence import TrackingRecorder
+from eventsourcing.persistence import Mapper, TrackingRecorder, Transcoder
 from eventsourcing.utils import Environment
 
 import better_compute.domain  # noqa: F401  (registers every event topic)
+from better_compute.api.codec import EventMapper, MsgspecTranscoder
 from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.errors import InvalidInput, Unavailable
 
@@ -122,6 +123,14 @@ class ComputeStore(Application[Any]):
     # A node's bookings gain two events per reservation, forever; snapshots every 100
     # events keep loading them (each placement does) from growing with the node's age.
     snapshotting_intervals = {NodeBookings: 100}
+
+    def construct_transcoder(self) -> Transcoder:
+        return MsgspecTranscoder()
+
+    def construct_mapper(self) -> Mapper[Any]:
+        """Events stored as msgspec JSON typed by their class (api/codec.py)."""
+        return self.factory.mapper(transcoder=self.construct_transcoder(),
+                                   mapper_class=EventMapper)
 
     def construct_env(self, name: str, env: Any = None) -> Environment:
         return Environment(name, {"IS_SNAPSHOTTING_ENABLED": "y", **dict(env or {})})

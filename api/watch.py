@@ -1,13 +1,16 @@
 """``GET /api/compute/events/watch``: the event log, live, one JSON line per event.
 
-One ``WatchHub`` per server process follows the store's notification log:
-on PostgreSQL through ONE library subscription (LISTEN/NOTIFY, delivered at
-commit); on SQLite by waking right after this process's own commits and by
-checking ``PRAGMA data_version`` on a dedicated connection every
-``BETTER_COMPUTE_WATCH_POLL`` seconds (default 0.02) for other processes'
-commits. The hub renders each event once into a bounded window of recent
-events (``BETTER_COMPUTE_WATCH_WINDOW`` events, default 10,000) and wakes
-the streams; it never waits for a stream.
+One ``WatchHub`` per server process follows the store's notification log
+with one follower thread, which wakes right after this process's own commits
+(the store's commit listener) and, for other processes' commits: on
+PostgreSQL, on ONE ``LISTEN`` connection to the channel the library notifies
+at each commit (plus a read every second, should a notification be lost
+while that connection reconnects); on SQLite, by checking ``PRAGMA
+data_version`` on a dedicated connection every ``BETTER_COMPUTE_WATCH_POLL``
+seconds (default 0.005). Each wake reads every new event in pages of 500 and
+hands them to the event loop in one call. The hub renders each event once
+into a bounded window of recent events (``BETTER_COMPUTE_WATCH_WINDOW``
+events, default 10,000) and wakes the streams; it never waits for a stream.
 
 Each stream keeps its own position (the last sequence it has read) and
 copies the window's lines after it that its reader may see. A stream whose
@@ -15,7 +18,9 @@ position is older than the window (a reader starting far back, or one too
 slow to keep up) reads the store itself, one page of 500 at a time, until it
 reaches the window again. So a slow reader only slows itself, writers and
 other streams never wait for it, and the server holds at most the window
-plus one page per stream; nobody is disconnected for being slow.
+plus one page per stream; nobody is disconnected for being slow. A stream
+sends everything it has in one write (up to 1,000 lines), so a stream that
+is behind catches up in few large writes.
 
 The stream opens with a heartbeat line and sends another whenever no line
 went out for ``BETTER_COMPUTE_WATCH_HEARTBEAT`` seconds (default 5):
@@ -55,6 +60,7 @@ log = logging.getLogger("better_compute.watch")
 
 WATCH_PATH = "/api/compute/events/watch"
 MAX_LINES_PER_WRITE = 1000
+PG_SAFETY_READ = 1.0  # seconds between reads when no commit was notified (PostgreSQL)
 _RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 _HTTP_STATUS = {
@@ -80,7 +86,7 @@ class WatchHub:
     """The one follower of the notification log in this process, fanned out to streams."""
 
     def __init__(self, store: Any, *, sqlite_path: Path | None = None, window: int = 10_000,
-                 poll_interval: float = 0.02, heartbeat: float = 5.0) -> None:
+                 poll_interval: float = 0.005, heartbeat: float = 5.0) -> None:
         self.store = store
         self.log = EventLog(store)
         self.sqlite_path = sqlite_path
@@ -95,8 +101,10 @@ class WatchHub:
         self._changed = anyio.Event()
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._subscription: Any = None
         self._read_pos = 0  # last sequence read by the follower thread
+        # Chunks already built since the last publish, by (position, filter): streams that
+        # follow live with the same filter share one (bounded: at most 256 of up to 64 KiB).
+        self._chunks: dict[tuple[int, EventFilter], tuple[bytes, int]] = {}
         store.add_commit_listener(self._on_commit)
 
     @classmethod
@@ -106,7 +114,7 @@ class WatchHub:
             runtime.store,
             sqlite_path=runtime.config.sqlite_path if runtime.config.backend == "sqlite" else None,
             window=int(_env_float(env, "BETTER_COMPUTE_WATCH_WINDOW", 10_000)),
-            poll_interval=_env_float(env, "BETTER_COMPUTE_WATCH_POLL", 0.02),
+            poll_interval=_env_float(env, "BETTER_COMPUTE_WATCH_POLL", 0.005),
             heartbeat=_env_float(env, "BETTER_COMPUTE_WATCH_HEARTBEAT", 5.0),
         )
 
@@ -117,17 +125,32 @@ class WatchHub:
         """Follow the log until ``stop``; started in the server's lifespan task group."""
         head = await anyio.to_thread.run_sync(self.log.head)
         self.head = self.floor = self._read_pos = head
-        task_status.started()
-        await anyio.to_thread.run_sync(self._follow, abandon_on_cancel=True,
+        async with anyio.create_task_group() as tg:
+            if self.store.backend == "postgres":
+                tg.start_soon(self._in_thread, self._listen_postgres)
+            tg.start_soon(self._tick)
+            task_status.started()
+            await self._in_thread(self._follow)
+            tg.cancel_scope.cancel()
+
+    @staticmethod
+    async def _in_thread(function: Callable[[], None]) -> None:
+        await anyio.to_thread.run_sync(function, abandon_on_cancel=True,
                                        limiter=anyio.CapacityLimiter(1))
+
+    async def _tick(self) -> None:
+        """Wake every stream a few times per heartbeat period, so that each can send its
+        heartbeat on time while waiting on one event (no timer per stream and wait)."""
+        period = min(1.0, self.heartbeat / 4)
+        while not self.stopping:
+            await anyio.sleep(period)
+            self._wake_streams()
 
     def stop(self) -> None:
         """End every stream (cleanly, so readers reconnect elsewhere) and the follower."""
         self.stopping = True
         self._stop.set()
         self._wake.set()
-        if self._subscription is not None:
-            self._subscription.stop()
         self._changed.set()
 
     def _on_commit(self, sequence: int) -> None:
@@ -168,7 +191,15 @@ class WatchHub:
         finally:
             connection.close()
 
+    def _follow_postgres(self) -> None:
+        self._drain()
+        while not self._stop.is_set():
+            self._wake.wait(PG_SAFETY_READ)
+            self._wake.clear()
+            self._drain()
+
     def _drain(self) -> None:
+        """Read every event after the last one read, and hand each page to the loop at once."""
         while not self._stop.is_set():
             entries = self.log.read(self._read_pos, PAGE_SIZE)
             if not entries:
@@ -178,17 +209,30 @@ class WatchHub:
             if len(entries) < PAGE_SIZE:
                 return
 
-    def _follow_postgres(self) -> None:
-        from better_compute.api.eventlog import render
+    def _listen_postgres(self) -> None:
+        """Wake the follower at each commit of any process: LISTEN to the library's channel.
 
-        with self.store.recorder.subscribe(gt=self._read_pos) as subscription:
-            self._subscription = subscription
-            if self._stop.is_set():
-                subscription.stop()
-            for notification in subscription:
-                entry = render(notification, self.store.mapper.to_domain_event)
-                self._read_pos = entry.sequence
-                anyio.from_thread.run_sync(self._publish, [entry])
+        Holds one connection of the store's pool for the life of the server
+        (the only one the hub keeps: one per process, never one per stream).
+        """
+        from psycopg.sql import SQL, Identifier
+
+        recorder = self.store.recorder
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                with recorder.datastore.get_connection() as conn:
+                    conn.execute(SQL("LISTEN {0}").format(Identifier(recorder.channel_name)))
+                    self._wake.set()  # whatever was committed while nobody listened
+                    attempt = 0
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self._wake.set()
+            except Exception:
+                delay = _RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)]
+                log.exception("listening for commits failed; retrying in %.1fs", delay)
+                attempt += 1
+                self._stop.wait(delay)
 
     # -------------------------------------------------------- event loop side
 
@@ -204,8 +248,17 @@ class WatchHub:
             self.floor = self._seqs[excess - 1]
             del self._entries[:excess]
             del self._seqs[:excess]
+        self._chunks.clear()
+        self._wake_streams()
+
+    def _wake_streams(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
+
+    @property
+    def changed(self) -> anyio.Event:
+        """Set at the next publish or tick: take it BEFORE reading with ``after``."""
+        return self._changed
 
     def after(self, position: int, flt: EventFilter, max_lines: int = MAX_LINES_PER_WRITE
               ) -> tuple[list[bytes], int] | None:
@@ -224,10 +277,41 @@ class WatchHub:
                     break
         return lines, position
 
-    async def wait_beyond(self, position: int, timeout: float) -> None:
-        """Return once the hub has read past ``position``, it stops, or ``timeout`` passed."""
+    def chunk(self, position: int, flt: EventFilter) -> tuple[bytes, int] | None:
+        """``after`` as one write (lines joined, each ending in a newline); None: too old."""
+        key = (position, flt)
+        hit = self._chunks.get(key)
+        if hit is not None:
+            return hit
+        got = self.after(position, flt)
+        if got is None:
+            return None
+        lines, position = got
+        if lines:
+            lines.append(b"")
+        result = (b"\n".join(lines), position)
+        if len(self._chunks) < 256 and len(result[0]) <= 65536:
+            self._chunks[key] = result
+        return result
+
+    async def wait_beyond(self, position: int, timeout: float,
+                          flt: EventFilter | None = None) -> None:
+        """Return once the hub has read past ``position``, it stops, or ``timeout`` passed.
+
+        With ``flt``, only once it has read an event after ``position`` that
+        ``flt`` lets through (or the window no longer holds ``position``), so
+        a caller interested in a few types does not wake for every event.
+        """
         with anyio.move_on_after(timeout):
-            while self.head <= position and not self.stopping:
+            while not self.stopping:
+                if self.head > position:
+                    if flt is None:
+                        return
+                    got = self.after(position, flt)
+                    if got is None or got[0]:
+                        return
+                    position = got[1]
+                    continue
                 await self._changed.wait()
 
 
@@ -247,8 +331,8 @@ async def stream_events(hub: WatchHub, flt: EventFilter, since: int,
     yield _heartbeat(position)
     last_sent = time.monotonic()
     while not hub.stopping:
-        before = position
-        got = hub.after(position, flt)
+        changed = hub.changed  # taken before reading: a publish after this read sets it
+        got = hub.chunk(position, flt)
         if got is None:  # older than the window: read the store, one page at a time
             try:
                 entries, position = await anyio.to_thread.run_sync(
@@ -256,21 +340,18 @@ async def stream_events(hub: WatchHub, flt: EventFilter, since: int,
             except BetterComputeError as exc:
                 yield _error_line(exc)
                 return
-            lines = [e.line for e in entries]
+            data = b"".join([e.line + b"\n" for e in entries])
         else:
-            lines, position = got
-        if lines:
-            yield b"\n".join(lines) + b"\n"
+            data, position = got
+        if data:
+            yield data
             last_sent = time.monotonic()
-            continue
-        quiet = time.monotonic() - last_sent
-        if quiet >= hub.heartbeat:
+        elif time.monotonic() - last_sent >= hub.heartbeat:
             yield _heartbeat(position)
             last_sent = time.monotonic()
-            continue
-        if position > before:
-            continue  # read past events this reader does not see: keep reading
-        await hub.wait_beyond(position, hub.heartbeat - quiet)
+        if position < hub.head:
+            continue  # more to read (events this reader does not see count as read)
+        await changed.wait()  # the next publish, or the hub's tick
 
 
 def _error_response(exc: BetterComputeError) -> Response:

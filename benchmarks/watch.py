@@ -2,14 +2,17 @@
 
     .venv/bin/python -m better_compute.benchmarks.watch [--backend sqlite|postgres|both]
         [--pg-url postgresql://…] [--watchers 1,10,100] [--rate 200] [--seconds 5]
+        [--writers 16] [--writer rpc|store] [--phases live,catchup,store]
 
 For each backend it makes a fresh store, starts a real ``better-compute serve``
 (plain HTTP on loopback: the figures are the server's, not TLS's), and:
 
 1. live: commits ``--rate`` events/s through the server's JSON-RPC
-   (``sites.create``, one event per commit) for ``--seconds`` while N watchers
-   follow; latency is a watcher's receive time minus the event's ``time``
-   (stamped just before the commit, so it includes the commit itself);
+   (``sites.create``, one event per commit, from ``--writers`` client threads:
+   many clients, as in a real fleet, so that a slow answer to one does not
+   hold back the schedule) for ``--seconds`` while N watchers follow; latency
+   is a watcher's receive time minus the event's ``time`` (stamped just
+   before the commit, so it includes the commit itself);
 2. catch-up: N watchers each read a backlog from the store at once
    (events delivered per second, all watchers together);
 3. the store itself: raw notification reads, reads rendered as public
@@ -26,6 +29,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -34,7 +38,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 CLI = str(Path(sys.executable).parent / "better-compute")
 
@@ -83,73 +87,120 @@ def pct(values: list[float], q: float) -> float:
 
 # -------------------------------------------------------------- watcher process
 
-async def _follow(url: str, token: str, since: int | None, want: int | None,
-                  ready: asyncio.Event, stop: asyncio.Event, out: dict[str, Any]) -> None:
+class _Watcher(asyncio.Protocol):
     """One raw HTTP/1.1 stream, parsed as little as possible so the reader stays cheap.
 
-    The server sends whole lines per chunk, so splitting on newlines and keeping
+    A protocol (no stream reader, no task per read): each ``data_received``
+    stamps its arrival time once and counts the event lines in it. The
+    server sends whole lines per chunk, so splitting on newlines and keeping
     the lines that start with ``{`` skips the chunk framing.
     """
-    from urllib.parse import urlparse
 
-    parsed = urlparse(url)
-    reader, writer = await asyncio.open_connection(parsed.hostname, parsed.port)
-    query = "" if since is None else f"?since={since}"
-    writer.write((f"GET {parsed.path}{query} HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
-                  f"Authorization: Bearer {token}\r\n\r\n").encode())
-    await writer.drain()
-    latencies: list[float] = out.setdefault("latencies", [])
-    out.setdefault("count", 0)
-    buffer = b""
-    marker = b'"time":"'
-    try:
-        while not stop.is_set():
-            data = await reader.read(1 << 16)
-            if not data:
-                break
-            now = time.time()
-            buffer += data
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if line.startswith(b'{"heartbeat"'):
-                    ready.set()
-                elif line.startswith(b'{"sequence"'):
-                    out["count"] += 1
-                    if want is None:
-                        at = line.index(marker) + len(marker)
-                        stamp = line[at:line.index(b'"', at)].decode()
-                        latencies.append(now - datetime.fromisoformat(stamp).timestamp())
-            if want is not None and out["count"] >= want:
-                break
-    finally:
-        writer.close()
+    def __init__(self, request: bytes, want: int | None, latencies: list[float],
+                 done: asyncio.Future[None]) -> None:
+        self.request, self.want, self.latencies, self.done = request, want, latencies, done
+        self.ready = asyncio.Event()
+        self.count = 0
+        self.buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        *lines, self.buffer = (self.buffer + data).split(b"\n")
+        marker = b'"time":"'
+        for line in lines:
+            if line.startswith(b'{"sequence"'):
+                self.count += 1
+                if self.want is None:
+                    at = line.index(marker) + len(marker)
+                    stamp = line[at:line.index(b'"', at)].decode()
+                    self.latencies.append(now - datetime.fromisoformat(stamp).timestamp())
+            elif line.startswith(b'{"heartbeat"'):
+                self.ready.set()
+        if self.want is not None and self.count >= self.want:
+            self._finish()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+        self.transport.close()
 
 
 async def _watchers_main(args: argparse.Namespace) -> None:
-    url = f"{args.url}/api/compute/events/watch"
-    stop = asyncio.Event()
-    readies = [asyncio.Event() for _ in range(args.n)]
-    outs: list[dict[str, Any]] = [{} for _ in range(args.n)]
+    from urllib.parse import urlparse
+
+    parsed = urlparse(f"{args.url}/api/compute/events/watch")
+    query = "" if args.since is None else f"?since={args.since}"
+    request = (f"GET {parsed.path}{query} HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
+               f"Authorization: Bearer {args.token}\r\n\r\n").encode()
+    loop = asyncio.get_running_loop()
     want = args.want if args.want > 0 else None
-    tasks = [asyncio.create_task(_follow(url, args.token, args.since, want, readies[i], stop,
-                                         outs[i]))
-             for i in range(args.n)]
+    latencies: list[float] = []
+    watchers: list[_Watcher] = []
     started = time.perf_counter()
+    for _ in range(args.n):
+        watcher = _Watcher(request, want, latencies, loop.create_future())
+        await loop.create_connection(lambda w=watcher: w, parsed.hostname, parsed.port)
+        watchers.append(watcher)
     if want is None:
-        await asyncio.gather(*(r.wait() for r in readies))
-        print("ready", flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Bounded: a server that never answers ends this process, and the benchmark with it.
+        await asyncio.wait_for(asyncio.gather(*(w.ready.wait() for w in watchers)), 60)
+        cpu = os.times()
+        print(f"ready {cpu.user + cpu.system}", flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)
     else:
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*(w.done for w in watchers))
     elapsed = time.perf_counter() - started
-    latencies = [x for o in outs for x in o.get("latencies", [])]
-    print(json.dumps({"elapsed": elapsed, "counts": [o.get("count", 0) for o in outs],
+    for watcher in watchers:
+        watcher.transport.close()
+    cpu = os.times()
+    print(json.dumps({"elapsed": elapsed, "counts": [w.count for w in watchers],
                       "p50": pct(latencies, 0.50), "p99": pct(latencies, 0.99),
-                      "max": max(latencies) if latencies else float("nan")}), flush=True)
+                      "max": max(latencies) if latencies else float("nan"),
+                      "cpu": cpu.user + cpu.system}), flush=True)
+
+
+# ------------------------------------------------------------------ the writers
+
+Writer = tuple[Any, Any]  # (write(i) -> failure or None, close())
+
+
+def _rpc_writer(url: str, token: str) -> Writer:
+    """``sites.create`` over a kept-alive http.client connection: a lean client, so the
+    figures are the server's (httpx costs several times more CPU per call)."""
+    import http.client
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port)
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+
+    def write(i: int) -> str | None:
+        body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "sites.create",
+                           "params": {"kind": "shared", "region": "eu-1"}})
+        conn.request("POST", "/api/compute/rpc", body, headers)
+        answer = json.loads(conn.getresponse().read())
+        return str(answer["error"]) if "error" in answer else None
+
+    return write, conn.close
+
+
+def _store_writer(runtime: Any) -> Writer:
+    """One site saved straight into the store per write (one event per commit)."""
+    from better_compute.domain.site import Site
+
+    def write(i: int) -> str | None:
+        runtime.store.save(Site(tenant_id="root", kind="shared", region="eu-1", name=f"w{i}",
+                                key=None, fingerprint="-"))
+        return None
+
+    return write, lambda: None
 
 
 # ---------------------------------------------------------------- the scenario
@@ -189,8 +240,10 @@ class Bench:
             runtime.close()
 
     def serve(self, port: int) -> subprocess.Popen[str]:
+        profile = ([sys.executable, "-m", "cProfile", "-o", self.args.profile_server]
+                   if self.args.profile_server else [])
         process = subprocess.Popen(
-            [CLI, "serve", "--listen", f"127.0.0.1:{port}", "--insecure-loopback"],
+            [*profile, CLI, "serve", "--listen", f"127.0.0.1:{port}", "--insecure-loopback"],
             env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -206,40 +259,54 @@ class Bench:
             argv += ["--since", str(since)]
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def live(self, url: str, token: str, n: int) -> dict[str, Any]:
+    def live(self, url: str, token: str, n: int, server_pid: int) -> dict[str, Any]:
 
         watchers = self.watchers(url, token, n)
         assert watchers.stdout is not None and watchers.stdin is not None
-        if watchers.stdout.readline().strip() != "ready":
+        ready, _, watchers_cpu_before = watchers.stdout.readline().partition(" ")
+        if ready != "ready":
             raise SystemExit("the watchers did not start")
         rate, seconds = self.args.rate, self.args.seconds
         total = int(rate * seconds)
+        cpu_before, started = _cpu_seconds(server_pid), time.perf_counter()
+        writer_before = time.process_time()
         achieved = self._write_at_rate(url, token, total, rate)
+        writer_cpu = time.process_time() - writer_before
         time.sleep(1.0)  # the last events reach every watcher
+        wall = time.perf_counter() - started
+        server_cpu = (_cpu_seconds(server_pid) - cpu_before) / wall
         watchers.stdin.write("stop\n")
         watchers.stdin.flush()
         result = json.loads(watchers.stdout.readline())
         watchers.wait(timeout=60)
         delivered = sum(result["counts"])
+        watchers_cpu = (result["cpu"] - float(watchers_cpu_before)) / wall
         return {"watchers": n, "committed_per_s": round(achieved), "events": total,
                 "delivered": delivered, "missing": total * n - delivered,
                 "delivered_per_s": round(delivered / seconds),
                 "p50_ms": round(result["p50"] * 1000, 2), "p99_ms": round(result["p99"] * 1000, 2),
-                "max_ms": round(result["max"] * 1000, 2)}
+                "max_ms": round(result["max"] * 1000, 2), "server_cpu": round(server_cpu * 100),
+                "watchers_cpu": round(watchers_cpu * 100), "writer_cpu": round(writer_cpu / wall * 100),
+                "rpc_p50_ms": round(pct(self.rpc_times, 0.5) * 1000, 2),
+                "rpc_p99_ms": round(pct(self.rpc_times, 0.99) * 1000, 2)}
 
     def _write_at_rate(self, url: str, token: str, total: int, rate: float) -> float:
-        """``total`` sites.create calls, the i-th due at start + i/rate, from 4 writer threads."""
+        """``total`` writes of one event each, the i-th due at start + i/rate, from the writer
+        threads: ``sites.create`` through the server (``--writer rpc``), or saves straight
+        into the store from this process (``--writer store``: another replica's writes)."""
         import threading
-
-        import httpx
 
         start = time.perf_counter() + 0.05
         counter = iter(range(total))
         lock = threading.Lock()
         failures: list[str] = []
+        calls: list[float] = []
+        runtime = self.runtime() if self.args.writer == "store" else None
 
         def writer() -> None:
-            with httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"}) as http:
+            write, close = (_store_writer(runtime) if runtime is not None
+                            else _rpc_writer(url, token))
+            try:
                 while True:
                     with lock:
                         i = next(counter, None)
@@ -248,19 +315,26 @@ class Bench:
                     delay = start + i / rate - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
-                    answer = http.post("/api/compute/rpc", json={
-                        "jsonrpc": "2.0", "id": i, "method": "sites.create",
-                        "params": {"kind": "shared", "region": "eu-1"}}).json()
-                    if "error" in answer:
-                        failures.append(str(answer["error"]))
+                    sent = time.perf_counter()
+                    failure = write(i)
+                    calls.append(time.perf_counter() - sent)
+                    if failure:
+                        failures.append(failure)
+            finally:
+                close()
 
-        threads = [threading.Thread(target=writer) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        threads = [threading.Thread(target=writer) for _ in range(self.args.writers)]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            if runtime is not None:
+                runtime.close()
         if failures:
             raise SystemExit(f"{len(failures)} writes failed, e.g. {failures[0]}")
+        self.rpc_times = calls
         return total / (time.perf_counter() - start)
 
     def catch_up(self, url: str, token: str, n: int, backlog: int) -> dict[str, Any]:
@@ -354,34 +428,68 @@ class Bench:
             port = s.getsockname()[1]
         server = self.serve(port)
         url = f"http://127.0.0.1:{port}"
-        report: dict[str, Any] = {"backend": self.backend}
+        report: dict[str, Any] = {"backend": self.backend, "load_before": _load(),
+                                  "writer": self.args.writer}
+        phases = self.args.phases
         try:
-            report["live"] = [self.live(url, token, n) for n in self.args.watchers]
-            report["backlog_written_per_s"] = round(self.backlog(self.args.backlog))
-            report["catch_up"] = [self.catch_up(url, token, n, self.args.backlog)
+            if "live" in phases:
+                report["live"] = [self.live(url, token, n, server.pid)
                                   for n in self.args.watchers]
+            if "catchup" in phases or "store" in phases:
+                report["backlog_written_per_s"] = round(self.backlog(self.args.backlog))
+            if "catchup" in phases:
+                report["catch_up"] = [self.catch_up(url, token, n, self.args.backlog)
+                                      for n in self.args.watchers]
         finally:
-            server.terminate()
+            # SIGINT: uvicorn stops cleanly and re-raises it, so cProfile still writes its file.
+            server.send_signal(signal.SIGINT)
             server.wait(timeout=60)
-        report["store"] = self.store_reads()
+        if "store" in phases:
+            report["store"] = self.store_reads()
+        report["load_after"] = _load()
         return report
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux), 0 where unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def _print(report: dict[str, Any]) -> None:
-    print(f"\n== {report['backend']}")
-    print(f"live: {report['live'][0]['events']} events committed through JSON-RPC at the rate "
-          "below while N watchers follow")
-    print("  watchers  committed/s  delivered/s  missing  p50 ms  p99 ms  max ms")
-    for r in report["live"]:
-        print(f"  {r['watchers']:>8}  {r['committed_per_s']:>11}  {r['delivered_per_s']:>11}  "
-              f"{r['missing']:>7}  {r['p50_ms']:>6}  {r['p99_ms']:>6}  {r['max_ms']:>6}")
-    print(f"catch-up (backlog written at {report['backlog_written_per_s']} events/s):")
-    print("  watchers  events each  delivered/s (all watchers)")
-    for r in report["catch_up"]:
-        print(f"  {r['watchers']:>8}  {r['per_watcher']:>11}  {r['delivered_per_s']:>11}")
-    s = report["store"]
-    print(f"store ({s['events']} events): raw reads {s['raw_read_per_s']}/s, rendered reads "
-          f"{s['rendered_read_per_s']}/s, listings rebuild {s['listings_rebuild_per_s']}/s")
+    print(f"\n== {report['backend']} (load average before {report['load_before']}, "
+          f"after {report['load_after']})")
+    if "live" in report:
+        via = ("through JSON-RPC" if report["writer"] == "rpc"
+               else "into the store by another process")
+        print(f"live: {report['live'][0]['events']} events committed {via} at the "
+              "rate below while N watchers follow")
+        print("  watchers  committed/s  delivered/s  missing  p50 ms  p99 ms  max ms  "
+              "CPU % of a core: server watchers writer  write p50/p99 ms")
+        for r in report["live"]:
+            print(f"  {r['watchers']:>8}  {r['committed_per_s']:>11}  {r['delivered_per_s']:>11}  "
+                  f"{r['missing']:>7}  {r['p50_ms']:>6}  {r['p99_ms']:>6}  {r['max_ms']:>6}  "
+                  f"{r['server_cpu']:>23} {r['watchers_cpu']:>8} {r['writer_cpu']:>6}  "
+                  f"{r['rpc_p50_ms']:>7}/{r['rpc_p99_ms']}")
+    if "catch_up" in report:
+        print(f"catch-up (backlog written at {report['backlog_written_per_s']} events/s):")
+        print("  watchers  events each  delivered/s (all watchers)")
+        for r in report["catch_up"]:
+            print(f"  {r['watchers']:>8}  {r['per_watcher']:>11}  {r['delivered_per_s']:>11}")
+    if "store" in report:
+        s = report["store"]
+        print(f"store ({s['events']} events): raw reads {s['raw_read_per_s']}/s, rendered reads "
+              f"{s['rendered_read_per_s']}/s, listings rebuild {s['listings_rebuild_per_s']}/s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,10 +502,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watchers", default="1,10,100")
     parser.add_argument("--rate", type=float, default=200.0, help="events committed per second")
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--writers", type=int, default=16,
+                        help="client threads committing the live events")
+    parser.add_argument("--writer", choices=["rpc", "store"], default="rpc",
+                        help="live events through the server's JSON-RPC, or saved into the "
+                             "store by this process (the server learns of them as of another "
+                             "replica's writes)")
+    parser.add_argument("--phases", default="live,catchup,store",
+                        help="which of live, catchup, store to run")
     parser.add_argument("--backlog", type=int, default=50_000)
     parser.add_argument("--catchup-total", type=int, default=200_000,
                         help="events read in all, across watchers, per catch-up run")
     parser.add_argument("--json", action="store_true", help="print the report as JSON too")
+    parser.add_argument("--profile-server", metavar="FILE",
+                        help="run the server under cProfile, writing its statistics to FILE")
     parser.add_argument("--_watchers", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--token", help=argparse.SUPPRESS)
@@ -406,9 +524,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--want", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._watchers:
-        asyncio.run(_watchers_main(args))
+        try:
+            import uvloop
+
+            uvloop.run(_watchers_main(args))
+        except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+            asyncio.run(_watchers_main(args))
         return 0
     args.watchers = [int(x) for x in args.watchers.split(",") if x]
+    args.phases = {p.strip() for p in args.phases.split(",") if p.strip()}
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     if "postgres" in backends and not args.pg_url:
         raise SystemExit("PostgreSQL needs --pg-url (or BC_TEST_PG_URL); or use --backend sqlite")
