@@ -53,6 +53,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from better_compute.api.eventlog import PAGE_SIZE, EventFilter, EventLog, LogEntry, filter_for
+from better_compute.api.settings import env_seconds
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, InvalidInput
 
@@ -67,19 +68,6 @@ _HTTP_STATUS = {
     "invalid_input": 400, "unauthenticated": 401, "permission_denied": 403,
     "not_found": 404, "expired": 410, "not_initialized": 503, "unavailable": 503,
 }
-
-
-def _env_float(env: Any, name: str, default: float) -> float:
-    text = (env or {}).get(name)
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise InvalidInput(f"{name}={text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise InvalidInput(f"{name}={text!r} must be more than 0")
-    return value
 
 
 class WatchHub:
@@ -113,9 +101,9 @@ class WatchHub:
         return cls(
             runtime.store,
             sqlite_path=runtime.config.sqlite_path if runtime.config.backend == "sqlite" else None,
-            window=int(_env_float(env, "BETTER_COMPUTE_WATCH_WINDOW", 10_000)),
-            poll_interval=_env_float(env, "BETTER_COMPUTE_WATCH_POLL", 0.005),
-            heartbeat=_env_float(env, "BETTER_COMPUTE_WATCH_HEARTBEAT", 5.0),
+            window=int(env_seconds(env, "BETTER_COMPUTE_WATCH_WINDOW", 10_000)),
+            poll_interval=env_seconds(env, "BETTER_COMPUTE_WATCH_POLL", 0.005),
+            heartbeat=env_seconds(env, "BETTER_COMPUTE_WATCH_HEARTBEAT", 5.0),
         )
 
     # ------------------------------------------------------------ lifecycle

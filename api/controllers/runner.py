@@ -2,7 +2,7 @@
 
 ``run_controllers`` is a lifespan task. It tries to become the leader
 every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass
-whenever the process's event hub reads a new event and at least every
+whenever the process's event hub reads a node.* or reservation.* event and at least every
 ``tick`` seconds (the timers), and checks it still holds the lock before
 each pass. A pass that fails is logged and retried on the next tick.
 """
@@ -23,37 +23,28 @@ from better_compute.api.controllers.node_lifecycle import (
     NodeLifecycle,
 )
 from better_compute.api.controllers.reservations import ReservationTimers
+from better_compute.api.eventlog import EventFilter
 from better_compute.api.node_presence import Presence
 from better_compute.api.node_service import NodeService
 from better_compute.api.reservation_service import reservations
-from better_compute.domain.durations import parse_duration
-from better_compute.domain.errors import InvalidInput
+from better_compute.api.settings import env_seconds
+from better_compute.domain.events import compile_type_filter
 
 log = logging.getLogger("better_compute.controllers")
 
-
-def _seconds(env: Any, name: str, default: float) -> float:
-    text = (env or {}).get(name)
-    if not text:
-        return default
-    try:
-        value = float(text) if text[-1].isdigit() else parse_duration(text).total_seconds()
-    except (ValueError, InvalidInput):
-        raise InvalidInput(f"{name}={text!r} is not a number of seconds or a duration "
-                           "(for example 30, 30s or 10m)") from None
-    if value <= 0:
-        raise InvalidInput(f"{name}={text!r} must be more than 0")
-    return value
+# The controllers react to node and reservation events only; anything else (a site
+# created, a token minted, a heartbeat summary) waits for the next tick.
+_WAKE_ON = EventFilter(types=compile_type_filter(["node.*", "reservation.*"]))
 
 
 def unreachable_after(env: Any) -> timedelta:
-    seconds = _seconds(env, "BETTER_COMPUTE_NODE_UNREACHABLE_AFTER",
+    seconds = env_seconds(env, "BETTER_COMPUTE_NODE_UNREACHABLE_AFTER",
                        UNREACHABLE_AFTER.total_seconds())
     return timedelta(seconds=seconds)
 
 
 def acceptance_timeout(env: Any) -> timedelta:
-    seconds = _seconds(env, "BETTER_COMPUTE_NODE_ACCEPTANCE_TIMEOUT",
+    seconds = env_seconds(env, "BETTER_COMPUTE_NODE_ACCEPTANCE_TIMEOUT",
                        ACCEPTANCE_TIMEOUT.total_seconds())
     return timedelta(seconds=seconds)
 
@@ -68,8 +59,8 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
                           ) -> None:
     runtime = state.runtime
     env = runtime.env
-    tick = _seconds(env, "BETTER_COMPUTE_CONTROLLER_TICK", 1.0)
-    retry = _seconds(env, "BETTER_COMPUTE_CONTROLLER_RETRY", 1.0)
+    tick = env_seconds(env, "BETTER_COMPUTE_CONTROLLER_TICK", 1.0)
+    retry = env_seconds(env, "BETTER_COMPUTE_CONTROLLER_RETRY", 1.0)
     lead = leadership or leadership_for(runtime)
     lifecycle = await anyio.to_thread.run_sync(lifecycle_for, runtime)
     timers = ReservationTimers(reservations(runtime.service))
@@ -94,7 +85,7 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
                 except Exception:
                     log.exception("a reservations pass failed; retrying on the next tick")
                 if hub is not None:
-                    await hub.wait_beyond(position, tick)
+                    await hub.wait_beyond(position, tick, _WAKE_ON)
                 else:
                     await anyio.sleep(tick)
             state.extra["controllers_leader"] = False

@@ -10,20 +10,7 @@ import anyio.abc
 from better_compute.api import pki
 from better_compute.api.gateway.server import Gateway
 from better_compute.api.gateway.tls import server_context
-from better_compute.domain.errors import InvalidInput
-
-
-def _seconds(env: Any, name: str, default: float) -> float:
-    text = (env or {}).get(name)
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise InvalidInput(f"{name}={text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise InvalidInput(f"{name}={text!r} must be more than 0")
-    return value
+from better_compute.api.settings import env_seconds
 
 
 def gateway_task(host: str, port: int, hostnames: list[str]) -> Any:
@@ -39,7 +26,7 @@ def gateway_task(host: str, port: int, hostnames: list[str]) -> Any:
             context = server_context(bundle, hostnames, runtime.data_dir / "run")
             return Gateway(
                 runtime.service, context,
-                heartbeat_seconds=_seconds(runtime.env, "BETTER_COMPUTE_NODE_HEARTBEAT", 5.0),
+                heartbeat_seconds=env_seconds(runtime.env, "BETTER_COMPUTE_NODE_HEARTBEAT", 5.0),
                 hub=state.extra.get("watch_hub"), bundle=bundle,
             )
 

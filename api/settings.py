@@ -1,0 +1,23 @@
+"""Numbers that operators (and tests) tune through the environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from better_compute.domain.durations import parse_duration
+from better_compute.domain.errors import InvalidInput
+
+
+def env_seconds(env: Mapping[str, str] | None, name: str, default: float) -> float:
+    """``name`` from ``env`` as seconds (``30``, ``0.5``, ``30s``, ``10m``), else ``default``."""
+    text = (env or {}).get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text) if text[-1].isdigit() else parse_duration(text).total_seconds()
+    except (ValueError, InvalidInput):
+        raise InvalidInput(f"{name}={text!r} is not a number of seconds or a duration "
+                           "(for example 30, 30s or 10m)") from None
+    if value <= 0:
+        raise InvalidInput(f"{name}={text!r} must be more than 0")
+    return value
