@@ -2,7 +2,8 @@
 
     .venv/bin/python -m better_compute.benchmarks.watch [--backend sqlite|postgres|both]
         [--pg-url postgresql://…] [--watchers 1,10,100] [--rate 200] [--seconds 5]
-        [--writers 16] [--writer rpc|store] [--phases live,catchup,store]
+        [--writers 16] [--writer rpc|store] [--phases live,catchup,store] [--warmup 0]
+        [--server-env NAME=VALUE]
 
 For each backend it makes a fresh store, starts a real ``better-compute serve``
 (plain HTTP on loopback: the figures are the server's, not TLS's), and:
@@ -10,7 +11,8 @@ For each backend it makes a fresh store, starts a real ``better-compute serve``
 1. live: commits ``--rate`` events/s through the server's JSON-RPC
    (``sites.create``, one event per commit, from ``--writers`` client threads:
    many clients, as in a real fleet, so that a slow answer to one does not
-   hold back the schedule) for ``--seconds`` while N watchers follow; latency
+   hold back the schedule) for ``--seconds`` while N watchers follow, after
+   ``--warmup`` unmeasured writes that warm a fresh server up; latency
    is a watcher's receive time minus the event's ``time`` (stamped just
    before the commit, so it includes the commit itself);
 2. catch-up: N watchers each read a backlog from the store at once
@@ -218,6 +220,7 @@ class Bench:
             self.schema = "bench_" + uuid.uuid4().hex[:12]
             self.env["BETTER_COMPUTE_DATABASE_URL"] = f"{pg_url}?schema={self.schema}"
         self.pg_url = pg_url
+        self.server_env = dict(item.split("=", 1) for item in args.server_env)
 
     def runtime(self) -> Any:
         from better_compute.api.runtime import Runtime
@@ -244,7 +247,7 @@ class Bench:
                    if self.args.profile_server else [])
         process = subprocess.Popen(
             [*profile, CLI, "serve", "--listen", f"127.0.0.1:{port}", "--insecure-loopback"],
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            env={**self.env, **self.server_env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert process.stdout is not None
         line = process.stdout.readline()
         if "serving" not in line:
@@ -433,6 +436,10 @@ class Bench:
         phases = self.args.phases
         try:
             if "live" in phases:
+                if self.args.warmup:
+                    # Unmeasured: the first writes of a fresh server open the rest of its
+                    # connection pool and prepare its statements (a cold start, not fan-out).
+                    self._write_at_rate(url, token, self.args.warmup, self.args.rate)
                 report["live"] = [self.live(url, token, n, server.pid)
                                   for n in self.args.watchers]
             if "catchup" in phases or "store" in phases:
@@ -516,6 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON too")
     parser.add_argument("--profile-server", metavar="FILE",
                         help="run the server under cProfile, writing its statistics to FILE")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="events written (unmeasured, no watchers) before the live phases")
+    parser.add_argument("--server-env", metavar="NAME=VALUE", action="append", default=[],
+                        help="an extra environment variable for the server only (repeatable): "
+                        "e.g. BETTER_COMPUTE_WATCH_WINDOW=1000")
     parser.add_argument("--_watchers", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--token", help=argparse.SUPPRESS)
