@@ -34,6 +34,20 @@ class Sql(Protocol):
     def create_tables(self, statements: list[str]) -> None: ...
 
 
+class SnapshotCodec(Protocol):
+    """Aggregate snapshots as text, so a read model row can carry the aggregate's state."""
+
+    def snapshot(self, aggregate: Any) -> tuple[str, str]: ...
+    def restore(self, topic: str, state: str, originator_id: Any, version: int) -> Any: ...
+
+
+def after_event(codec: SnapshotCodec, row: Any, event: Any) -> Any:
+    """The aggregate once ``event`` applies to the snapshot a read model row holds."""
+    previous = codec.restore(row["snapshot_topic"], row["snapshot"], event.originator_id,
+                             event.originator_version - 1)
+    return event.mutate(previous)
+
+
 class EventSource(Protocol):
     """The notification log and its decoder (the Application provides both)."""
 

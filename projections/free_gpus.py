@@ -24,19 +24,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from better_compute.domain.host_share import host_share
 from better_compute.domain.ids import public_id
 from better_compute.domain.placement import Candidate, FreeGpu, gpu_attributes
-from better_compute.projections.framework import Projection, Sql
+from better_compute.projections.framework import Projection, SnapshotCodec, Sql, after_event
 
 FAST_PATH_NODES = 16
-
-
-class SnapshotCodec(Protocol):
-    def snapshot(self, aggregate: Any) -> tuple[str, str]: ...
-    def restore(self, topic: str, state: str, originator_id: Any, version: int) -> Any: ...
 
 
 def epoch(value: datetime) -> float:
@@ -134,9 +129,7 @@ class FreeGpus(Projection):
             row = cursor.fetchone()
             if row is None:
                 return
-            previous = self.codec.restore(row["snapshot_topic"], row["snapshot"],
-                                          event.originator_id, event.originator_version - 1)
-            node = event.mutate(previous)
+            node = after_event(self.codec, row, event)
             exists = True
         gpus = node_gpus(list(node.gpus))
         hardware = dict(getattr(node, "hardware", {}) or {})

@@ -9,19 +9,14 @@ aggregate applies to the row without loading anything else.
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any
 
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.pki import PkiBundle
 from better_compute.domain.pool import Pool
-from better_compute.projections.framework import Projection, Sql
+from better_compute.projections.framework import Projection, SnapshotCodec, Sql, after_event
 
 LISTED_KINDS = ("tenant", "apitoken", "site", "pool", "jointoken", "node")
-
-
-class SnapshotCodec(Protocol):
-    def snapshot(self, aggregate: Any) -> tuple[str, str]: ...
-    def restore(self, topic: str, state: str, originator_id: Any, version: int) -> Any: ...
 
 
 def kind_of(aggregate: Any) -> str:
@@ -69,11 +64,7 @@ class Listings(Projection):
             row = cursor.fetchone()
             if row is None:  # an aggregate this read model does not list
                 return
-            previous = self.codec.restore(
-                row["snapshot_topic"], row["snapshot"], event.originator_id,
-                event.originator_version - 1,
-            )
-            aggregate = event.mutate(previous)
+            aggregate = after_event(self.codec, row, event)
             created_seq = row["created_seq"]
         topic, state = self.codec.snapshot(aggregate)
         params = (

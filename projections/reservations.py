@@ -9,14 +9,9 @@ deadline (epoch seconds). The row keeps a snapshot of the aggregate, so each
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any
 
-from better_compute.projections.framework import Projection, Sql
-
-
-class SnapshotCodec(Protocol):
-    def snapshot(self, aggregate: Any) -> tuple[str, str]: ...
-    def restore(self, topic: str, state: str, originator_id: Any, version: int) -> Any: ...
+from better_compute.projections.framework import Projection, SnapshotCodec, Sql, after_event
 
 
 def _epoch(value: Any) -> float | None:
@@ -59,9 +54,7 @@ class Reservations(Projection):
             row = cursor.fetchone()
             if row is None:
                 return
-            previous = self.codec.restore(row["snapshot_topic"], row["snapshot"],
-                                          event.originator_id, event.originator_version - 1)
-            aggregate = event.mutate(previous)
+            aggregate = after_event(self.codec, row, event)
             created_seq = int(row["created_seq"])
         topic, state = self.codec.snapshot(aggregate)
         params = (
