@@ -35,8 +35,8 @@ from better_compute.api.runtime import Runtime
 from better_compute.api.watch import WatchHub
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.access import LOCAL_OPERATOR
-from tests.join_client import POLICY, JoinAttempt, hardware, open_response
-from tests.support import initialize, open_runtime
+from tests.join_client import JoinAttempt, hardware, open_response
+from tests.support import POLICY, initialize, open_runtime
 
 
 class FakeClock:

@@ -26,8 +26,6 @@ from better_compute.api.wire.join import (
     SignedJoinResponse,
 )
 
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
-
 
 def hardware(serial: str | None = "SN-7701", product_uuid: str | None = None,
              macs: tuple[str, ...] = ("52:54:00:12:34:56",), gpus: int = 2) -> HardwareFacts:

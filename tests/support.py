@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,8 @@ from better_compute.api import pki
 from better_compute.api.runtime import Runtime
 
 VENV_BIN = Path(sys.executable).parent
+# The tutorial's pool policy.
+POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 CLI = str(VENV_BIN / "better-compute")
 BCD = str(VENV_BIN / "bcd")
 
@@ -91,6 +93,16 @@ def run(argv: list[str], env: Mapping[str, str], *, input: str | None = None,
     """A real process, as a user types the command."""
     return subprocess.run(argv, env=dict(env), input=input, capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = 45.0) -> None:
+    """Wait until ``check()`` holds, checking every 0.1 s: for state in other processes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting until {what}")
 
 
 def free_port() -> int:

@@ -11,8 +11,7 @@ import tomllib
 from pathlib import Path
 
 from better_compute.agent.config import load as load_agent_config
-from tests.join_client import POLICY
-from tests.support import VENV_BIN, cli_inprocess, client_env, initialize, serve
+from tests.support import POLICY, VENV_BIN, cli_inprocess, client_env, initialize, serve
 
 GATEWAY = "https://gw.eu-1.example.com:8443"
 STUB = """#!/bin/sh

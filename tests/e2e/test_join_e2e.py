@@ -19,10 +19,19 @@ from pathlib import Path
 import pytest
 
 from better_compute.agent.gpu import write_fake_fleet_file
-from tests.support import BCD, CLI, Server, cli_inprocess, client_env, initialize, run, serve
+from tests.support import (
+    BCD,
+    CLI,
+    POLICY,
+    Server,
+    cli_inprocess,
+    client_env,
+    initialize,
+    run,
+    serve,
+)
 
 GATEWAY = "https://gw.eu-1.example.com:8443"
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 JOINED = re.compile(
     r"^joined as (node_\S+) \(site (site_\S+), role node\); "
     r"certificate valid until (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\n$"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.join_client import POLICY, JoinAttempt, hardware, open_response, stored_text
-from tests.support import cli_inprocess, client_env, initialize, open_runtime, serve
+from tests.join_client import JoinAttempt, hardware, open_response, stored_text
+from tests.support import POLICY, cli_inprocess, client_env, initialize, open_runtime, serve
 
 GATEWAY = "https://gw.eu-1.example.com:8443"
 

@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,9 +24,11 @@ import pytest
 from better_compute.agent.gpu import write_fake_fleet_file
 from tests.support import (
     BCD,
+    POLICY,
     Server,
     cli_inprocess,
     client_env,
+    eventually,
     free_port,
     initialize,
     run,
@@ -34,20 +36,12 @@ from tests.support import (
     wait_for_line,
 )
 
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 # Fast timers so the test is short; leadership retries at the default (every second).
 FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_NODE_UNREACHABLE_AFTER": "3",
         "BETTER_COMPUTE_CONTROLLER_TICK": "0.2"}
 TAKEOVER_WITHIN = 20.0  # seconds from the kill to the new node's adoption, all included
 
 
-def eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting until {what}")
 
 
 class Operator:

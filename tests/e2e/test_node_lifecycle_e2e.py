@@ -13,8 +13,7 @@ import json
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,11 @@ import pytest
 from better_compute.agent.gpu import write_fake_fleet_file
 from tests.support import (
     BCD,
+    POLICY,
     Server,
     cli_inprocess,
     client_env,
+    eventually,
     free_port,
     initialize,
     run,
@@ -34,7 +35,6 @@ from tests.support import (
     wait_for_line,
 )
 
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_NODE_UNREACHABLE_AFTER": "3",
         "BETTER_COMPUTE_CONTROLLER_TICK": "0.2"}
 
@@ -89,13 +89,6 @@ class Cluster:
         return self.cli_json("capacity", "--pool", self.pool)["resources"]["gpu"]
 
 
-def eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting until {what}")
 
 
 @pytest.fixture

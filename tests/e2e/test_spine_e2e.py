@@ -18,7 +18,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,10 @@ from tests.cdi_support import check_cdi_spec
 from tests.support import (
     BCD,
     CLI,
+    POLICY,
     cli_inprocess,
     client_env,
+    eventually,
     free_port,
     initialize,
     open_runtime,
@@ -41,17 +43,8 @@ from tests.support import (
     wait_for_line,
 )
 
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": "0.2"}
 
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 45.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting until {what}")
 
 
 class Watch:
@@ -237,3 +230,4 @@ def test_a_release_while_bcd_is_away_completes_when_it_returns(cluster: Cluster)
     eventually(lambda: not c.spec_path(alloc).exists(),
                "the returning bcd removes the released hold")
     assert c.gpu_capacity()["allocated"] == 0
+

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from better_compute.domain.access import LOCAL_OPERATOR
-from tests.support import VENV_BIN, client_env, initialize, open_runtime, run, serve
+from tests.support import POLICY, VENV_BIN, client_env, initialize, open_runtime, run, serve
 
 # Lines between the `step` markers are the tutorial's, character for character.
 TUTORIAL = r"""
@@ -55,7 +55,6 @@ better-compute pki show --query joinEncryptionKeyPin
 step done
 """
 
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 
 
 def _shell(env: dict[str, str], cwd: Path) -> dict[str, str]:

@@ -18,9 +18,8 @@ import pytest
 
 from better_compute.api.runtime import Runtime
 from better_compute.domain.access import LOCAL_OPERATOR
-from tests.support import cli_inprocess, initialize, open_runtime
+from tests.support import POLICY, cli_inprocess, initialize, open_runtime
 
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 FORGED_TOKEN = "biam_" + "A" * 43
 
 

@@ -12,10 +12,9 @@ import pytest
 
 from better_compute.api.app import ServerState, build_app
 from better_compute.api.runtime import Runtime
-from tests.support import open_runtime, quick_init
+from tests.support import POLICY, open_runtime, quick_init
 
 RPC = "/api/compute/rpc"
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 
 
 class Http:

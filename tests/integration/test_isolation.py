@@ -31,13 +31,12 @@ from better_compute.api.wire.join import JoinRequest
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.fleet import add_nodes
 from tests.join_client import JoinAttempt, hardware, open_response
-from tests.support import open_runtime
+from tests.support import POLICY, open_runtime
 
 # Methods whose isolation case is still to be written, each with the reason.
 # Keep this short: a method listed here is NOT checked.
 KNOWN_UNCOVERED: set[str] = set()
 
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
 DENIED = {"permission_denied", "not_found"}
 
 

@@ -23,8 +23,8 @@ from better_compute.domain.errors import (
     PermissionDenied,
     Unauthenticated,
 )
-from tests.join_client import POLICY, JoinAttempt, hardware, open_response, stored_text
-from tests.support import initialize, open_runtime
+from tests.join_client import JoinAttempt, hardware, open_response, stored_text
+from tests.support import POLICY, initialize, open_runtime
 
 
 @dataclass

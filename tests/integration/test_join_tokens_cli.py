@@ -11,8 +11,7 @@ import pytest
 from better_compute.api.join_service import JoinService
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.errors import NotFound, PermissionDenied
-from tests.join_client import POLICY
-from tests.support import cli_inprocess, initialize, open_runtime
+from tests.support import POLICY, cli_inprocess, initialize, open_runtime
 
 
 def _pool(env: dict[str, str], tmp_path: Path) -> tuple[str, str]:

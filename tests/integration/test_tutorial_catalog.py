@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.support import cli_inprocess, initialize
-
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
+from tests.support import POLICY, cli_inprocess, initialize
 
 
 def test_site_pool_and_offer_in_process(env: dict[str, str], tmp_path: Path) -> None:

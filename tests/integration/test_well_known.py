@@ -17,8 +17,8 @@ from better_compute.api.join_service import JoinService
 from better_compute.api.runtime import Runtime
 from better_compute.api.wire.join import WellKnown
 from better_compute.domain.access import LOCAL_OPERATOR
-from tests.join_client import POLICY, JoinAttempt, open_response
-from tests.support import initialize, open_runtime
+from tests.join_client import JoinAttempt, open_response
+from tests.support import POLICY, initialize, open_runtime
 
 GATEWAY = "https://gw.eu-1.example.com:8443"
 

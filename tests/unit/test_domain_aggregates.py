@@ -27,8 +27,7 @@ from better_compute.domain.pool import Pool, parse_quota
 from better_compute.domain.site import Site
 from better_compute.domain.tenant import Tenant, tenant_uuid
 from better_compute.domain.token import ApiToken, token_hash, token_uuid
-
-POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}
+from tests.support import POLICY
 
 
 def replay(aggregate: TenantOwned) -> tuple[Any, list[Any]]:
