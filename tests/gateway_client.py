@@ -13,7 +13,7 @@ import base64
 import contextlib
 import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -254,3 +254,17 @@ async def wait_for(condition: Any, timeout: float = 10.0) -> None:
     with anyio.fail_after(timeout):
         while not await anyio.to_thread.run_sync(condition):
             await anyio.sleep(0.02)
+
+
+def run_with_gateway(env: dict[str, str], tmp_path: Path, body: Callable[[Plane], Awaitable[None]]) -> None:
+    """Run ``body`` against a fresh control plane with its gateway up, then close it."""
+    plane = make_plane(env, tmp_path)
+
+    async def main() -> None:
+        async with running_gateway(plane):
+            await body(plane)
+
+    try:
+        anyio.run(main)
+    finally:
+        plane.runtime.close()

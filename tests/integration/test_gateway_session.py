@@ -8,7 +8,6 @@ runs one pass at a time on a fake clock: nothing here sleeps for time to pass.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -22,23 +21,9 @@ from tests.gateway_client import (
     Plane,
     client_context,
     gpus,
-    make_plane,
-    running_gateway,
+    run_with_gateway,
     wait_for,
 )
-
-
-def run(env: dict[str, str], tmp_path: Path, body: Callable[[Plane], Awaitable[None]]) -> None:
-    plane = make_plane(env, tmp_path)
-
-    async def main() -> None:
-        async with running_gateway(plane):
-            await body(plane)
-
-    try:
-        anyio.run(main)
-    finally:
-        plane.runtime.close()
 
 
 def test_a_node_is_adopted_over_its_session(env: dict[str, str], tmp_path: Path) -> None:
@@ -74,7 +59,7 @@ def test_a_node_is_adopted_over_its_session(env: dict[str, str], tmp_path: Path)
         assert (capacity["total"], capacity["allocatable"], capacity["available"]) == (8, 8, 8)
         await client.close()
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)
 
 
 def test_seven_healthy_gpus_fail_until_nodes_adopt(env: dict[str, str], tmp_path: Path) -> None:
@@ -109,7 +94,7 @@ def test_seven_healthy_gpus_fail_until_nodes_adopt(env: dict[str, str], tmp_path
         assert events[4]["data"]["reason"] == "GPU 3 reseated"
         await client.close()
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)
 
 
 def test_an_entry_signed_by_another_key_changes_nothing(env: dict[str, str],
@@ -129,7 +114,7 @@ def test_an_entry_signed_by_another_key_changes_nothing(env: dict[str, str],
         assert isinstance(stale, wire.Ack | wire.Nack)
         await client.close()
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)
 
 
 def test_stolen_config_without_the_node_key_cannot_connect(env: dict[str, str],
@@ -153,7 +138,7 @@ def test_stolen_config_without_the_node_key_cannot_connect(env: dict[str, str],
         assert isinstance(refused, wire.Refused) and refused.code == "wrong_node"
         assert plane.event_types(node.node_id) == ["node.joined"]
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)
 
 
 def test_a_new_session_fences_the_old_one_and_silence_is_unreachable(
@@ -193,7 +178,7 @@ def test_a_new_session_fences_the_old_one_and_silence_is_unreachable(
             "node.disconnected", "node.unreachable", "node.connected"]
         await third.close()
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)
 
 
 def test_heartbeats_keep_a_connected_node_reachable(env: dict[str, str], tmp_path: Path) -> None:
@@ -221,7 +206,7 @@ def test_heartbeats_keep_a_connected_node_reachable(env: dict[str, str], tmp_pat
         assert isinstance(refused, wire.Refused) and refused.code == "stale_epoch"
         assert await again.closed_by_peer()
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)
 
 
 def test_gpu_health_follows_reports_and_never_drops_capacity_twice(
@@ -249,4 +234,4 @@ def test_gpu_health_follows_reports_and_never_drops_capacity_twice(
         assert plane.capacity()["allocatable"] == 8
         await client.close()
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)

@@ -9,7 +9,7 @@ condition with a deadline.
 from __future__ import annotations
 
 import io
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,22 +30,16 @@ from better_compute.agent.paths import Paths
 from better_compute.api import pki
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.access import LOCAL_OPERATOR
-from tests.gateway_client import JoinedNode, NodeClient, Plane, make_plane, running_gateway
+from tests.gateway_client import (
+    JoinedNode,
+    NodeClient,
+    Plane,
+    run_with_gateway,
+)
 
 DAY = 24 * 3600.0
 
 
-def run(env: dict[str, str], tmp_path: Path, body: Callable[[Plane], Awaitable[None]]) -> None:
-    plane = make_plane(env, tmp_path)
-
-    async def main() -> None:
-        async with running_gateway(plane):
-            await body(plane)
-
-    try:
-        anyio.run(main)
-    finally:
-        plane.runtime.close()
 
 
 def csr_for(key: Any, name: str = "bcd") -> str:
@@ -127,7 +121,7 @@ def test_the_gateway_renews_for_the_same_key_only(env: dict[str, str], tmp_path:
         await second.close()
         await stale.close()
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)
 
 
 # ------------------------------------------------------------------ bcd itself
@@ -223,7 +217,7 @@ def test_bcd_renews_when_a_third_is_left_and_connects_with_the_new_certificate(
         assert plane.event_types(node.node_id).count("node.certificate.renewed") == 1
         assert agent.renewal.renewals == 1
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)
 
 
 def test_a_refused_renewal_keeps_the_session_and_the_certificate(
@@ -248,4 +242,4 @@ def test_a_refused_renewal_keeps_the_session_and_the_certificate(
             group.cancel_scope.cancel()
         assert plane.event_types(node.node_id) == ["node.joined", "node.connected"]
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)

@@ -8,7 +8,6 @@ client that speaks the wire, on each backend.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -16,21 +15,14 @@ import anyio
 from better_compute.api.node_presence import Reports
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.ids import parse_id
-from tests.gateway_client import NodeClient, Plane, gpus, make_plane, running_gateway, wait_for
+from tests.gateway_client import (
+    NodeClient,
+    Plane,
+    gpus,
+    run_with_gateway,
+    wait_for,
+)
 from tests.support import cli_inprocess
-
-
-def run(env: dict[str, str], tmp_path: Path, body: Callable[[Plane], Awaitable[None]]) -> None:
-    plane = make_plane(env, tmp_path)
-
-    async def main() -> None:
-        async with running_gateway(plane):
-            await body(plane)
-
-    try:
-        anyio.run(main)
-    finally:
-        plane.runtime.close()
 
 
 def telemetry(count: int) -> dict[str, object]:
@@ -97,7 +89,7 @@ def test_the_newest_report_is_kept_and_shown_by_nodes_get(env: dict[str, str],
         assert shown["appliedGeneration"] == 1 and shown["gpus"][0]["utilizationPct"] == 90
         await client.close()
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)
 
 
 def test_a_report_of_an_older_session_never_replaces_a_newer_one(env: dict[str, str],
@@ -113,4 +105,4 @@ def test_a_report_of_an_older_session_never_replaces_a_newer_one(env: dict[str, 
         rows.record([(uuid, 3, now, {"epoch": 3, "appliedGeneration": 6})])
         assert plane.node(node.node_id)["report"]["epoch"] == 3
 
-    run(env, tmp_path, body)
+    run_with_gateway(env, tmp_path, body)
