@@ -23,6 +23,7 @@ from eventsourcing.utils import Environment
 
 import better_compute.domain  # noqa: F401  (registers every event topic)
 from better_compute.api.codec import EventMapper, MsgspecTranscoder
+from better_compute.api.pg_recorder import TOPIC as PG_RECORDER_TOPIC
 from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.errors import InvalidInput, Unavailable
 
@@ -79,6 +80,8 @@ class StoreConfig:
             "POSTGRES_MAX_OVERFLOW": "10",
             "POSTGRES_CONNECT_TIMEOUT": "10",
             "POSTGRES_LOCK_TIMEOUT": "10",
+            # Saves through one function that locks, notifies and inserts (api/pg_recorder.py).
+            "APPLICATION_RECORDER_TOPIC": PG_RECORDER_TOPIC,
             # Never POSTGRES_ENABLE_DB_FUNCTIONS: its insert path skips the table lock
             # and a tailing reader then skips events (reference/eventsourcing-facts.md).
             **self.pg,
@@ -137,7 +140,7 @@ class ComputeStore(Application[Any]):
 
     @property
     def backend(self) -> str:
-        return "postgres" if "postgres" in type(self.recorder).__module__ else "sqlite"
+        return "postgres" if self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres" else "sqlite"
 
     _commit_listeners: tuple[Callable[[int], None], ...] = ()
 
