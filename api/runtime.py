@@ -16,7 +16,13 @@ from eventsourcing.domain import Snapshot
 from eventsourcing.persistence import Notification, StoredEvent
 
 from better_compute.api.service import ComputeService
-from better_compute.api.store import ComputeStore, SqlRunner, StoreConfig, open_store
+from better_compute.api.store import (
+    ComputeStore,
+    SqlRunner,
+    StoreConfig,
+    open_store,
+    setup_lock,
+)
 from better_compute.domain.errors import InvalidInput
 from better_compute.projections.capacity import Capacity
 from better_compute.projections.framework import ProjectionRunner
@@ -72,8 +78,13 @@ class Runtime:
     def open(cls, env: Mapping[str, str] | None = None) -> Runtime:
         env = dict(os.environ if env is None else env)
         config = StoreConfig.from_env(env)
-        store = open_store(config)
-        projections = Projections(store)
+        with setup_lock(config):  # the store's and the projections' tables
+            store = open_store(config)
+            try:
+                projections = Projections(store)
+            except BaseException:
+                store.close()
+                raise
         runtime = cls(config, store, projections, ComputeService(store, projections), env)
         runtime.service.master_key_text = runtime.master_key_text
         return runtime

@@ -163,11 +163,10 @@ class ComputeStore(Application[Any]):
 
 
 def open_store(config: StoreConfig) -> ComputeStore:
+    """The store of ``config``; on PostgreSQL, call it inside ``setup_lock(config)``."""
     if config.backend == "sqlite":
         assert config.sqlite_path is not None
         config.sqlite_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    else:
-        _ensure_pg_schema(config)
     try:
         return ComputeStore(env=config.library_env())
     except Exception as exc:  # the library raises OperationalError / OSError subclasses
@@ -177,23 +176,50 @@ def open_store(config: StoreConfig) -> ComputeStore:
         ) from None
 
 
-def _ensure_pg_schema(config: StoreConfig) -> None:
-    assert config.pg is not None
-    schema = config.pg.get("POSTGRES_SCHEMA")
-    if not schema:
+SETUP_LOCK_TIMEOUT = "60s"
+
+
+@contextmanager
+def setup_lock(config: StoreConfig) -> Iterator[None]:
+    """Hold while opening a store and creating its tables: one process at a time.
+
+    On PostgreSQL, processes that start together (replicas, a CLI beside a
+    server) would otherwise run the same ``CREATE … IF NOT EXISTS`` and ``CREATE
+    OR REPLACE FUNCTION`` statements at once, and some of them fail ("tuple
+    concurrently updated"). A session advisory lock per schema serialises them;
+    it also creates the schema named in the URL. SQLite serialises them itself.
+    """
+    if config.backend != "postgres":
+        yield
         return
+    assert config.pg is not None
     import psycopg
     from psycopg import sql
 
+    schema = config.pg.get("POSTGRES_SCHEMA")
     try:
-        with psycopg.connect(
+        conn = psycopg.connect(
             host=config.pg["POSTGRES_HOST"], port=config.pg["POSTGRES_PORT"],
             user=config.pg["POSTGRES_USER"], password=config.pg["POSTGRES_PASSWORD"] or None,
             dbname=config.pg["POSTGRES_DBNAME"], connect_timeout=10, autocommit=True,
-        ) as conn:
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        )
     except psycopg.Error as exc:
         raise Unavailable(f"cannot reach PostgreSQL ({config.describe()}): {exc}") from None
+    with conn:
+        try:
+            conn.execute(f"SET lock_timeout = '{SETUP_LOCK_TIMEOUT}'")
+            conn.execute("SELECT pg_advisory_lock(hashtext(%s))",
+                         (f"better-compute setup {schema or 'public'}",))
+            if schema:
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                    sql.Identifier(schema)))
+        except psycopg.Error as exc:
+            raise Unavailable(
+                f"cannot set up the event store ({config.describe()}): {exc}. Another process "
+                f"may be stuck setting it up: it holds the lock for at most {SETUP_LOCK_TIMEOUT} "
+                "of waiting; stop it, or try again"
+            ) from None
+        yield  # the lock ends with the session
 
 
 class SqlRunner:
