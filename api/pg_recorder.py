@@ -59,8 +59,9 @@ class LockingFunctionApplicationRecorder(PostgresApplicationRecorder):
                  event_type=Identifier(self.stored_event_type_name),
                  lock_timeout=self.datastore.lock_timeout,
                  channel=Identifier(self.channel_name)))
-        self._call_insert = SQL("SELECT * FROM {schema}.{function}(%s)").format(
-            schema=schema, function=function)
+        self._call_insert = SQL(
+            "SELECT notification_id FROM {schema}.{function}(%s) AS notification_id"
+        ).format(schema=schema, function=function)
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -72,4 +73,4 @@ class LockingFunctionApplicationRecorder(PostgresApplicationRecorder):
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             assert conn.autocommit  # the statement is its own transaction
             curs.execute(self._call_insert, (events,), prepare=True)
-            return [row[self.insert_function] for row in curs.fetchall()]
+            return [row["notification_id"] for row in curs.fetchall()]
