@@ -117,14 +117,24 @@ class WatchHub:
             if self.store.backend == "postgres":
                 tg.start_soon(self._in_thread, self._listen_postgres)
             tg.start_soon(self._tick)
+            tg.start_soon(self._stop_when_cancelled)
             task_status.started()
-            await self._in_thread(self._follow)
+            # Not abandoned when cancelled: the follower may be handing a page to this loop,
+            # and a hand-off the loop never runs would block that thread (and the process's
+            # exit) for ever. ``stop`` ends it within one read.
+            await self._in_thread(self._follow, abandon_on_cancel=False)
             tg.cancel_scope.cancel()
 
     @staticmethod
-    async def _in_thread(function: Callable[[], None]) -> None:
-        await anyio.to_thread.run_sync(function, abandon_on_cancel=True,
+    async def _in_thread(function: Callable[[], None], *, abandon_on_cancel: bool = True) -> None:
+        await anyio.to_thread.run_sync(function, abandon_on_cancel=abandon_on_cancel,
                                        limiter=anyio.CapacityLimiter(1))
+
+    async def _stop_when_cancelled(self) -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.stop()
 
     async def _tick(self) -> None:
         """Wake every stream a few times per heartbeat period, so that each can send its
@@ -190,7 +200,7 @@ class WatchHub:
         """Read every event after the last one read, and hand each page to the loop at once."""
         while not self._stop.is_set():
             entries = self.log.read(self._read_pos, PAGE_SIZE)
-            if not entries:
+            if not entries or self._stop.is_set():
                 return
             self._read_pos = entries[-1].sequence
             anyio.from_thread.run_sync(self._publish, entries)
