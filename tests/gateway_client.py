@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from better_compute.api import pki
-from better_compute.api.controllers.node_lifecycle import NodeLifecycle
+from better_compute.api.controllers.node_lifecycle import UNREACHABLE_AFTER, NodeLifecycle
 from better_compute.api.gateway.server import Gateway
 from better_compute.api.gateway.tls import server_context
 from better_compute.api.join_service import JoinService
@@ -79,9 +79,12 @@ class Plane:
     nodes: NodeService = field(init=False)
     lifecycle: NodeLifecycle = field(init=False)
 
+    unreachable_after: timedelta = UNREACHABLE_AFTER
+
     def __post_init__(self) -> None:
         self.nodes = NodeService(self.runtime.service)
-        self.lifecycle = NodeLifecycle(self.nodes, Presence(self.runtime.store.sql()))
+        self.lifecycle = NodeLifecycle(self.nodes, Presence(self.runtime.store.sql()),
+                                       unreachable_after=self.unreachable_after)
 
     def join(self, serial: str = "SN-7701", n_gpus: int = 8) -> JoinedNode:
         service = self.runtime.service
@@ -116,7 +119,8 @@ class Plane:
         return await anyio.to_thread.run_sync(self.lifecycle.reconcile)
 
 
-def make_plane(env: dict[str, str], tmp: Path) -> Plane:
+def make_plane(env: dict[str, str], tmp: Path,
+               unreachable_after: timedelta = UNREACHABLE_AFTER) -> Plane:
     initialize(env)  # the real init: the master key file opens the PKI bundle
     runtime = open_runtime(env)
     clock = FakeClock()
@@ -127,7 +131,7 @@ def make_plane(env: dict[str, str], tmp: Path) -> Plane:
                                 "pool-eu-1-h100")["id"]
     bundle = pki.unseal_bundle(service.pki().sealed,
                                pki.parse_master_key(runtime.master_key_text()))
-    return Plane(runtime, clock, bundle, pool, site, tmp)
+    return Plane(runtime, clock, bundle, pool, site, tmp, unreachable_after=unreachable_after)
 
 
 @contextlib.asynccontextmanager
@@ -206,6 +210,12 @@ class NodeClient:
                                                                or predicate(message)):
                     return message
 
+    async def start_acceptance(self) -> wire.DesiredState:
+        """Connect, let the controller start attempt 1, and read the checks it asks for."""
+        await self.connect()
+        await self.plane.reconcile()
+        return await self.receive_desired(lambda d: "acceptance" in d.sections)
+
     async def journal(self, doc: dict[str, Any], key: Any = None) -> wire.ToNode:
         self.seq += 1
         entry = sign(key or self.node.key, {"nodeId": self.node.node_id, "epoch": self.epoch,
@@ -256,9 +266,10 @@ async def wait_for(condition: Any, timeout: float = 10.0) -> None:
             await anyio.sleep(0.02)
 
 
-def run_with_gateway(env: dict[str, str], tmp_path: Path, body: Callable[[Plane], Awaitable[None]]) -> None:
+def run_with_gateway(env: dict[str, str], tmp_path: Path, body: Callable[[Plane], Awaitable[None]],
+                     *, unreachable_after: timedelta = UNREACHABLE_AFTER) -> None:
     """Run ``body`` against a fresh control plane with its gateway up, then close it."""
-    plane = make_plane(env, tmp_path)
+    plane = make_plane(env, tmp_path, unreachable_after)
 
     async def main() -> None:
         async with running_gateway(plane):

@@ -160,6 +160,14 @@ class CliWatcher:
             out.append(json.loads(line))
         return out
 
+    def until(self, event_type: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """The next events up to and including the first of ``event_type``."""
+        deadline = time.monotonic() + timeout
+        seen: list[dict[str, Any]] = []
+        while not seen or seen[-1]["type"] != event_type:
+            seen += self.events(1, timeout=max(0.01, deadline - time.monotonic()))
+        return seen
+
     def no_more_events(self, within: float) -> bool:
         """True when no line arrives within ``within`` seconds (checks for duplicates)."""
         try:

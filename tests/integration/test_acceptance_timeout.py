@@ -14,29 +14,17 @@ from pathlib import Path
 import anyio
 import pytest
 
-from better_compute.api.controllers.node_lifecycle import ACCEPTANCE_TIMEOUT, NodeLifecycle
+from better_compute.api.controllers.node_lifecycle import ACCEPTANCE_TIMEOUT
 from better_compute.api.controllers.runner import acceptance_timeout
-from better_compute.api.node_presence import Presence
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.errors import Conflict, InvalidInput
-from tests.gateway_client import NodeClient, Plane, gpus, make_plane, running_gateway
+from tests.gateway_client import NodeClient, Plane, gpus, run_with_gateway
 
 
 def run(env: dict[str, str], tmp_path: Path, body: Callable[[Plane], Awaitable[None]]) -> None:
-    plane = make_plane(env, tmp_path)
     # Only the acceptance timeout is under test: silence never makes these nodes unreachable.
-    plane.lifecycle = NodeLifecycle(plane.nodes, Presence(plane.runtime.store.sql()),
-                                    unreachable_after=timedelta(days=1))
-
-    async def main() -> None:
-        async with running_gateway(plane):
-            await body(plane)
-
-    try:
-        anyio.run(main)
-    finally:
-        plane.runtime.close()
+    run_with_gateway(env, tmp_path, body, unreachable_after=timedelta(days=1))
 
 
 def test_the_default_and_the_setting() -> None:
@@ -118,9 +106,7 @@ def test_an_attempt_times_out_while_the_node_is_away(env: dict[str, str],
     async def body(plane: Plane) -> None:
         node = plane.join()
         client = NodeClient(plane, node)
-        await client.connect()
-        await plane.reconcile()
-        await client.receive_desired(lambda d: "acceptance" in d.sections)
+        await client.start_acceptance()
         await client.close()  # bcd went away before it ran the checks
         plane.clock.advance(ACCEPTANCE_TIMEOUT.total_seconds() + 1)
         assert (await plane.reconcile()).acceptance_timed_out == [node.node_id]

@@ -66,9 +66,7 @@ def test_seven_healthy_gpus_fail_until_nodes_adopt(env: dict[str, str], tmp_path
     async def body(plane: Plane) -> None:
         node = plane.join()
         client = NodeClient(plane, node)
-        await client.connect()
-        await plane.reconcile()
-        await client.receive_desired(lambda d: "acceptance" in d.sections)
+        await client.start_acceptance()
         answer = await client.acceptance(1, gpus(8, healthy=7))
         assert isinstance(answer, wire.Ack)  # accepted as a result: the result is a failure
         doc = plane.node(node.node_id)
@@ -102,9 +100,7 @@ def test_an_entry_signed_by_another_key_changes_nothing(env: dict[str, str],
     async def body(plane: Plane) -> None:
         node = plane.join()
         client = NodeClient(plane, node)
-        await client.connect()
-        await plane.reconcile()
-        await client.receive_desired(lambda d: "acceptance" in d.sections)
+        await client.start_acceptance()
         before = plane.event_types(node.node_id)
         forged = await client.acceptance(1, gpus(8), key=ec.generate_private_key(ec.SECP256R1()))
         assert isinstance(forged, wire.Nack) and forged.code == "bad_signature"
@@ -146,9 +142,7 @@ def test_a_new_session_fences_the_old_one_and_silence_is_unreachable(
     async def body(plane: Plane) -> None:
         node = plane.join()
         first = NodeClient(plane, node)
-        await first.connect()
-        await plane.reconcile()
-        await first.receive_desired(lambda d: "acceptance" in d.sections)
+        await first.start_acceptance()
         await first.acceptance(1, gpus(8))
 
         second = NodeClient(plane, node)
@@ -214,9 +208,7 @@ def test_gpu_health_follows_reports_and_never_drops_capacity_twice(
     async def body(plane: Plane) -> None:
         node = plane.join()
         client = NodeClient(plane, node)
-        await client.connect()
-        await plane.reconcile()
-        await client.receive_desired(lambda d: "acceptance" in d.sections)
+        await client.start_acceptance()
         await client.acceptance(1, gpus(8))
         sick = gpus(8, healthy=8)
         sick[2] = {**sick[2], "healthy": False, "healthReasons": ["ecc-uncorrected"]}

@@ -1,0 +1,162 @@
+"""The tutorial's real processes for end-to-end tests: the operator's CLI, GPU servers with bcd.
+
+``Operator`` is the CLI as the platform operator types it (in-process, over
+HTTPS to a real ``serve``). ``Machine`` is one GPU server under its own
+BCD_ROOT with the fake GPU source, joined with ``bcd join`` and run with
+``bcd node`` as real processes. ``running_cluster`` is the tutorial up to a
+server that may join: a real server with the gateway, the site and the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from better_compute.agent.gpu import write_fake_fleet_file
+from tests.support import (
+    BCD,
+    POLICY,
+    Server,
+    cli_inprocess,
+    client_env,
+    free_port,
+    initialize,
+    run,
+    serve,
+    wait_for_line,
+)
+
+_PINS = (("servingCaSpkiPin", "--serving-ca-pin"),
+         ("joinSigningKeyPin", "--join-signing-pin"),
+         ("joinEncryptionKeyPin", "--join-encryption-pin"))
+
+
+@dataclass
+class Operator:
+    env: dict[str, str]  # the CLI's environment: the server's URL, its CA file, the token
+
+    def cli(self, *argv: str) -> str:
+        code, out, err = cli_inprocess(list(argv), self.env)
+        assert code == 0, (argv, err)
+        return out.strip()
+
+    def cli_json(self, *argv: str) -> Any:
+        return json.loads(self.cli(*argv, "--output", "json"))
+
+    def events(self, node: str) -> list[str]:
+        return [e["type"] for e in self.cli_json("nodes", "events", node)]
+
+    def provision_state(self, node: str) -> str:
+        return self.cli("nodes", "get", node, "--query", "provisionState")
+
+    def create_pool(self, folder: Path) -> str:
+        """The tutorial's site (shared, eu-1) and H100 pool; returns the pool's id."""
+        policy = folder / "pool-policy.json"
+        policy.write_text(json.dumps(POLICY))
+        site = self.cli("sites", "create", "--kind", "shared", "--region", "eu-1",
+                        "--key", "site-eu-1", "--query", "id")
+        return self.cli("pools", "create", "--site", site, "--class", "metal-host",
+                        "--gpu-model", "H100", "--policy-file", str(policy),
+                        "--key", "pool-eu-1-h100", "--query", "id")
+
+
+@dataclass
+class Machine:
+    """One GPU server: its own folder, BCD_ROOT and fake GPU source, and its bcd processes."""
+
+    folder: Path
+    serial: str = "SN-7701"
+    agents: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.root = self.folder / "root"
+        self.root.mkdir(parents=True)
+        self.gpu_file = self.folder / "gpus.json"
+        write_fake_fleet_file(self.gpu_file, serial=self.serial)
+        self.env = {"PATH": os.environ.get("PATH", ""), "HOME": str(self.folder),
+                    "BCD_ROOT": str(self.root), "BCD_GPU_SOURCE": f"fake:{self.gpu_file}"}
+
+    def bcd(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return run([BCD, *argv], self.env, cwd=self.folder, input="")
+
+    def join(self, operator: Operator, server: Server, pool: str) -> str:
+        """A join token for this serial, then `bcd join` with the pins; returns the node id."""
+        operator.cli("join-tokens", "create", "--pool", pool, "--ttl", "2h", "--max-uses", "1",
+                     "--expect-serial", self.serial, "--key", f"join-{self.serial.lower()}",
+                     "--out", str(self.folder / "join-token"))
+        pins: list[str] = []
+        for name, flag in _PINS:
+            pins += [flag, operator.cli("pki", "show", "--query", name)]
+        done = self.bcd("join", "--server", server.url + "/api/compute", *pins,
+                        "--token-file", "./join-token")
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()[2]  # "joined as node_… (site …"
+
+    def start_agent(self, epoch: int = 1) -> subprocess.Popen[str]:
+        """`bcd node`, once its session with the gateway is up at ``epoch``."""
+        agent = subprocess.Popen([BCD, "node", "--config", "/etc/bcd/config.toml"],
+                                 env=self.env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, cwd=self.folder)
+        self.agents.append(agent)
+        wait_for_line(agent, f"session connected (epoch {epoch})")
+        return agent
+
+    def stop(self) -> None:
+        for agent in self.agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait(timeout=30)
+
+
+@dataclass
+class Cluster(Operator):
+    """A real server with the tutorial's pool, its operator, and one GPU server."""
+
+    store_env: dict[str, str]  # the server's (and the store's) environment
+    server: Server
+    machine: Machine
+    pool: str
+    node: str = ""  # once joined
+
+    def join(self) -> str:
+        self.node = self.machine.join(self, self.server, self.pool)
+        return self.node
+
+    def start_agent(self, epoch: int) -> subprocess.Popen[str]:
+        return self.machine.start_agent(epoch)
+
+    def bcd(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return self.machine.bcd(*argv)
+
+    def gpu_capacity(self) -> dict[str, int]:
+        return self.cli_json("capacity", "--pool", self.pool)["resources"]["gpu"]  # type: ignore[no-any-return]
+
+    def state(self, reservation: str) -> str:
+        return self.cli("reservations", "get", reservation, "--query", "state")
+
+    def spec_path(self, alloc: str) -> Path:
+        """The CDI spec bcd writes for a hold: bcd-alloc_….json beside the vendor's."""
+        return self.machine.root / "etc" / "cdi" / f"bcd-{alloc}.json"
+
+
+@contextlib.contextmanager
+def running_cluster(env: Mapping[str, str], tmp_path: Path, fast: Mapping[str, str]
+                    ) -> Iterator[Cluster]:
+    """The tutorial up to "Join the server": ``serve`` with the gateway (its timers set by
+    ``fast``), the site and the pool, and one machine (SN-7701) not yet joined."""
+    token = initialize(env)
+    store_env = {**env, **fast}
+    with serve(store_env, "--gateway-listen", f"127.0.0.1:{free_port()}") as server:
+        operator = Operator(client_env(store_env, server, token))
+        pool = operator.create_pool(tmp_path)
+        machine = Machine(tmp_path / "SN-7701")
+        try:
+            yield Cluster(operator.env, store_env, server, machine, pool)
+        finally:
+            machine.stop()
