@@ -55,21 +55,15 @@ class Presence:
 
     def record(self, beats: Iterable[tuple[str, int, datetime]]) -> int:
         """Write (node uuid, epoch, time) rows; a newer epoch or time wins."""
-        rows = [(uuid, epoch, at.timestamp()) for uuid, epoch, at in beats]
-        if not rows:
-            return 0
-        with self.sql.transaction(commit=True) as cursor:
-            for row in rows:
-                self.sql.execute(
-                    cursor,
-                    "INSERT INTO bc_node_presence (uuid, epoch, last_seen) VALUES (?, ?, ?) "
-                    "ON CONFLICT (uuid) DO UPDATE SET epoch = excluded.epoch, "
-                    "last_seen = excluded.last_seen WHERE excluded.epoch > bc_node_presence.epoch "
-                    "OR (excluded.epoch = bc_node_presence.epoch "
-                    "AND excluded.last_seen > bc_node_presence.last_seen)",
-                    row,
-                )
-        return len(rows)
+        return _write_rows(
+            self.sql,
+            "INSERT INTO bc_node_presence (uuid, epoch, last_seen) VALUES (?, ?, ?) "
+            "ON CONFLICT (uuid) DO UPDATE SET epoch = excluded.epoch, "
+            "last_seen = excluded.last_seen WHERE excluded.epoch > bc_node_presence.epoch "
+            "OR (excluded.epoch = bc_node_presence.epoch "
+            "AND excluded.last_seen > bc_node_presence.last_seen)",
+            [(uuid, epoch, at.timestamp()) for uuid, epoch, at in beats],
+        )
 
     def last_seen(self) -> dict[str, tuple[int, datetime]]:
         """Every node's newest heartbeat: uuid -> (epoch, time)."""
@@ -89,23 +83,17 @@ class Reports:
 
     def record(self, reports: Iterable[tuple[str, int, datetime, dict[str, Any]]]) -> int:
         """Write (node uuid, epoch, time, summary) rows; a newer epoch or time wins."""
-        rows = [(uuid, epoch, at.timestamp(), json.dumps(doc, separators=(",", ":")))
-                for uuid, epoch, at, doc in reports]
-        if not rows:
-            return 0
-        with self.sql.transaction(commit=True) as cursor:
-            for row in rows:
-                self.sql.execute(
-                    cursor,
-                    "INSERT INTO bc_node_report (uuid, epoch, reported_at, doc) "
-                    "VALUES (?, ?, ?, ?) ON CONFLICT (uuid) DO UPDATE SET "
-                    "epoch = excluded.epoch, reported_at = excluded.reported_at, "
-                    "doc = excluded.doc WHERE excluded.epoch > bc_node_report.epoch "
-                    "OR (excluded.epoch = bc_node_report.epoch "
-                    "AND excluded.reported_at >= bc_node_report.reported_at)",
-                    row,
-                )
-        return len(rows)
+        return _write_rows(
+            self.sql,
+            "INSERT INTO bc_node_report (uuid, epoch, reported_at, doc) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (uuid) DO UPDATE SET "
+            "epoch = excluded.epoch, reported_at = excluded.reported_at, "
+            "doc = excluded.doc WHERE excluded.epoch > bc_node_report.epoch "
+            "OR (excluded.epoch = bc_node_report.epoch "
+            "AND excluded.reported_at >= bc_node_report.reported_at)",
+            [(uuid, epoch, at.timestamp(), json.dumps(doc, separators=(",", ":")))
+             for uuid, epoch, at, doc in reports],
+        )
 
     def latest(self, uuid: str) -> dict[str, Any] | None:
         """The node's newest report summary, or None when it never reported."""
@@ -113,6 +101,15 @@ class Reports:
             self.sql.execute(cursor, "SELECT doc FROM bc_node_report WHERE uuid = ?", (uuid,))
             row = cursor.fetchone()
         return json.loads(row["doc"]) if row is not None else None
+
+
+def _write_rows(sql: SqlRunner, statement: str, rows: list[tuple[Any, ...]]) -> int:
+    """Run ``statement`` once per row, all in one transaction; returns how many rows."""
+    if rows:
+        with sql.transaction(commit=True) as cursor:
+            for row in rows:
+                sql.execute(cursor, statement, row)
+    return len(rows)
 
 
 def _number(value: Any) -> float | int | None:

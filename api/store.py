@@ -215,9 +215,9 @@ def setup_lock(config: StoreConfig) -> Iterator[None]:
                     sql.Identifier(schema)))
         except psycopg.Error as exc:
             raise Unavailable(
-                f"cannot set up the event store ({config.describe()}): {exc}. Another process "
-                f"may be stuck setting it up: it holds the lock for at most {SETUP_LOCK_TIMEOUT} "
-                "of waiting; stop it, or try again"
+                f"cannot set up the event store ({config.describe()}): {exc}. Processes that "
+                f"open one store set it up one at a time, each waiting up to "
+                f"{SETUP_LOCK_TIMEOUT}: if another one is stuck, stop it and try again"
             ) from None
         yield  # the lock ends with the session
 
