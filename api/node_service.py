@@ -30,6 +30,7 @@ from better_compute.domain.node_rules import (
     acceptance_checks,
     evaluate_acceptance,
 )
+from better_compute.domain.policy import node_sections
 from better_compute.domain.pool import Pool
 from better_compute.projections.capacity import count_nodes, read_capacity
 
@@ -72,6 +73,11 @@ class NodeService:
         if pool is None:
             raise NotFound(f"pool {pool_id} is gone")
         return pool
+
+    def pool_sections(self, node: Node) -> dict[str, Any]:
+        """The desired-state sections the node's pool policy adds (``kubernetes``, ``profile``)."""
+        pool = self.service._get(Pool, parse_id("pool", node.pool_id))
+        return node_sections(pool.policy) if pool is not None else {}
 
     def _change(self, uuid: UUID, change: Callable[[Node], T]) -> tuple[Node, T]:
         """Load, change, save; again on a version clash (another writer got there first)."""

@@ -20,6 +20,7 @@ from better_compute.domain.errors import Conflict, NoCapacity
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 from better_compute.domain.placement import PlacementRequest
+from better_compute.domain.policy import DEFAULT_RESOURCE, kubernetes_resource
 from better_compute.domain.pool import Pool
 from better_compute.domain.quota import QuotaUse, quota_uuid
 from better_compute.domain.reservation import BINDING, Reservation, new_allocation_id
@@ -84,6 +85,8 @@ class ReservationBinding(ReservationBase):
             binding = {"nodeId": node_id, "cdiDevices": [f"bcd.dev/gpu={u}" for u in rsv.gpus],
                        "envFile": str(entry.get("envFile") or ""),
                        "cgroupParent": str(entry.get("cgroupParent") or "")}
+            if rsv.kubernetes:
+                binding["kubernetes"] = self._kubelet_view(rsv)
             if not rsv.bound(allocation_id, binding):
                 return []
             done["changed"] = True
@@ -147,6 +150,12 @@ class ReservationBinding(ReservationBase):
                     node_id=placement.node_id, gpus=list(placement.gpus), cpus=placement.cpus,
                     memory_gib=placement.memory_gib)
         return [bookings]
+
+    def _kubelet_view(self, rsv: Reservation) -> dict[str, Any]:
+        """What the kubelet sees of a kubernetes hold: the pool's resource, the GPU UUIDs."""
+        pool = self.get(Pool, parse_id("pool", rsv.pool_id))
+        resource = kubernetes_resource(pool.policy) if pool is not None else None
+        return {"resourceName": resource or DEFAULT_RESOURCE, "deviceIds": list(rsv.gpus)}
 
     def _by_allocation(self, allocation_id: str) -> Reservation | None:
         if not allocation_id.startswith("alloc_"):

@@ -32,6 +32,7 @@ from better_compute.domain.durations import format_duration, parse_duration, par
 from better_compute.domain.errors import (
     Conflict,
     InvalidInput,
+    KubernetesNotEnabled,
     NoCapacity,
     NotFound,
     PermissionDenied,
@@ -39,6 +40,7 @@ from better_compute.domain.errors import (
 from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.ids import check_key, parse_id, public_id
 from better_compute.domain.placement import PlacementRequest
+from better_compute.domain.policy import kubernetes_resource
 from better_compute.domain.pool import Pool
 from better_compute.domain.reservation import (
     STATES,
@@ -70,6 +72,16 @@ def require_member_of(principal: Principal, tenant_id: str, action: str) -> None
             f"{tenant_id}: use a token of tenant {tenant_id} (member or admin)"
         )
     principal.require_role(Role.MEMBER, action)
+
+
+def check_kubernetes(pool: Pool) -> None:
+    """``--kubernetes`` needs a pool whose nodes run bcd's device plugin (policy.kubernetes)."""
+    if kubernetes_resource(pool.policy) is None:
+        raise KubernetesNotEnabled(
+            f"pool {pool.public_id} has no kubernetes in its policy, so its nodes run no device "
+            "plugin and no kubelet would see the GPUs: reserve without --kubernetes, or use a "
+            'pool created with "kubernetes": {} in its policy (docs/kubernetes.md)'
+        )
 
 
 class ReservationService(ReservationBinding):
@@ -125,7 +137,7 @@ class ReservationService(ReservationBinding):
         self, principal: Principal, *, tenant_id: str | None, pool_id: str, gpus: int,
         duration: str, model: str | None = None, product: str | None = None,
         selector: str | None = None, nvlink: bool = False, start: str | None = None,
-        key: str | None = None,
+        key: str | None = None, kubernetes: bool = False,
     ) -> dict[str, Any]:
         tenant = self.service._scope(principal, tenant_id)
         require_member_of(principal, tenant, "reserve GPUs")
@@ -133,9 +145,12 @@ class ReservationService(ReservationBinding):
             check_key(key)
         pool = self._visible_pool(principal, tenant, pool_id)
         request = self._request(pool, gpus, model, product, selector, nvlink)
+        if kubernetes:
+            check_kubernetes(pool)
         params = {"pool": pool.public_id, "gpus": gpus, "for": duration, "model": request.model,
                   "product": request.product, "selector": selector or None,
                   "nvlink": request.nvlink, "start": start or None}
+        params |= {"kubernetes": True} if kubernetes else {}  # old keys keep their print
         fp = fingerprint(params)
         uuid = reservation_uuid(tenant, key)
         if key:
@@ -168,7 +183,8 @@ class ReservationService(ReservationBinding):
                     id=uuid, tenant_id=tenant, pool_id=pool.public_id, gpu_count=gpus,
                     request={"model": request.model, "product": request.product,
                              "selector": selector or None, "nvlink": request.nvlink,
-                             "for": format_duration(end - begin)},
+                             "for": format_duration(end - begin)}
+                    | ({"kubernetes": True} if kubernetes else {}),
                     start=begin, end=end, key=key, fingerprint=fp,
                     created_by=principal.token_id, allocation_id=allocation_id,
                     node_id=placement.node_id, gpus=list(placement.gpus), cpus=placement.cpus,

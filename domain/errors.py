@@ -6,7 +6,9 @@ rebuilds the same class from it. ``rpc_code`` is the JSON-RPC 2.0 number.
 
     BetterComputeError
     ├── InvalidInput          bad parameters, files or flags   (invalid_input)
-    │   └── PolicyError       a pool policy file is invalid    (invalid_policy)
+    │   ├── PolicyError       a pool policy file is invalid    (invalid_policy)
+    │   └── KubernetesNotEnabled  --kubernetes on a pool without policy.kubernetes
+    │                                                          (kubernetes_not_enabled)
     ├── Unauthenticated       no or unknown token              (unauthenticated)
     ├── PermissionDenied      the caller's role or tenant      (permission_denied)
     ├── NotFound              no such object for this caller   (not_found)
@@ -43,6 +45,10 @@ class InvalidInput(BetterComputeError):
 
 class PolicyError(InvalidInput):
     code = "invalid_policy"
+
+
+class KubernetesNotEnabled(InvalidInput):
+    code = "kubernetes_not_enabled"
 
 
 class Unauthenticated(BetterComputeError):

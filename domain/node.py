@@ -404,14 +404,19 @@ class Node(TenantOwned):
             for name in ("Connected", "AcceptancePassed", "Healthy", "Schedulable")
         ]
 
-    def desired_sections(self) -> dict[str, Any]:
-        """The node's desired state by section (docs/nodes.md, api/wire/gateway.py)."""
+    def desired_sections(self, pool_sections: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The node's desired state by section (docs/nodes.md, api/wire/gateway.py).
+
+        ``pool_sections`` (domain/policy.py ``node_sections``: ``kubernetes``, ``profile``)
+        come from the pool's policy and go down once the node is adopted, before ``devices``.
+        """
         sections: dict[str, Any] = {}
         if not self.adopted and self.acceptance_attempt > 0:
             sections["acceptance"] = {"attempt": self.acceptance_attempt,
                                       "state": self.acceptance_state,
                                       "checks": [dict(c) for c in self.acceptance_checks]}
         if self.adopted:
+            sections.update(pool_sections or {})
             sections["devices"] = {"assignments": self.device_assignments()}
         return sections
 

@@ -100,10 +100,16 @@ class Reservation(TenantOwned):
     def can_replace(self) -> bool:
         return self.attempt < MAX_PLACEMENTS
 
+    @property
+    def kubernetes(self) -> bool:
+        """Asked with ``--kubernetes``: bcd's device plugin hands the hold to the kubelet."""
+        return bool(self.request.get("kubernetes"))
+
     def assignment(self) -> dict[str, Any]:
         """The device assignment the node's desired state carries for this hold."""
-        return {"allocationId": self.allocation_id, "reservationId": self.public_id,
-                "gpus": list(self.gpus), "cpus": self.cpus, "memoryGiB": self.memory_gib}
+        out = {"allocationId": self.allocation_id, "reservationId": self.public_id,
+               "gpus": list(self.gpus), "cpus": self.cpus, "memoryGiB": self.memory_gib}
+        return out | ({"kubernetes": True} if self.kubernetes else {})
 
     # ------------------------------------------------------------ commands
 
@@ -221,6 +227,7 @@ class Reservation(TenantOwned):
             "state": self.state,
             "gpuCount": self.gpu_count,
             "request": dict(self.request),
+            "kubernetes": self.kubernetes,
             "start": iso(self.start),
             "end": iso(self.end),
             "key": self.key,

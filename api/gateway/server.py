@@ -213,7 +213,8 @@ class Gateway:
             await self.call(self._admit, cert, hello)
             epoch, node = await self.call(self.nodes.session_opened, parse_id("node", hello.node_id),
                                           hello.bcd_version)
-            session = Session(self, stream, reader, node, epoch, cert.public_key())
+            pool_sections = await self.call(self.nodes.pool_sections, node)
+            session = Session(self, stream, reader, node, epoch, cert.public_key(), pool_sections)
             older = self.sessions.get(session.node_id)
             self.sessions[session.node_id] = session
             if older is not None:

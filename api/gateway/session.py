@@ -63,8 +63,10 @@ def _health(gpus: list[dict[str, Any]]) -> dict[str, tuple[bool, tuple[str, ...]
 
 class Session:
     def __init__(self, gateway: Gateway, stream: Any, reader: BufferedByteReceiveStream,
-                 node: Node, epoch: int, public_key: Any) -> None:
+                 node: Node, epoch: int, public_key: Any,
+                 pool_sections: dict[str, Any] | None = None) -> None:
         self.gateway = gateway
+        self.pool_sections = pool_sections or {}  # from the pool's policy, which never changes
         self.stream = stream
         self.reader = reader
         self.node_id = node.public_id
@@ -111,7 +113,7 @@ class Session:
                     tg.cancel_scope.cancel()
 
     async def push_desired(self, node: Node) -> None:
-        sections = node.desired_sections()
+        sections = node.desired_sections(self.pool_sections)
         key = (node.generation, json.dumps(sections, sort_keys=True))
         if key == self.last_sent:
             return

@@ -21,6 +21,7 @@ class ReservationsCreate(Params, kw_only=True):
     nvlink: bool = False
     start: str | None = None  # +2h or RFC 3339; default now
     key: str | None = None
+    kubernetes: bool = False  # hand the hold to the kubelet (pool with policy.kubernetes)
 
 
 class CapacityPreview(Params, kw_only=True):
@@ -59,7 +60,7 @@ def reservations_create(call: Call, p: ReservationsCreate) -> dict[str, Any]:
     return reservations(call.service).create(
         call.principal, tenant_id=p.tenant_id, pool_id=p.pool_id, gpus=p.gpus,
         duration=p.duration, model=p.model, product=p.product, selector=p.selector,
-        nvlink=p.nvlink, start=p.start, key=p.key,
+        nvlink=p.nvlink, start=p.start, key=p.key, kubernetes=p.kubernetes,
     )
 
 

@@ -25,7 +25,12 @@ Sections of DesiredState (the control plane owns their content; bcd applies):
   {"gpuCount": 8, "gpuModel": "H100"}}]}``. bcd runs each check against its GPU
   source and journals one ``acceptance.result`` entry per attempt.
 - ``devices``: ``{"assignments": [{"allocationId": "alloc_…", "reservationId":
-  "rsv_…", "gpus": ["GPU-…", …], "cpus": N, "memoryGiB": M}]}`` (reservations).
+  "rsv_…", "gpus": ["GPU-…", …], "cpus": N, "memoryGiB": M}]}`` (reservations);
+  ``"kubernetes": true`` on an assignment hands its GPUs to the kubelet.
+- ``kubernetes``: ``{"resourceName": "bcd.dev/gpu"}`` (the pool's policy.kubernetes):
+  bcd serves its kubelet device plugin (docs/kubernetes.md).
+- ``profile``: ``{"units": ["container-toolkit"]}`` (the pool's policy.nodeProfile):
+  units bcd runs on the node, applied before ``devices``.
 
 Certificate renewal: bcd sends Renew(epoch, csrPem) when its certificate has
 less than a third of its lifetime left (checked when a session starts and

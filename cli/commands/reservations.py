@@ -37,7 +37,8 @@ def reserve(ctx: Any, a: argparse.Namespace) -> None:
               "twice)", file=sys.stderr)
     params = {"tenantId": ctx.tenant, "poolId": a.pool, "gpus": a.gpus, "duration": a.duration,
               "model": a.model, "product": a.product, "selector": a.selector,
-              "nvlink": True if a.nvlink else None, "start": a.start, "key": key}
+              "nvlink": True if a.nvlink else None, "start": a.start, "key": key,
+              "kubernetes": True if a.kubernetes else None}
     deadline = time.monotonic() + a.wait
     delay = 0.25
     while True:
@@ -120,6 +121,9 @@ def register(sub: Any) -> None:
                    help="how long: 30m, 2h, 1d")
     _narrowing(p)
     p.add_argument("--key", help="an idempotency key: the same key returns the same reservation")
+    p.add_argument("--kubernetes", action="store_true",
+                   help="hand the GPUs to the kubelet through bcd's device plugin "
+                        "(a pool with policy.kubernetes; docs/kubernetes.md)")
     p.add_argument("--wait", type=_wait_seconds, default=DEFAULT_WAIT_S, metavar="SECONDS",
                    help=f"how long to wait for the placement (default {DEFAULT_WAIT_S:.0f})")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
