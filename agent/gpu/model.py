@@ -35,6 +35,7 @@ class Gpu(msgspec.Struct, rename="camel", kw_only=True):
     temperature_c: int | None = None
     power_w: float | None = None
     nvlink_domain: str | None = None
+    numa_node: int | None = None  # the NUMA node of its PCI device (sysfs), when known
     healthy: bool = True
     health_reasons: list[str] = msgspec.field(default_factory=list)
     product: str | None = None

@@ -19,7 +19,7 @@ from .errors import GpuSourceError, GpuSourceUnavailable
 from .health import HealthTracker
 from .host import read_host_facts
 from .model import Gpu, HostFacts, Inventory
-from .pci import normalize_pci_bus_id
+from .pci import normalize_pci_bus_id, numa_node
 from .xid import XidEvent, XidWatcher
 
 __all__ = ["NvmlSource"]
@@ -186,12 +186,14 @@ class NvmlSource:
         utilization = self._optional("nvmlDeviceGetUtilizationRates", handle)
         temperature = self._optional("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)
         power_mw = self._optional("nvmlDeviceGetPowerUsage", handle)
+        bus_id = normalize_pci_bus_id(_text(pci.busId)) if pci is not None else None
         gpu = Gpu(
             index=index,
             uuid=uuid,
             name=name,
             serial=_text(self._optional("nvmlDeviceGetSerial", handle)),
-            pci_bus_id=normalize_pci_bus_id(_text(pci.busId)) if pci is not None else None,
+            pci_bus_id=bus_id,
+            numa_node=numa_node(self.host_root, bus_id),
             memory_mib=int(memory.total) // MIB if memory is not None else None,
             memory_used_mib=int(memory.used) // MIB if memory is not None else None,
             utilization_pct=int(utilization.gpu) if utilization is not None else None,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 
 def normalize_pci_bus_id(bus_id: str | bytes | None) -> str | None:
     """Return the sysfs spelling of a PCI bus id, e.g. ``0000:18:00.0``.
@@ -20,3 +23,15 @@ def normalize_pci_bus_id(bus_id: str | bytes | None) -> str | None:
     if sep and rest.count(":") == 1 and len(domain) == 8 and domain.startswith("0000"):
         return f"{domain[4:]}:{rest}"
     return text
+
+
+def numa_node(host_root: str | os.PathLike[str], bus_id: str | None) -> int | None:
+    """The NUMA node sysfs gives the PCI device (``-1`` or unreadable: None, unknown)."""
+    if not bus_id:
+        return None
+    path = Path(host_root) / "sys/bus/pci/devices" / bus_id / "numa_node"
+    try:
+        value = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from .errors import GpuSourceError, GpuSourceUnavailable
 from .host import read_host_facts
 from .model import Gpu, Inventory
-from .pci import normalize_pci_bus_id
+from .pci import normalize_pci_bus_id, numa_node
 
 __all__ = ["NVIDIA_SMI", "QUERY_FIELDS", "NvidiaSmiSource", "parse_query_gpu"]
 
@@ -159,6 +159,8 @@ class NvidiaSmiSource:
 
     def inventory(self) -> Inventory:
         gpus, driver = parse_query_gpu(self._run(ARGV))
+        for gpu in gpus:
+            gpu.numa_node = numa_node(self.host_root, gpu.pci_bus_id)
         return Inventory(
             host=read_host_facts(self.host_root),
             gpus=gpus,
