@@ -54,10 +54,24 @@ class FilesSection(_Section, kw_only=True):
     join_encryption_key: str
 
 
+class KubernetesSection(_Section, kw_only=True):
+    """Where the kubelet's device-plugin folder is (its kubelet.sock; bcd-gpu.sock beside it)."""
+
+    device_plugin_dir: str | None = None  # default /var/lib/kubelet/device-plugins under BCD_ROOT
+
+
+class ContainerToolkitSection(_Section, kw_only=True):
+    """The container-toolkit unit: the command whose standard output is NVIDIA's CDI spec."""
+
+    cdi_generate: list[str] | None = None  # default: nvidia-ctk cdi generate --format=json ...
+
+
 class AgentConfig(_Section, kw_only=True):
     server: ServerSection = msgspec.field(default_factory=ServerSection)
     node: NodeSection | None = None
     files: FilesSection | None = None
+    kubernetes: KubernetesSection | None = None
+    container_toolkit: ContainerToolkitSection | None = None
 
     @property
     def joined(self) -> bool:

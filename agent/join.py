@@ -242,6 +242,7 @@ def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
     write_atomic(paths.node_ca_certificate, response.node_ca_certificate)
     write_atomic(paths.serving_ca_certificate, document.serving_ca_certificate)
     write_atomic(paths.join_encryption_jwk, jwk(encryption, pins.join_encryption))
+    before = config_file.load(paths.config)  # the operator's node settings stay
     config = AgentConfig(
         server=ServerSection(
             url=server, gateway_url=response.gateway_url or document.gateway_url or gateway,
@@ -258,6 +259,8 @@ def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
             node_ca=str(paths.node_ca_certificate), serving_ca=str(paths.serving_ca_certificate),
             join_encryption_key=str(paths.join_encryption_jwk),
         ),
+        kubernetes=before.kubernetes if before else None,
+        container_toolkit=before.container_toolkit if before else None,
     )  # fmt: skip
     config_file.save(paths.config, config)  # last: its [node] is what "joined" means
 

@@ -78,3 +78,8 @@ class Paths:
     def sys(self) -> Path:
         """Where sysfs is read (DMI serial and product UUID, network interfaces)."""
         return self.under("sys")
+
+    @property
+    def device_plugins(self) -> Path:
+        """The kubelet's device-plugin folder (kubelet.sock; bcd serves bcd-gpu.sock there)."""
+        return self.under("var/lib/kubelet/device-plugins")

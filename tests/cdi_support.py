@@ -153,3 +153,28 @@ def source_env_file(path: Path | str, names: Sequence[str]) -> dict[str, str]:
     done = subprocess.run(["sh", "-c", script, "sh", str(path)], capture_output=True, text=True,
                           check=True, timeout=10)
     return dict(line.split("=", 1) for line in done.stdout.splitlines())
+
+
+CTK_ARGS = "cdi generate --format=json --device-name-strategy=uuid"
+
+
+def fake_nvidia_ctk(folder: Path, output: Path = VENDOR_H100X8, exit_code: int = 0) -> Path:
+    """A stand-in for NVIDIA's nvidia-ctk at the hardware edge, like the fake GPU source.
+
+    Put ``folder`` first on the PATH of bcd. Minimal on purpose: for exactly the arguments
+    the container-toolkit unit passes it prints ``output`` (by default the spec nvidia-ctk
+    gives the simulated H100 server SN-7701) and exits ``exit_code``; it appends its
+    arguments to ``folder/nvidia-ctk.log``, one run per line. Returns the log's path.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "nvidia-ctk.log"
+    script = folder / "nvidia-ctk"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> "{log}"\n'
+        f'[ "$*" = "{CTK_ARGS}" ] || {{ echo "nvidia-ctk: unexpected arguments: $*" >&2; exit 2; }}\n'
+        f'cat "{output}"\n'
+        f"exit {exit_code}\n"
+    )
+    script.chmod(0o755)
+    return log

@@ -55,10 +55,10 @@ class Operator:
     def provision_state(self, node: str) -> str:
         return self.cli("nodes", "get", node, "--query", "provisionState")
 
-    def create_pool(self, folder: Path) -> str:
+    def create_pool(self, folder: Path, policy_doc: Mapping[str, Any] | None = None) -> str:
         """The tutorial's site (shared, eu-1) and H100 pool; returns the pool's id."""
         policy = folder / "pool-policy.json"
-        policy.write_text(json.dumps(POLICY))
+        policy.write_text(json.dumps(POLICY if policy_doc is None else policy_doc))
         site = self.cli("sites", "create", "--kind", "shared", "--region", "eu-1",
                         "--key", "site-eu-1", "--query", "id")
         return self.cli("pools", "create", "--site", site, "--class", "metal-host",
@@ -73,6 +73,7 @@ class Machine:
     folder: Path
     serial: str = "SN-7701"
     agents: list[subprocess.Popen[str]] = field(default_factory=list)
+    command: list[str] = field(default_factory=lambda: [BCD])  # or the single-file build
 
     def __post_init__(self) -> None:
         self.root = self.folder / "root"
@@ -83,7 +84,7 @@ class Machine:
                     "BCD_ROOT": str(self.root), "BCD_GPU_SOURCE": f"fake:{self.gpu_file}"}
 
     def bcd(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return run([BCD, *argv], self.env, cwd=self.folder, input="")
+        return run([*self.command, *argv], self.env, cwd=self.folder, input="")
 
     def join(self, operator: Operator, server: Server, pool: str) -> str:
         """A join token for this serial, then `bcd join` with the pins; returns the node id."""
@@ -100,7 +101,7 @@ class Machine:
 
     def start_agent(self, epoch: int = 1) -> subprocess.Popen[str]:
         """`bcd node`, once its session with the gateway is up at ``epoch``."""
-        agent = subprocess.Popen([BCD, "node", "--config", "/etc/bcd/config.toml"],
+        agent = subprocess.Popen([*self.command, "node", "--config", "/etc/bcd/config.toml"],
                                  env=self.env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, cwd=self.folder)
         self.agents.append(agent)
@@ -146,16 +147,18 @@ class Cluster(Operator):
 
 
 @contextlib.contextmanager
-def running_cluster(env: Mapping[str, str], tmp_path: Path, fast: Mapping[str, str]
-                    ) -> Iterator[Cluster]:
+def running_cluster(env: Mapping[str, str], tmp_path: Path, fast: Mapping[str, str],
+                    policy: Mapping[str, Any] | None = None,
+                    machine_folder: Path | None = None) -> Iterator[Cluster]:
     """The tutorial up to "Join the server": ``serve`` with the gateway (its timers set by
-    ``fast``), the site and the pool, and one machine (SN-7701) not yet joined."""
+    ``fast``), the site and the pool (``policy``, default the tutorial's), and one machine
+    (SN-7701, in ``machine_folder``, default under tmp_path) not yet joined."""
     token = initialize(env)
     store_env = {**env, **fast}
     with serve(store_env, "--gateway-listen", f"127.0.0.1:{free_port()}") as server:
         operator = Operator(client_env(store_env, server, token))
-        pool = operator.create_pool(tmp_path)
-        machine = Machine(tmp_path / "SN-7701")
+        pool = operator.create_pool(tmp_path, policy)
+        machine = Machine(machine_folder or tmp_path / "SN-7701")
         try:
             yield Cluster(operator.env, store_env, server, machine, pool)
         finally:

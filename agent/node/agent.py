@@ -22,12 +22,15 @@ import msgspec
 
 from ..errors import BcdError
 from ..gpu import GpuSource, GpuSourceError, Inventory
+from ..kubelet.devices import advertised, resource_name
+from ..kubelet.plugin import DevicePlugin
 from ..paths import Paths
 from ..version import bcd_version
 from .apply import ApplyContext, apply_desired
 from .backoff import Backoff
 from .devices import DevicesApplier, find_applier
 from .journal import Journal
+from .pulse import Pulse
 from .renewal import CertificateWindow, check_renewed, install, make_csr, read_window
 from .settings import NodeKey, NodeSettings
 from .state import NodeState, load_state, save_state, state_dir
@@ -41,24 +44,6 @@ def rfc3339(moment: datetime) -> str:
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-class Pulse:
-    """A wake-up for one waiting task: grab :meth:`waiter` BEFORE checking for work.
-
-    A fire between the check and the wait is never lost: the grabbed event is set.
-    """
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-
-    def fire(self) -> None:
-        self._event.set()
-
-    def waiter(self) -> anyio.Event:
-        if self._event.is_set():
-            self._event = anyio.Event()
-        return self._event
 
 
 @dataclass
@@ -126,6 +111,9 @@ class NodeAgent:
         self.certificate = read_window(settings.certificate_path)
         self.renewal = RenewalInfo()
         self.tls_changed = False  # node.crt was renewed: the next connection reloads it
+        self.kubelet = DevicePlugin(settings.device_plugin_dir or paths.device_plugins,
+                                    say=self.say, now=self.now)
+        self._toolkit_basis: Any = None  # the GPU set and driver the toolkit unit last saw
 
     # -- output ----------------------------------------------------------------
 
@@ -170,6 +158,39 @@ class NodeAgent:
             await anyio.sleep(self.options.poll_seconds or self.heartbeat_seconds)
             if await self.refresh_inventory():
                 self.report_wanted.fire()
+                self.publish_to_kubelet(self.state.desired_sections)
+            if self._toolkit_due():
+                self._dirty = True  # the container-toolkit unit regenerates nvidia.json
+                self.apply_wanted.fire()
+
+    # -- the kubelet's device plugin and the container toolkit (docs/kubernetes.md) ---
+
+    def publish_to_kubelet(self, sections: dict[str, Any]) -> list[str]:
+        """List for the kubelet what ``sections`` hands it of the holds; the withdrawn ids."""
+        before = {device.id for device in self.kubelet.devices}
+        self.kubelet.publish(advertised(sections, self.state.holds, self.inventory,
+                                        self.source_error))  # fmt: skip
+        return sorted(before - {device.id for device in self.kubelet.devices})
+
+    async def _withdraw_first(self, sections: dict[str, Any]) -> None:
+        """Before a release: the kubelet is sent the list without its GPUs, then bcd goes on."""
+        gone = self.publish_to_kubelet(sections)
+        if gone:
+            sent = await self.kubelet.delivered()
+            self.say(f"kubelet: withdrew {len(gone)} GPU(s) before releasing their hold"
+                     + ("" if sent else " (a ListAndWatch stream did not take the new list "
+                        "within 5s)"))  # fmt: skip
+
+    def _toolkit_due(self) -> bool:
+        """True once when the GPU set or driver changed under a profile with the toolkit."""
+        profile = self.state.desired_sections.get("profile")
+        if self.inventory is None or not isinstance(profile, dict) or \
+                "container-toolkit" not in (profile.get("units") or []):  # fmt: skip
+            return False
+        basis = (sorted(gpu.uuid for gpu in self.inventory.gpus), self.inventory.driver_version)
+        due = self._toolkit_basis is not None and basis != self._toolkit_basis
+        self._toolkit_basis = basis
+        return due
 
     # -- desired state ---------------------------------------------------------
 
@@ -204,10 +225,14 @@ class NodeAgent:
                     epoch=self.session.epoch or self.state.last_epoch, time=self.now(),
                     inventory=self.inventory, source_error=self.source_error,
                     paths=self.paths, devices=self.devices,
+                    cdi_generate=self.settings.cdi_generate,
                 )  # fmt: skip
+                await self._withdraw_first(work.desired_sections)
                 result, written = await anyio.to_thread.run_sync(self._apply, work, context)
                 result.last_epoch = max(result.last_epoch, self.state.last_epoch)
                 self.state = result
+                self.publish_to_kubelet(self.state.desired_sections)
+                self.kubelet_wanted.fire()
                 for name, section in self.state.sections.items():
                     self.say(f"section {name}: {section.state}: {section.message}")
                 if written:
@@ -269,14 +294,20 @@ class NodeAgent:
         self.apply_wanted = Pulse()
         self.report_wanted = Pulse()
         self.journal_added = Pulse()
+        self.kubelet_wanted = Pulse()
         self._source_lock = anyio.Lock()
         await self.refresh_inventory()
+        self.publish_to_kubelet(self.state.desired_sections)  # the holds kept over a restart
+        self._toolkit_due()  # what the toolkit unit's GPUs and driver are now
         async with anyio.create_task_group() as group:
             await group.start(serve_status, self)
             self.say(f"status on {self.paths.socket}; connecting to {self.settings.gateway.url}")
             group.start_soon(self._monitor)
             group.start_soon(self._applier)
             group.start_soon(session_loop, self)
+            group.start_soon(self.kubelet.supervise,
+                             lambda: resource_name(self.state.desired_sections),
+                             self.kubelet_wanted)  # fmt: skip
             task_status.started()
 
     # -- status ----------------------------------------------------------------
@@ -319,4 +350,5 @@ class NodeAgent:
                 "notAfter": rfc3339(self.certificate.not_after) if self.certificate else None,
                 "renewals": self.renewal.renewals, "lastRenewed": self.renewal.last_renewed,
                 "lastError": self.renewal.last_error},
+            "kubernetes": self.kubelet.snapshot(),
         }  # fmt: skip

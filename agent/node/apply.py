@@ -17,6 +17,7 @@ import msgspec
 
 from ..gpu import Inventory
 from ..paths import Paths
+from ..toolkit import apply_profile
 from .devices import DevicesApplier
 from .diag import run_check
 from .journal import Entry, Journal
@@ -32,6 +33,7 @@ class ApplyContext:
     source_error: str | None
     paths: Paths
     devices: DevicesApplier
+    cdi_generate: tuple[str, ...] | None = None  # config.toml [container_toolkit]
 
 
 def _common(ctx: ApplyContext, kind: str) -> dict[str, Any]:
@@ -95,21 +97,41 @@ def _apply_devices(section: dict[str, Any], state: NodeState, journal: Journal,
     return entries
 
 
+def _apply_profile(section: dict[str, Any], state: NodeState, ctx: ApplyContext,
+                   generation: int) -> None:  # fmt: skip
+    result = apply_profile(section, ctx.paths, ctx.inventory, ctx.source_error,
+                           ctx.cdi_generate, state.toolkit_fingerprint)  # fmt: skip
+    state.toolkit_fingerprint = result.fingerprint
+    _set(state, "profile", SectionState(state=result.state, message=result.message,
+                                        generation=generation), ctx)  # fmt: skip
+
+
+def _kubernetes_state(section: dict[str, Any], generation: int) -> SectionState:
+    return SectionState(state="applied", generation=generation, message=(
+        f"device plugin on: GPUs of kubernetes holds go to the kubelet as "
+        f"{section.get('resourceName')} (bcd status shows the registration)"))
+
+
 def apply_desired(state: NodeState, journal: Journal, ctx: ApplyContext) -> list[Entry]:
     """Apply ``state.desired_sections`` (generation ``observed_generation``).
 
     Returns the journal entries written (already durable); updates ``state`` in place,
-    ending with ``applied_generation = observed_generation``.
+    ending with ``applied_generation = observed_generation``. The ``profile`` section goes
+    first: a vendor CDI spec it generates is there for the holds ``devices`` binds.
     """
     generation = state.observed_generation
     written: list[Entry] = []
-    for name, section in state.desired_sections.items():
+    for name, section in sorted(state.desired_sections.items(), key=lambda i: i[0] != "profile"):
         body = section if isinstance(section, dict) else {}
         if name == "acceptance":
             entry = _apply_acceptance(body, state, journal, ctx, generation)
             written += [entry] if entry else []
         elif name == "devices":
             written += _apply_devices(body, state, journal, ctx, generation)
+        elif name == "profile":
+            _apply_profile(body, state, ctx, generation)
+        elif name == "kubernetes":
+            _set(state, name, _kubernetes_state(body, generation), ctx)
         else:
             _set(state, name, SectionState(
                 state="unsupported", generation=generation,

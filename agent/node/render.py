@@ -42,6 +42,21 @@ def _gpu(gpu: dict[str, Any]) -> str:
     return line
 
 
+def _kubelet(kubelet: dict[str, Any]) -> str:
+    if not kubelet.get("enabled"):
+        return f"kubelet  off: {kubelet.get('reason')}"
+    resource = kubelet.get("resourceName")
+    devices = kubelet.get("devices") or []
+    healthy = sum(device.get("health") == "Healthy" for device in devices)
+    if kubelet.get("registered"):
+        state = f"registered as {resource} since {kubelet.get('since')}"
+    else:
+        state = f"not registered as {resource}: {kubelet.get('reason')}"
+    return (f"kubelet  {state}; {len(devices)} GPUs listed ({healthy} healthy), "
+            f"{kubelet.get('streams', 0)} ListAndWatch stream(s), plugin socket "
+            f"{kubelet.get('socket')}")
+
+
 def render_status(status: dict[str, Any]) -> str:
     node = status.get("node") or {}
     spec = status.get("spec") or {}
@@ -68,6 +83,8 @@ def render_status(status: dict[str, Any]) -> str:
     for uuid, allocation in (status.get("holds") or {}).items():
         if uuid not in shown:  # a held GPU the source no longer shows: the hold stays
             lines.append(f"gpu ?  {uuid}  missing from the GPU source  held by {allocation}")
+    if status.get("kubernetes"):
+        lines.append(_kubelet(status["kubernetes"]))
     journal = status.get("journal") or {}
     lines.append(f"journal  {journal.get('entries', 0)} entries, "
                  f"{journal.get('unacknowledged', 0)} not yet acknowledged")  # fmt: skip

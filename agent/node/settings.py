@@ -57,6 +57,8 @@ class NodeSettings:
     serving_ca_path: Path
     serving_ca_pin: str | None
     node_ca_path: Path | None = None  # checks renewed certificates (agent/node/renewal.py)
+    device_plugin_dir: Path | None = None  # [kubernetes]; None: BCD_ROOT/var/lib/kubelet/...
+    cdi_generate: tuple[str, ...] | None = None  # [container_toolkit]; None: nvidia-ctk ...
 
     def load_key(self) -> NodeKey:
         """The node's private key (it signs journal entries and the TLS handshake)."""
@@ -170,4 +172,8 @@ def load_settings(config_path: Path) -> NodeSettings:
         serving_ca_path=Path(config.files.serving_ca),
         serving_ca_pin=config.server.serving_ca_pin,
         node_ca_path=Path(config.files.node_ca),
+        device_plugin_dir=Path(config.kubernetes.device_plugin_dir)
+        if config.kubernetes and config.kubernetes.device_plugin_dir else None,
+        cdi_generate=tuple(config.container_toolkit.cdi_generate)
+        if config.container_toolkit and config.container_toolkit.cdi_generate else None,
     )

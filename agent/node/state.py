@@ -40,6 +40,7 @@ class NodeState(msgspec.Struct, rename="camel", kw_only=True):
     sections: dict[str, SectionState] = msgspec.field(default_factory=dict)
     holds: dict[str, str] = msgspec.field(default_factory=dict)  # GPU uuid -> allocation id
     last_epoch: int = 0
+    toolkit_fingerprint: str | None = None  # what etc/cdi/nvidia.json was generated for
 
 
 def state_dir(paths: Paths) -> Path:
