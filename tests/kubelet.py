@@ -17,6 +17,9 @@ afresh. Waits are on conditions with deadlines, never sleeps.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,8 +31,22 @@ from typing import Any
 import grpc
 
 from better_compute.agent.kubelet import api_pb2, api_pb2_grpc
+from tests.support import POLICY
 
 Devices = dict[str, str]  # device id -> "Healthy" / "Unhealthy"
+# The tutorial's pool policy, with the device plugin turned on (resource bcd.dev/gpu).
+KUBERNETES_POLICY = {**POLICY, "kubernetes": {}}
+
+
+@contextlib.contextmanager
+def short_tempdir() -> Iterator[Path]:
+    """A temp folder with a short path: unix socket paths hold at most 107 bytes, and a
+    pytest tmp_path plus BCD_ROOT/var/lib/kubelet/device-plugins/bcd-gpu.sock is longer."""
+    folder = Path(tempfile.mkdtemp(prefix="bc-k8s-", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,8 @@ class Kubelet:
         self.lists: list[Devices] = []
         self.topology: dict[str, list[int]] = {}
         self.on_list = on_list
+        self.refuse: str | None = None  # set: Register is answered with this error
+        self.refused = 0
         self._changed = threading.Condition()
         self._server: grpc.Server | None = None
         self._channel: grpc.Channel | None = None
@@ -96,6 +115,11 @@ class Kubelet:
 
     def _register(self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext
                   ) -> api_pb2.Empty:  # fmt: skip
+        if self.refuse is not None:
+            with self._changed:
+                self.refused += 1
+                self._changed.notify_all()
+            context.abort(grpc.StatusCode.UNAVAILABLE, self.refuse)
         if request.version != "v1beta1":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"Unsupported version {request.version!r}: v1beta1")
@@ -151,6 +175,9 @@ class Kubelet:
         """The ``count``-th registration (1 = the first), once it happened."""
         return self._wait(lambda: len(self.registrations) >= count and  # type: ignore[no-any-return]
                           self.registrations[count - 1], f"registration {count}", timeout)
+
+    def wait_refused(self, count: int, timeout: float = 30.0) -> None:
+        self._wait(lambda: self.refused >= count, f"{count} refused registrations", timeout)
 
     def wait_list(self, check: Callable[[Devices], bool], what: str,
                   timeout: float = 30.0) -> Devices:  # fmt: skip

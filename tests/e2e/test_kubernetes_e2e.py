@@ -17,10 +17,8 @@ registration within 5 s; bcd removes its socket when it stops.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -32,19 +30,17 @@ import pytest
 from better_compute.agent.gpu import set_fake_gpu_health
 from tests.cdi_support import VENDOR_H100X8, check_cdi_spec, fake_nvidia_ctk
 from tests.cluster import Cluster, running_cluster
-from tests.kubelet import Kubelet, Registration
-from tests.support import POLICY, eventually
+from tests.kubelet import KUBERNETES_POLICY, Kubelet, Registration, short_tempdir
+from tests.support import eventually
 
 FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": "0.2"}
-KUBERNETES_POLICY = {**POLICY, "kubernetes": {}, "nodeProfile": {"units": ["container-toolkit"]}}
+WITH_TOOLKIT = {**KUBERNETES_POLICY, "nodeProfile": {"units": ["container-toolkit"]}}
 
 
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
-    """A folder with a short path: unix socket paths are limited to 107 bytes."""
-    folder = Path(tempfile.mkdtemp(prefix="bc-k8s-", dir="/tmp"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    with short_tempdir() as folder:
+        yield folder
 
 
 def with_numa_nodes(gpu_file: Path) -> None:
@@ -86,7 +82,7 @@ class Output:
 def cluster(env: dict[str, str], tmp_path: Path, short_dir: Path
             ) -> Iterator[tuple[Cluster, Kubelet, Path]]:  # fmt: skip
     """A kubernetes pool, its adopted node with nvidia-ctk and a kubelet, bcd running."""
-    with running_cluster(env, tmp_path, FAST, policy=KUBERNETES_POLICY,
+    with running_cluster(env, tmp_path, FAST, policy=WITH_TOOLKIT,
                          machine_folder=short_dir / "SN-7701") as c:
         ctk_log = fake_nvidia_ctk(short_dir / "bin")
         c.machine.env["PATH"] = f"{short_dir / 'bin'}:{c.machine.env['PATH']}"
