@@ -321,6 +321,7 @@ class NodeAgent:
             gpus.append({
                 "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "family": gpu.family,
                 "pciBusId": gpu.pci_bus_id, "nvlinkDomain": gpu.nvlink_domain,
+                "numaNode": gpu.numa_node,
                 "healthy": gpu.healthy, "healthReasons": list(gpu.health_reasons),
                 "utilizationPct": gpu.utilization_pct, "temperatureC": gpu.temperature_c,
                 "powerW": gpu.power_w, "memoryUsedMiB": gpu.memory_used_mib,

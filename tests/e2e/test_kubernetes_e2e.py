@@ -185,10 +185,13 @@ def test_kubernetes_workers_get_exactly_the_gpus_they_reserved(
     assert not any(set(plain_gpus) & set(devices) for devices in kubelet.lists)
     assert c.state(plain) == "active"  # the plain hold is untouched throughout
 
-    # bcd stops: its socket goes with it.
+    # bcd stops: its socket goes with it. Started again, it registers with the same list.
     agent.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=30) == 0
     assert not (c.machine.root / "var/lib/kubelet/device-plugins/bcd-gpu.sock").exists()
+    c.start_agent(epoch=2)
+    kubelet.wait_registration(3)
+    kubelet.wait_list(lambda d: d == dict.fromkeys(booked2, "Healthy"), "the list after bcd's restart")
 
 
 def test_reserve_kubernetes_is_refused_on_a_pool_without_the_policy(
