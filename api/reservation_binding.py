@@ -82,9 +82,10 @@ class ReservationBinding(ReservationBase):
                     f"node {node_id} bound {allocation_id} with devices {devices}, but "
                     f"{rsv.public_id} booked {expected}"
                 )
-            binding = {"nodeId": node_id, "cdiDevices": [f"bcd.dev/gpu={u}" for u in rsv.gpus],
-                       "envFile": str(entry.get("envFile") or ""),
-                       "cgroupParent": str(entry.get("cgroupParent") or "")}
+            binding: dict[str, Any] = {
+                "nodeId": node_id, "cdiDevices": [f"bcd.dev/gpu={u}" for u in rsv.gpus],
+                "envFile": str(entry.get("envFile") or ""),
+                "cgroupParent": str(entry.get("cgroupParent") or "")}
             if rsv.kubernetes:
                 binding["kubernetes"] = self._kubelet_view(rsv)
             if not rsv.bound(allocation_id, binding):

@@ -130,7 +130,7 @@ class Kubelet:
         self._disconnect()
         channel = grpc.insecure_channel(f"unix://{self.folder / request.endpoint}")
         grpc.channel_ready_future(channel).result(timeout=10)
-        plugin = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+        plugin = api_pb2_grpc.DevicePluginStub(channel)
         options = plugin.GetDevicePluginOptions(api_pb2.Empty(), timeout=10)
         stream = plugin.ListAndWatch(api_pb2.Empty())
         self._channel, self._plugin, self._stream = channel, plugin, stream

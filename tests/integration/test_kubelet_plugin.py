@@ -119,7 +119,7 @@ async def test_a_socket_path_too_long_is_a_clear_reason(tmp_path: Path) -> None:
 
 async def test_the_desired_state_turns_it_on_and_off(folder: Path) -> None:
     plugin = plugin_in(folder, [])
-    wanted, resource = Pulse(), {"name": None}
+    wanted, resource = Pulse(), dict[str, str | None](name=None)
     async with anyio.create_task_group() as group:
         group.start_soon(plugin.supervise, lambda: resource["name"], wanted)
         await anyio.wait_all_tasks_blocked()
