@@ -31,7 +31,8 @@ from typing import Any
 import grpc
 
 from better_compute.agent.kubelet import api_pb2, api_pb2_grpc
-from tests.support import POLICY
+from tests.cluster import Cluster
+from tests.support import POLICY, eventually
 
 Devices = dict[str, str]  # device id -> "Healthy" / "Unhealthy"
 # The tutorial's pool policy, with the device plugin turned on (resource bcd.dev/gpu).
@@ -200,3 +201,18 @@ class Kubelet:
                 available_deviceIDs=available, must_include_deviceIDs=list(must_include),
                 allocation_size=size)]), timeout=10)  # fmt: skip
         return list(response.container_responses[0].deviceIDs)
+
+
+@contextlib.contextmanager
+def kubelet_on(c: Cluster) -> Iterator[Kubelet]:
+    """A kubelet running on the cluster's machine, which then joins and is adopted (bcd node
+    running, epoch 1); the kubelet stops at the end."""
+    kubelet = Kubelet(c.machine.root / "var/lib/kubelet/device-plugins")
+    kubelet.start()
+    try:
+        c.join()
+        c.start_agent(epoch=1)
+        eventually(lambda: c.provision_state(c.node) == "adopted", "the node is adopted")
+        yield kubelet
+    finally:
+        kubelet.stop()

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from tests.cluster import running_cluster
-from tests.kubelet import KUBERNETES_POLICY, Kubelet, short_tempdir
-from tests.support import eventually, store_env
+from tests.kubelet import KUBERNETES_POLICY, kubelet_on, short_tempdir
+from tests.support import store_env
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": "0.2"}
@@ -39,12 +39,7 @@ def test_the_single_files_plugin_registers_with_the_kubelet(tmp_path: Path) -> N
             machine_folder=short / "SN-7701") as c:  # fmt: skip
         c.machine.command = [sys.executable, "-I", "-S", single_file]
         c.machine.env["SHIV_ROOT"] = str(short / "shiv")
-        kubelet = Kubelet(c.machine.root / "var/lib/kubelet/device-plugins")
-        kubelet.start()
-        try:
-            c.join()
-            c.start_agent(epoch=1)
-            eventually(lambda: c.provision_state(c.node) == "adopted", "the node is adopted")
+        with kubelet_on(c) as kubelet:
             registration = kubelet.wait_registration(1)
             assert (registration.resource_name, registration.endpoint) == \
                 ("bcd.dev/gpu", "bcd-gpu.sock")  # fmt: skip
@@ -54,5 +49,3 @@ def test_the_single_files_plugin_registers_with_the_kubelet(tmp_path: Path) -> N
                               "the reservation's 2 GPUs")  # fmt: skip
             grant = kubelet.allocate(doc["gpus"])
             assert [d.name for d in grant.cdi_devices] == [f"bcd.dev/gpu={u}" for u in doc["gpus"]]
-        finally:
-            kubelet.stop()

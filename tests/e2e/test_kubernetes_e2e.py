@@ -30,7 +30,7 @@ import pytest
 from better_compute.agent.gpu import set_fake_gpu_health
 from tests.cdi_support import VENDOR_H100X8, check_cdi_spec, fake_nvidia_ctk
 from tests.cluster import Cluster, running_cluster
-from tests.kubelet import KUBERNETES_POLICY, Kubelet, Registration, short_tempdir
+from tests.kubelet import KUBERNETES_POLICY, Kubelet, Registration, kubelet_on, short_tempdir
 from tests.support import eventually
 
 FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": "0.2"}
@@ -87,15 +87,8 @@ def cluster(env: dict[str, str], tmp_path: Path, short_dir: Path
         ctk_log = fake_nvidia_ctk(short_dir / "bin")
         c.machine.env["PATH"] = f"{short_dir / 'bin'}:{c.machine.env['PATH']}"
         with_numa_nodes(c.machine.gpu_file)
-        kubelet = Kubelet(c.machine.root / "var/lib/kubelet/device-plugins")
-        kubelet.start()
-        try:
-            c.join()
-            c.start_agent(epoch=1)
-            eventually(lambda: c.provision_state(c.node) == "adopted", "the node is adopted")
+        with kubelet_on(c) as kubelet:
             yield c, kubelet, ctk_log
-        finally:
-            kubelet.stop()
 
 
 def reserve(c: Cluster, gpus: int, *flags: str) -> tuple[str, str, list[str]]:
