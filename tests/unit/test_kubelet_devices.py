@@ -6,6 +6,7 @@ reservation's, never a free GPU, never a hold whose release is under way.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -149,3 +150,15 @@ def test_preferred_continues_from_what_must_be_included() -> None:
     # Only from what is available; must_include alone when it is already enough.
     assert preferred(UUIDS[5:], [], 2, devices) == [UUIDS[5], UUIDS[6]]
     assert preferred(UUIDS, [UUIDS[1], UUIDS[7]], 2, devices) == [UUIDS[1], UUIDS[7]]
+
+
+def test_the_numa_node_comes_from_sysfs(tmp_path: Path) -> None:
+    from better_compute.agent.gpu.pci import numa_node
+
+    device = tmp_path / "sys/bus/pci/devices/0000:18:00.0"
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text("1\n")
+    assert numa_node(tmp_path, "0000:18:00.0") == 1
+    (device / "numa_node").write_text("-1\n")  # a machine without NUMA
+    assert numa_node(tmp_path, "0000:18:00.0") is None
+    assert numa_node(tmp_path, "0000:2a:00.0") is None and numa_node(tmp_path, None) is None
