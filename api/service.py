@@ -17,6 +17,7 @@ from uuid import UUID
 from eventsourcing.application import AggregateNotFoundError, project_aggregate
 from eventsourcing.persistence import IntegrityError
 
+from better_compute.api.actor import LOCAL, acting_as, current_actor
 from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.base import TenantOwned, fingerprint
 from better_compute.domain.errors import (
@@ -147,7 +148,8 @@ class ComputeService:
         token = ApiToken(tenant_id=ROOT_TENANT, role=Role.ADMIN.value, name="root administrator",
                          secret_hash=token_hash(secret), created_by=None)
         try:
-            self.store.save(bundle, root, token)
+            with acting_as(current_actor() or LOCAL):
+                self.store.save(bundle, root, token)
         except IntegrityError:
             raise Conflict("this store was initialized by another process just now") from None
         return secret

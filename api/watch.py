@@ -52,7 +52,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from better_compute.api.eventlog import PAGE_SIZE, EventFilter, EventLog, LogEntry, filter_for
+from better_compute.api.eventlog import (
+    PAGE_SIZE,
+    AuditFilter,
+    EventFilter,
+    EventLog,
+    LogEntry,
+    filter_for,
+)
 from better_compute.api.settings import env_seconds
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, InvalidInput
@@ -63,6 +70,8 @@ WATCH_PATH = "/api/compute/events/watch"
 MAX_LINES_PER_WRITE = 1000
 PG_SAFETY_READ = 1.0  # seconds between reads when no commit was notified (PostgreSQL)
 _RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+AUDIT_PARAMS = ("actor", "subject", "from", "to")  # as events.list takes them
 
 _HTTP_STATUS = {
     "invalid_input": 400, "unauthenticated": 401, "permission_denied": 403,
@@ -378,13 +387,16 @@ async def watch_endpoint(request: Request) -> Response:
 
     def admit() -> tuple[EventFilter, int]:
         principal: Principal = service.authenticate(secret or None)
-        unknown = set(request.query_params) - {"since", "types"}
+        query = request.query_params
+        unknown = set(query) - {"since", "types", *AUDIT_PARAMS}
         if unknown:
             raise InvalidInput(
                 f"unknown query parameter(s) {', '.join(sorted(unknown))}: /events/watch takes "
-                "since=SEQUENCE and types=GLOB,GLOB"
+                "since=SEQUENCE, types=GLOB,GLOB, actor, subject, from and to"
             )
-        flt = filter_for(principal, request.query_params.getlist("types"))
+        audit = AuditFilter.parse(query.get("actor"), query.get("subject"), query.get("from"),
+                                  query.get("to"), service.clock())
+        flt = filter_for(principal, query.getlist("types"), audit=audit)
         since = _parse_since(request.query_params.get("since"))
         head = hub.log.head()
         if since is None:

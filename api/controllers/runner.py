@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from better_compute.api.actor import CONTROLLER_NODES, CONTROLLER_RESERVATIONS, as_actor
 from better_compute.api.controllers.leader import Leadership, leadership_for
 from better_compute.api.controllers.node_lifecycle import (
     ACCEPTANCE_TIMEOUT,
@@ -77,11 +78,13 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
             while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
                 position = hub.head if hub is not None else 0
                 try:
-                    await anyio.to_thread.run_sync(lifecycle.reconcile, limiter=limiter)
+                    await anyio.to_thread.run_sync(as_actor(CONTROLLER_NODES, lifecycle.reconcile),
+                                                   limiter=limiter)
                 except Exception:
                     log.exception("a NodeLifecycle pass failed; retrying on the next tick")
                 try:
-                    await anyio.to_thread.run_sync(timers.tick, limiter=limiter)
+                    await anyio.to_thread.run_sync(
+                        as_actor(CONTROLLER_RESERVATIONS, timers.tick), limiter=limiter)
                 except Exception:
                     log.exception("a reservations pass failed; retrying on the next tick")
                 if hub is not None:

@@ -32,6 +32,7 @@ from anyio.streams.tls import TLSAttribute, TLSListener, TLSStream
 from cryptography import x509
 
 from better_compute.api import pki
+from better_compute.api.actor import acting_as
 from better_compute.api.eventlog import EventFilter
 from better_compute.api.gateway.renewal import Renewal
 from better_compute.api.gateway.session import _CLOSED, MAX_LINE, Session
@@ -211,15 +212,16 @@ class Gateway:
             if not isinstance(hello, Hello):
                 raise Refusal("hello_first", "the first message of a session must be a Hello")
             await self.call(self._admit, cert, hello)
-            epoch, node = await self.call(self.nodes.session_opened, parse_id("node", hello.node_id),
-                                          hello.bcd_version)
-            session = Session(self, stream, reader, node, epoch, cert.public_key())
-            older = self.sessions.get(session.node_id)
-            self.sessions[session.node_id] = session
-            if older is not None:
-                older.fence()
-            self.stats["sessions"] += 1
-            await session.run(node)
+            with acting_as(hello.node_id):  # what this session records, the node did
+                epoch, node = await self.call(self.nodes.session_opened,
+                                              parse_id("node", hello.node_id), hello.bcd_version)
+                session = Session(self, stream, reader, node, epoch, cert.public_key())
+                older = self.sessions.get(session.node_id)
+                self.sessions[session.node_id] = session
+                if older is not None:
+                    older.fence()
+                self.stats["sessions"] += 1
+                await session.run(node)
         except Refusal as refusal:
             self.stats["refused_sessions"] += 1
             log.warning("gateway: session refused (%s): %s", refusal.code, refusal.message)
@@ -237,7 +239,7 @@ class Gateway:
             del self.sessions[session.node_id]
         if session.fenced:
             return
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), acting_as(session.node_id):
             try:
                 await self.call(self.nodes.session_closed, session.uuid, session.epoch,
                                 session.reason)
