@@ -23,6 +23,8 @@ from better_compute.api.store import (
     open_store,
     setup_lock,
 )
+from better_compute.api.token_use import TokenUse
+from better_compute.api.tokens import lifetimes_from_env
 from better_compute.domain.errors import InvalidInput
 from better_compute.projections.capacity import Capacity
 from better_compute.projections.framework import ProjectionRunner
@@ -82,15 +84,23 @@ class Runtime:
             store = open_store(config)
             try:
                 projections = Projections(store)
+                TokenUse.create_table(projections.sql)
+                lifetimes = lifetimes_from_env(env)
             except BaseException:
                 store.close()
                 raise
         runtime = cls(config, store, projections, ComputeService(store, projections), env)
         runtime.service.master_key_text = runtime.master_key_text
+        runtime.service.lifetimes = lifetimes
         return runtime
 
     def close(self) -> None:
-        self.store.close()
+        try:
+            self.service.token_use.flush()  # the last uses noted (the CLI's in-process mode)
+        except Exception:  # the store is gone: a last-use time is not worth failing for
+            pass
+        finally:
+            self.store.close()
 
     @property
     def data_dir(self) -> Path:

@@ -235,6 +235,23 @@ def _tokens_revoke(w: World) -> None:
     w.refused("acme-admin", "tokens.revoke", "conflict", tokenId=w.token_ids["acme-ro"])
 
 
+@case("tokens.rotate")
+def _tokens_rotate(w: World) -> None:
+    for target in ("globex-admin", "root", "root-ro"):
+        w.refused("acme-admin", "tokens.rotate", "not_found", tokenId=w.token_ids[target])
+    w.refused("globex-admin", "tokens.rotate", "not_found", tokenId=w.token_ids["acme-ro"])
+    for who in ("acme-member", "acme-ro", "root-member", "root-ro"):  # not their own token
+        w.refused(who, "tokens.rotate", "permission_denied", tokenId=w.token_ids["acme-admin"])
+    assert w.ok("acme-admin", "system.whoami")["tenantId"] == "acme"  # nothing rotated
+    own = w.ok("acme-member", "tokens.rotate", tokenId=w.token_ids["acme-member"], grace="0s")
+    assert (own["tenantId"], own["role"], own["rotatedFrom"]) == (
+        "acme", "member", w.token_ids["acme-member"])
+    w.refused("acme-member", "system.whoami", "unauthenticated")  # no grace asked
+    rotated = w.ok("acme-admin", "tokens.rotate", tokenId=w.token_ids["acme-ro"])
+    assert rotated["role"] == "read-only" and rotated["tenantId"] == "acme"  # no escalation
+    assert w.ok("acme-ro", "system.whoami")["tenantId"] == "acme"  # in its grace period
+
+
 # --------------------------------------------------------------------------- sites
 
 
