@@ -126,6 +126,8 @@ class NodeAgent:
         self.certificate = read_window(settings.certificate_path)
         self.renewal = RenewalInfo()
         self.tls_changed = False  # node.crt was renewed: the next connection reloads it
+        self.removed: str | None = None  # why the control plane removed this node
+        self.stop_requested: anyio.Event | None = None
 
     # -- output ----------------------------------------------------------------
 
@@ -254,6 +256,14 @@ class NodeAgent:
         if self.renewal.answer is not None:
             self.renewal.answer.set()
 
+    def on_removed(self, message: str) -> None:
+        """The control plane removed this node: say so and stop (no reconnecting)."""
+        self.removed = message
+        self.session.last_error = message
+        self.say(f"the control plane removed this node: {message}; stopping")
+        if self.stop_requested is not None:
+            self.stop_requested.set()
+
     # -- journal answers -------------------------------------------------------
 
     def settle(self, seq: int, outcome: str) -> None:
@@ -266,6 +276,7 @@ class NodeAgent:
         from .session import session_loop
         from .status_server import serve_status
 
+        self.stop_requested = anyio.Event()
         self.apply_wanted = Pulse()
         self.report_wanted = Pulse()
         self.journal_added = Pulse()

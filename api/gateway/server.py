@@ -35,7 +35,13 @@ from better_compute.api import pki
 from better_compute.api.actor import acting_as
 from better_compute.api.eventlog import EventFilter
 from better_compute.api.gateway.renewal import Renewal
-from better_compute.api.gateway.session import _CLOSED, MAX_LINE, Session
+from better_compute.api.gateway.session import (
+    _CLOSED,
+    MAX_LINE,
+    NODE_REMOVED,
+    Session,
+    removed_message,
+)
 from better_compute.api.join_service import NODE_CERTIFICATE_LIFETIME
 from better_compute.api.node_presence import Presence, Reports
 from better_compute.api.node_service import NodeService
@@ -190,6 +196,8 @@ class Gateway:
         node = self.nodes.load(uuid)
         if node is None:
             raise Refusal("unknown_node", f"no node {cn}: join again with bcd join")
+        if node.removed:  # every certificate of a removed node is revoked
+            raise Refusal(NODE_REMOVED, removed_message(node))
         if pki.spki_pin(cert.public_key()) != node.key_pin:
             raise Refusal("wrong_key", f"the certificate's key is not the key node {cn} joined "
                           "with: use the node key and certificate bcd join wrote")
