@@ -30,7 +30,14 @@ from .devices import DevicesApplier, find_applier
 from .journal import Journal
 from .renewal import CertificateWindow, check_renewed, install, make_csr, read_window
 from .settings import NodeKey, NodeSettings
-from .state import NodeState, load_state, save_state, state_dir
+from .state import (
+    NodeState,
+    load_state,
+    mark_removed,
+    removed_marker,
+    save_state,
+    state_dir,
+)
 
 STATUS_SCHEMA_VERSION = 1
 
@@ -260,6 +267,10 @@ class NodeAgent:
         """The control plane removed this node: say so and stop (no reconnecting)."""
         self.removed = message
         self.session.last_error = message
+        try:  # so that `bcd join` joins again (and gets the same node back)
+            mark_removed(self.paths, self.settings.identity.node_id, message)
+        except OSError as exc:
+            self.say(f"cannot write {removed_marker(self.paths)}: {exc.strerror}")
         self.say(f"the control plane removed this node: {message}; stopping")
         if self.stop_requested is not None:
             self.stop_requested.set()
