@@ -654,6 +654,42 @@ def _nodes_uncordon(w: World) -> None:
     assert done["maintenance"]["cordoned"] is False
 
 
+_NODE_CHANGE_REFUSALS = [
+    ("globex-admin", "node_acme", "not_found"), ("acme-admin", "node_both", "not_found"),
+    ("acme-admin", "node_root", "not_found"), ("acme-member", "node_acme", "permission_denied"),
+    ("acme-ro", "node_acme", "permission_denied"),
+    ("root-member", "node_acme", "permission_denied"),
+    ("root-member", "node_root", "permission_denied"),
+    ("root-ro", "node_both", "permission_denied"),
+]
+
+
+@case("nodes.drain")
+def _nodes_drain(w: World) -> None:
+    with_fleet(w)
+    for who, node, code in _NODE_CHANGE_REFUSALS:
+        w.refused(who, "nodes.drain", code, nodeId=w.ids[node], reason="mine now")
+    for node in ("node_acme", "node_both", "node_root"):
+        assert node_state(w, node)["maintenance"]["state"] == "none"
+    drained = w.ok("acme-admin", "nodes.drain", nodeId=w.ids["node_acme"], reason="psu")
+    assert drained["maintenance"]["state"] == "drained"  # nothing held on it
+
+
+@case("nodes.remove")
+def _nodes_remove(w: World) -> None:
+    with_fleet(w)
+    for who, node, code in _NODE_CHANGE_REFUSALS:
+        w.refused(who, "nodes.remove", code, nodeId=w.ids[node], force=True)
+    holding = rsv(w, "rsv_acme")["nodeId"]  # root's node, holding acme's reservation
+    w.refused("acme-admin", "nodes.remove", "not_found", nodeId=holding, force=True)
+    w.refused("root", "nodes.remove", "conflict", nodeId=holding)  # held: needs --force
+    for node in ("node_acme", "node_both", "node_root"):
+        assert node_state(w, node)["provisionState"] == "adopted"
+    assert rsv(w, "rsv_acme")["state"] == "placed"
+    removed = w.ok("acme-admin", "nodes.remove", nodeId=w.ids["node_acme"], reason="retired")
+    assert removed["provisionState"] == "removed"
+
+
 @case("nodes.adopt")
 def _nodes_adopt(w: World) -> None:
     with_fleet(w)
