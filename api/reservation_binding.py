@@ -84,7 +84,7 @@ class ReservationBinding(ReservationBase):
             binding = {"nodeId": node_id, "cdiDevices": [f"bcd.dev/gpu={u}" for u in rsv.gpus],
                        "envFile": str(entry.get("envFile") or ""),
                        "cgroupParent": str(entry.get("cgroupParent") or "")}
-            if not rsv.bound(allocation_id, binding):
+            if not rsv.bound(allocation_id, binding, self.now()):
                 return []
             done["changed"] = True
             return [rsv]

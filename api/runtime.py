@@ -31,6 +31,7 @@ from better_compute.projections.framework import ProjectionRunner
 from better_compute.projections.free_gpus import FreeGpus
 from better_compute.projections.listings import Listings
 from better_compute.projections.reservations import Reservations
+from better_compute.projections.usage import UsageProjection
 
 
 class StoreEvents:
@@ -65,7 +66,8 @@ class Projections(ProjectionRunner):
         source = StoreEvents(store)
         self.sql: SqlRunner = store.sql()
         super().__init__(self.sql, source, [Listings(source), Capacity(),
-                                            FreeGpus(source), Reservations(source)])
+                                            FreeGpus(source), Reservations(source),
+                                            UsageProjection()])
 
 
 @dataclass

@@ -850,6 +850,31 @@ def _reservations_extend(w: World) -> None:
     assert extended["end"] > before
 
 
+# --------------------------------------------------------------------------- usage
+
+
+@case("usage.report")
+def _usage_report(w: World) -> None:
+    with_fleet(w)
+    window = {"from": "-1d", "to": "+1d"}
+    for who, tenant in [("acme-ro", "globex"), ("acme-admin", "root"),
+                        ("globex-member", "acme")]:
+        w.refused(who, "usage.report", "permission_denied", tenantId=tenant, **window)
+    w.refused("globex-member", "usage.report", "not_found", poolId=w.ids["pool_acme"], **window)
+    w.refused(None, "usage.report", "unauthenticated", **window)
+    every = unchanged(w, "root-ro", "usage.report", **window)
+    assert {r["tenantId"] for r in every["rows"]} == {"acme", "globex"}
+    for who, tenant in [("acme-ro", "acme"), ("globex-member", "globex")]:
+        own = unchanged(w, who, "usage.report", by="tenant,pool,day", **window)
+        assert {r["tenantId"] for r in own["rows"]} == {tenant} and own["tenantId"] == tenant
+        assert own["total"]["reservations"] == 1  # rsv_acme_later has not started
+        text = json.dumps(own)
+        other = "globex" if tenant == "acme" else "acme"
+        assert other not in text and w.ids[f"rsv_{other}"] not in text
+    assert w.ok("root", "usage.report", tenantId="acme", **window)["rows"][0]["tenantId"] == \
+        "acme"
+
+
 # ---------------------------------------------------------------------------- tests
 
 
