@@ -45,9 +45,12 @@ def parse_start(text: str, now: datetime, *, flag: str = "--start") -> datetime:
 
 
 def parse_instant(text: str, now: datetime, *, flag: str = "--from") -> datetime:
-    """A point in time for ranges (audits, usage): ``now``, ``-DURATION`` (that long ago),
-    ``+DURATION``, an RFC 3339 time, or a date ``YYYY-MM-DD`` (its midnight, UTC)."""
+    """A point in time for ranges (audits, usage): ``now``, ``now-DURATION`` or
+    ``-DURATION`` (that long ago), ``now+DURATION`` or ``+DURATION``, an RFC 3339 time, or
+    a date ``YYYY-MM-DD`` (its midnight, UTC)."""
     text = text.strip()
+    if text.startswith("now") and text != "now":
+        text = text[3:]  # now-24h is -24h
     if text == "now":
         return now
     if text.startswith("-"):
@@ -62,5 +65,5 @@ def parse_instant(text: str, now: datetime, *, flag: str = "--from") -> datetime
     except InvalidInput:
         raise InvalidInput(
             f"{flag} {text!r} is not a time: write an RFC 3339 time (2026-11-01T00:00:00Z), a "
-            "date (2026-11-01, midnight UTC), -DURATION for that long ago (-24h) or now"
+            "date (2026-11-01, midnight UTC), now-DURATION for that long ago (now-24h) or now"
         ) from None

@@ -227,14 +227,14 @@ examples:
   better-compute events watch --types 'node.*,reservation.*'
   better-compute events watch --since 1200          # resume after sequence 1200
   better-compute events watch --actor tok_…         # what one token does, live
-  better-compute events watch --from -1h --subject node_…"""
+  better-compute events watch --from now-1h --subject node_…"""
 
 LIST_EXAMPLES = """\
 examples:
   better-compute events list --limit 20
   better-compute events list --actor tok_… --from 2026-11-01 --to 2026-12-01
   better-compute events list --subject rsv_… --types 'reservation.*'
-  better-compute events list --from -24h --actor controller:reservations"""
+  better-compute events list --from now-24h --actor controller:reservations"""
 
 
 def _audit_flags(p: Any) -> None:
@@ -246,7 +246,7 @@ def _audit_flags(p: Any) -> None:
                    "tok_…, pool_…, a tenant id)")
     p.add_argument("--from", dest="from_time", metavar="TIME",
                    help="only events at or after TIME: RFC 3339, a date (midnight UTC), "
-                   "-DURATION (that long ago, e.g. -24h) or now")
+                   "now-DURATION (that long ago, e.g. now-24h) or now")
     p.add_argument("--to", dest="to_time", metavar="TIME",
                    help="only events before TIME (same forms as --from)")
 

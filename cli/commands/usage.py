@@ -14,7 +14,7 @@ EXAMPLES = """\
 examples:
   better-compute usage --from 2026-11-01 --to 2026-12-01                 # every tenant (root)
   better-compute usage --tenant acme --from 2026-11-01 --to 2026-12-01 --by pool,day
-  better-compute usage --from -24h --by day -o csv > usage.csv            # for billing
+  better-compute usage --from now-24h --by day -o csv > usage.csv            # for billing
   better-compute usage --pool pool_… --from 2026-11-01 --query total.bookedGpuHours"""
 
 
@@ -49,8 +49,8 @@ def register(sub: Any) -> None:
                  output=False, epilog=EXAMPLES,
                  formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="from_time", required=True, metavar="TIME",
-                   help="the window's start: RFC 3339, a date (midnight UTC) or -DURATION "
-                   "(e.g. -30d)")
+                   help="the window's start: RFC 3339, a date (midnight UTC) or now-DURATION "
+                   "(e.g. now-30d)")
     p.add_argument("--to", dest="to_time", metavar="TIME",
                    help="the window's end, excluded (same forms; default: now)")
     p.add_argument("--tenant",

@@ -8,6 +8,7 @@ and gets its old node back. Every wait is on a condition with a deadline.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +91,18 @@ def test_drain_remove_force_and_rejoin(cluster: Cluster) -> None:
     types = [e["type"] for e in c.cli_json("nodes", "events", c.node)]
     assert types[types.index("node.removed"):][:2] == ["node.removed", "node.rejoined"]
     assert types[-1] == "node.adopted"
+
+    # Who did each: the operator's token, the node, the controllers, the join token.
+    me = c.cli("api", "system.whoami", "--query", "tokenId")
+    actors = {(e["type"], e["actor"]) for e in c.cli_json("nodes", "events", c.node)}
+    assert {("node.draining", me), ("node.removed", me), ("node.connected", c.node),
+            ("node.adopted", c.node), ("node.acceptance.started", "controller:nodes")} <= actors
+    rejoined = [a for t, a in actors if t == "node.rejoined"]
+    assert len(rejoined) == 1 and rejoined[0].startswith("jt_")
+    lines = c.cli("events", "list", "--subject", held["id"]).splitlines()
+    by_type = {e["type"]: e["actor"] for e in map(json.loads, lines)}
+    assert by_type == {"reservation.placed": me, "reservation.binding": "controller:reservations",
+                       "reservation.active": c.node, "reservation.released": me}
+    mine = [json.loads(x) for x in c.cli("events", "list", "--actor", me, "--from", "now-1h")
+            .splitlines()]
+    assert mine and {e["actor"] for e in mine} == {me}
