@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import _PINS, Cluster, running_cluster
+from tests.cluster import _PINS, Cluster, adopted_cluster
 from tests.support import cli_inprocess, eventually, wait_for_line
 
 FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": "0.2"}
@@ -22,11 +22,7 @@ FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": 
 
 @pytest.fixture
 def cluster(env: dict[str, str], tmp_path: Path) -> Iterator[Cluster]:
-    """The tutorial up to an adopted 8-GPU node whose bcd is running (epoch 1)."""
-    with running_cluster(env, tmp_path, FAST) as c:
-        c.join()
-        c.start_agent(epoch=1)
-        eventually(lambda: c.provision_state(c.node) == "adopted", "the node is adopted")
+    with adopted_cluster(env, tmp_path, FAST) as c:
         yield c
 
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 import better_compute.api.methods  # noqa: F401  (registers every method)
-from better_compute.api import pki, rpc
+from better_compute.api import rpc
 from better_compute.api.runtime import Runtime
 from tests.integration.test_isolation import World, build_world, mint, sealed_join, with_fleet
-from tests.support import POLICY, open_runtime
+from tests.support import POLICY, initialized_runtime
 
 # Methods that save no event (the isolation cases check they leave the log alone).
 READS = {
@@ -77,12 +77,7 @@ COMMANDS: dict[str, Step] = {
 
 @pytest.fixture
 def runtime(env: dict[str, str]) -> Iterator[Runtime]:
-    rt = open_runtime(env)
-    key = pki.new_master_key()
-    bundle = pki.generate_bundle()
-    rt.root_token = rt.service.initialize(  # type: ignore[attr-defined]
-        pki.public_parts(bundle), pki.seal_bundle(bundle, pki.parse_master_key(key)))
-    rt.service.master_key_text = lambda: key
+    rt = initialized_runtime(env)  # with the master key nodes.join needs
     yield rt
     rt.close()
 

@@ -31,7 +31,7 @@ from better_compute.api.wire.join import JoinRequest
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.fleet import add_nodes
 from tests.join_client import JoinAttempt, hardware, open_response
-from tests.support import POLICY, open_runtime
+from tests.support import POLICY, initialized_runtime
 
 # Methods whose isolation case is still to be written, each with the reason.
 # Keep this short: a method listed here is NOT checked.
@@ -449,12 +449,7 @@ def _join_tokens_revoke(w: World) -> None:
 @pytest.fixture
 def runtime(env: dict[str, str]) -> Iterator[Runtime]:
     """conftest's ``runtime``, keeping its master key: nodes.join unseals the PKI with it."""
-    rt = open_runtime(env)
-    key = pki.new_master_key()
-    bundle = pki.generate_bundle()
-    rt.root_token = rt.service.initialize(  # type: ignore[attr-defined]
-        pki.public_parts(bundle), pki.seal_bundle(bundle, pki.parse_master_key(key)))
-    rt.service.master_key_text = lambda: key
+    rt = initialized_runtime(env)
     yield rt
     rt.close()
 

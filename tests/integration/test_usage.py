@@ -129,3 +129,38 @@ def test_bad_windows_and_groupings_are_refused(world: Any) -> None:
         report(rt, start="yesterday")
     with pytest.raises(NotFound):
         report(rt, ACME, pool="pool_aaaaaaaaaaaaaaaaaaaaaaaaaa")
+
+
+def test_the_cli_writes_csv_for_billing(world: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+
+    import msgspec
+
+    from better_compute.api import rpc
+    from better_compute.api.schemas import RpcRequest
+    from better_compute.cli.context import Context
+    from better_compute.cli.main import build_parser
+
+    rt, clock, _, _ = world
+    clock.advance(hours=23)
+
+    class InProcess:  # the CLI's in-process client, on this test's store and clock
+        def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+            request = RpcRequest(method=method, params=msgspec.Raw(msgspec.json.encode(params)))
+            answer = rpc.answer(request, rt.service, lambda: OP)
+            assert answer.error is msgspec.UNSET, answer.error
+            return msgspec.to_builtins(answer.result)
+
+        def close(self) -> None:
+            pass
+
+    args = build_parser().parse_args(["usage", "--from", DAY[0], "--to", DAY[1],
+                                      "--by", "tenant,day", "-o", "csv"])
+    args.run(Context(env={}, args=args, _client=InProcess()), args)  # type: ignore[arg-type]
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert list(rows[0]) == ["tenantId", "day", "reservations", "bookedGpuSeconds",
+                             "bookedGpuHours", "activeGpuSeconds", "activeGpuHours"]
+    assert [(r["tenantId"], r["day"], r["bookedGpuSeconds"]) for r in rows] == [
+        ("acme", "2031-05-01", "93600"), ("acme", "2031-05-02", "28800"),
+        ("globex", "2031-05-01", "3600"), ("globex", "2031-05-02", "3600")]
