@@ -8,7 +8,6 @@ caught up first, so a caller always reads its own writes.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -19,7 +18,7 @@ from eventsourcing.persistence import IntegrityError
 
 from better_compute.api.actor import LOCAL, acting_as, current_actor
 from better_compute.api.token_use import TokenUse
-from better_compute.api.tokens import TokenService
+from better_compute.api.tokens import TokenService, new_token_secret
 from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.base import TenantOwned, fingerprint, iso
 from better_compute.domain.errors import (
@@ -52,10 +51,6 @@ Clock = Callable[[], datetime]
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def new_token_secret() -> str:
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 class ComputeService:

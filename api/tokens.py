@@ -9,6 +9,7 @@ has passed (authentication already refuses them by the clock).
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -19,12 +20,22 @@ from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.durations import format_duration
 from better_compute.domain.errors import Conflict, InvalidInput, NotFound
 from better_compute.domain.ids import parse_id
-from better_compute.domain.token import ApiToken, TokenLifetimes, effective_token_state, token_hash
+from better_compute.domain.token import (
+    TOKEN_PREFIX,
+    ApiToken,
+    TokenLifetimes,
+    effective_token_state,
+    token_hash,
+)
 
 if TYPE_CHECKING:
     from better_compute.api.service import ComputeService
 
 RESCAN_S = 30.0  # the controller looks for newly due tokens at least this often
+
+
+def new_token_secret() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 def lifetimes_from_env(env: Mapping[str, str]) -> TokenLifetimes:
@@ -60,8 +71,6 @@ class TokenService:
 
     def create(self, principal: Principal, tenant_id: str | None, role: str,
                name: str | None, ttl: str | None = None) -> dict[str, Any]:
-        from better_compute.api.service import new_token_secret
-
         service = self.service
         tenant = service._scope(principal, tenant_id)
         principal.require_admin_of(tenant, "create tokens")
@@ -105,8 +114,6 @@ class TokenService:
                ttl: str | None) -> dict[str, Any]:
         """A new secret for the token's tenant, role and name; the old one keeps working for
         ``grace``. Admins of the tenant rotate any of its tokens; any token rotates itself."""
-        from better_compute.api.service import new_token_secret
-
         service = self.service
         old = self._visible(principal, token_id)
         if principal.token_id != old.public_id:
