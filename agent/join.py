@@ -55,6 +55,7 @@ from .errors import BcdError
 from .files import write_atomic
 from .hardware import collect
 from .join_token import JoinToken, read_token
+from .node.state import removed_marker, removed_node
 from .paths import Paths
 from .version import bcd_version
 
@@ -270,9 +271,12 @@ def join(options: JoinOptions, *, paths: Paths, env: Mapping[str, str], stdin: T
          control_plane: Callable[[str], ControlPlane] = HttpControlPlane,
          hardware: Callable[[Paths, Mapping[str, str]], HardwareFacts] = collect) -> int:
     existing = config_file.load(paths.config)
+    removed = removed_node(paths)
     if existing is not None and existing.node is not None:
-        print(f"already joined as {existing.node.id}", file=out)
-        return 0
+        if removed != existing.node.id:
+            print(f"already joined as {existing.node.id}", file=out)
+            return 0
+        print(f"node {removed} was removed from the control plane: joining again", file=out)
     server, pins, gateway = resolve(options, existing)
     token: JoinToken = read_token(options.token_file, env, stdin)
     facts = hardware(paths, env)
@@ -288,6 +292,7 @@ def join(options: JoinOptions, *, paths: Paths, env: Mapping[str, str], stdin: T
     signed = plane.join(JoinParams(sealed=base64.b64encode(sealed).decode("ascii")))
     joined = verify_response(signed, signing, nonce, key)
     _write_identity(paths, server, pins, gateway, document, encryption, key, joined)
+    removed_marker(paths).unlink(missing_ok=True)
     if token.file is not None:
         token.file.unlink(missing_ok=True)
     response = joined.response

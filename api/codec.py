@@ -51,6 +51,9 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import get_topic, resolve_topic
 
+from better_compute.api.actor import current_actor
+from better_compute.domain.base import TenantOwned
+
 TAG = b'"_type_"'
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder()
@@ -239,6 +242,8 @@ class EventMapper(Mapper[Any]):
     def to_stored_event(self, domain_event: Any) -> StoredEvent:
         cls = type(domain_event)
         state = dict(vars(domain_event))
+        if isinstance(domain_event, TenantOwned.Event) and "actor" not in state:
+            state["actor"] = current_actor()  # who did it (api/actor.py)
         originator_id = state.pop("originator_id")
         originator_version = state.pop("originator_version")
         class_version = getattr(cls, "class_version", 1)

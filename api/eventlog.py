@@ -7,7 +7,9 @@ read", never a count.
 
 Who sees what: a tenant sees only events whose ``tenantId`` is its own; the
 root tenant sees every event. ``types`` takes globs of dotted names
-(``node.*,reservation.*``).
+(``node.*,reservation.*``). An audit narrows further by ``actor`` (who did it:
+``tok_…``, ``node_…``, ``jt_…``, ``controller:…``, ``local``), ``subject`` (the
+object's public id) and a time range [``from``, ``to``) on the event's ``time``.
 
 Retention: every event is kept today, so the retention floor is 0. A
 position below the floor, or beyond the head of this store (a log that was
@@ -20,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
@@ -29,6 +32,7 @@ from eventsourcing.persistence import Notification
 
 from better_compute.api.codec import EventMapper, MsgspecTranscoder, event_class, has_tags
 from better_compute.domain.access import Principal
+from better_compute.domain.durations import parse_instant
 from better_compute.domain.errors import Expired, InvalidInput
 from better_compute.domain.events import (
     _HIDDEN_FIELDS,
@@ -46,6 +50,8 @@ _ENCODER = msgspec.json.Encoder()
 _RAW_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _STR = msgspec.json.Decoder(str)
 _TENANTS: dict[bytes, str] = {}  # raw JSON of a tenant id -> the id (tenants are few)
+_ACTORS: dict[bytes, str] = {}  # raw JSON of an actor -> the actor (tokens, nodes: bounded)
+_MAX_ACTORS = 10_000
 _MAPPER = EventMapper(MsgspecTranscoder())
 
 
@@ -57,19 +63,43 @@ class LogEntry:
     type: str
     tenant_id: str
     line: bytes  # the public event JSON, without the newline
+    subject: str = ""
+    actor: str | None = None
+    time: str = ""  # RFC 3339, as the line shows it
+
+
+def entry_time(entry: LogEntry) -> datetime:
+    return datetime.fromisoformat(entry.time.replace("Z", "+00:00"))
 
 
 @dataclass(frozen=True)
 class EventFilter:
-    """Which events one reader sees: its tenant (None: every tenant) and its type globs."""
+    """Which events one reader sees: its tenant (None: every tenant) and its type globs,
+    narrowed by an audit's actor, subject and time range [since_time, until_time)."""
 
     tenant_id: str | None = None
     types: re.Pattern[str] | None = None
+    actor: str | None = None
+    subject: str | None = None
+    since_time: datetime | None = None
+    until_time: datetime | None = None
 
     def matches(self, entry: LogEntry) -> bool:
         if self.tenant_id is not None and entry.tenant_id != self.tenant_id:
             return False
-        return self.types is None or self.types.match(entry.type) is not None
+        if self.types is not None and self.types.match(entry.type) is None:
+            return False
+        if self.actor is not None and entry.actor != self.actor:
+            return False
+        if self.subject is not None and entry.subject != self.subject:
+            return False
+        if self.since_time is not None or self.until_time is not None:
+            at = entry_time(entry)
+            if self.since_time is not None and at < self.since_time:
+                return False
+            if self.until_time is not None and at >= self.until_time:
+                return False
+        return True
 
 
 def parse_types(types: str | Sequence[str] | None) -> list[str]:
@@ -79,12 +109,43 @@ def parse_types(types: str | Sequence[str] | None) -> list[str]:
     return [t.strip() for t in items if t.strip()]
 
 
-def filter_for(principal: Principal, types: str | Sequence[str] | None) -> EventFilter:
-    """The filter of a caller: its own tenant's events (root: all), of the given types."""
+def filter_for(principal: Principal, types: str | Sequence[str] | None, *,
+               audit: AuditFilter | None = None) -> EventFilter:
+    """The filter of a caller: its own tenant's events (root: all), of the given types,
+    narrowed by ``audit`` (actor, subject, time range)."""
+    audit = audit or AuditFilter()
     return EventFilter(
         tenant_id=None if principal.is_root else principal.tenant_id,
         types=compile_type_filter(parse_types(types)),
+        actor=audit.actor, subject=audit.subject, since_time=audit.since_time,
+        until_time=audit.until_time,
     )
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    """What an audit asks of the log besides types: who, about what, when."""
+
+    actor: str | None = None
+    subject: str | None = None
+    since_time: datetime | None = None
+    until_time: datetime | None = None
+
+    @classmethod
+    def parse(cls, actor: str | None, subject: str | None, since_time: str | None,
+              until_time: str | None, now: datetime) -> AuditFilter:
+        """From the params of events.list and /watch (``from``/``to``: domain/durations.py)."""
+        start = parse_instant(since_time, now, flag="from") if since_time else None
+        end = parse_instant(until_time, now, flag="to") if until_time else None
+        if start is not None and end is not None and end <= start:
+            raise InvalidInput(f"to={until_time} is not after from={since_time}: the range is "
+                               "[from, to), give a later --to")
+        for name, value in (("actor", actor), ("subject", subject)):
+            if value is not None and (not value.strip() or len(value) > 200):
+                raise InvalidInput(f"{name}={value!r} is not an id: give a token id (tok_…), a "
+                                   "node id, an object id as the events' subject shows it")
+        return cls(actor.strip() if actor else None, subject.strip() if subject else None,
+                   start, end)
 
 
 def _public_name(key: str) -> str | None:
@@ -140,6 +201,7 @@ def _fast_doc(notification: Notification, shape: _Shape) -> dict[str, Any] | Non
     tenant_id = _TENANTS.get(bytes(tenant))
     if tenant_id is None:
         tenant_id = _TENANTS.setdefault(bytes(tenant), _STR.decode(tenant))
+    actor = _actor(fields.get("actor"))
     if shape.tenant_subject:
         subject = tenant_id
     elif shape.subject is None:
@@ -153,8 +215,23 @@ def _fast_doc(notification: Notification, shape: _Shape) -> dict[str, Any] | Non
             if key not in names:
                 names[key] = _public_name(key)
     data = {name: raw for key, raw in fields.items() if (name := names[key]) is not None}
-    return {"sequence": notification.id, "type": shape.type, "time": time,
-            "tenantId": tenant_id, "subject": subject, "data": data}
+    return {"sequence": notification.id, "type": shape.type, "time": _STR.decode(time),
+            "tenantId": tenant_id, "subject": subject, "actor": actor, "data": data}
+
+
+def _actor(raw: msgspec.Raw | None) -> str | None:
+    if raw is None:
+        return None
+    key = bytes(raw)
+    actor = _ACTORS.get(key)
+    if actor is None:
+        value = msgspec.json.decode(key)
+        if not isinstance(value, str):
+            return None
+        if len(_ACTORS) < _MAX_ACTORS:
+            _ACTORS[key] = value
+        return value
+    return actor
 
 
 def render(notification: Notification, decode: Any = None) -> LogEntry:
@@ -173,7 +250,8 @@ def render(notification: Notification, decode: Any = None) -> LogEntry:
     if doc is None:
         event = (decode or _MAPPER.to_domain_event)(notification)
         doc = public_event(notification.id, event)
-    return LogEntry(notification.id, doc["type"], str(doc["tenantId"]), _ENCODER.encode(doc))
+    return LogEntry(notification.id, doc["type"], str(doc["tenantId"]), _ENCODER.encode(doc),
+                    str(doc["subject"]), doc.get("actor"), str(doc["time"]))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@
 sealed JoinRequest with the join encryption key, checks the token (hash, TTL,
 uses, binding), issues the node certificate for the CSR's key, then saves the
 spent token and the new Node (``adopting``) in ONE atomic save, and answers a
-JoinResponse signed by the join signing key. Any refusal saves nothing, except
+JoinResponse signed by the join signing key. A machine is one node: the
+node's id derives from its hardware key, so the same machine joining again
+is refused while its node exists, and gets its node back (``node.rejoined``)
+once that node was removed. Any refusal saves nothing, except
 that the first join attempted after a token's end records ``joinToken.expired``.
 The token's secret is never stored, logged or put into an event.
 """
@@ -17,12 +20,14 @@ import contextlib
 import secrets
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 import msgspec
 from cryptography import x509
 from eventsourcing.persistence import IntegrityError
 
 from better_compute.api import pki
+from better_compute.api.actor import acting_as
 from better_compute.api.service import ComputeService
 from better_compute.api.wire.join import HardwareFacts, JoinRequest, JoinResponse
 from better_compute.domain.access import Principal
@@ -31,10 +36,11 @@ from better_compute.domain.errors import (
     Conflict,
     InvalidInput,
     NotFound,
+    PermissionDenied,
     Unauthenticated,
     Unavailable,
 )
-from better_compute.domain.ids import check_key, new_uuid, parse_id, public_id
+from better_compute.domain.ids import check_key, named_uuid, parse_id, public_id
 from better_compute.domain.join_token import (
     UNKNOWN_TOKEN,
     JoinToken,
@@ -154,6 +160,11 @@ class JoinService:
         token = self.service._get(JoinToken, token_uuid_of_secret(request.token))
         if token is None or not token.matches(request.token):
             raise Unauthenticated(UNKNOWN_TOKEN)
+        with acting_as(token.public_id):  # the join token admitted the machine
+            return self._join_with(token, bundle, request, csr)
+
+    def _join_with(self, token: JoinToken, bundle: pki.PkiBundle, request: JoinRequest,
+                   csr: x509.CertificateSigningRequest) -> dict[str, str] | None:
         now = self.service.clock()
         refusal = token.refusal(now)
         if refusal is not None:
@@ -166,20 +177,27 @@ class JoinService:
         hardware_key = check_binding(token.expect, hw.serial, hw.product_uuid, hw.macs)
         if self.service._get(Pool, parse_id("pool", token.pool_id)) is None:
             raise NotFound(f"pool {token.pool_id} of join token {token.public_id} is gone")
-        node_uuid = new_uuid()
+        node_uuid = machine_node_uuid(hardware_key)
+        earlier = self.service._get(Node, node_uuid)
+        _check_rejoin(earlier, token, hardware_key)
         node_id = public_id("node", node_uuid)
         cert = pki.issue_node_certificate(bundle, csr, node_id, token.site_id, now=now,
                                           lifetime=NODE_CERTIFICATE_LIFETIME)
         not_after = cert.not_valid_after_utc
-        node = Node(
-            id=node_uuid, tenant_id=token.tenant_id, pool_id=token.pool_id,
-            site_id=token.site_id, join_token_id=token.public_id, role=NODE_ROLE,
-            hardware_key=hardware_key, hardware=_hardware_doc(hw),
-            gpus=[msgspec.to_builtins(g) for g in hw.gpus],
-            key_pin=pki.spki_pin(csr.public_key()),
-            certificate_serial=format(cert.serial_number, "x"), certificate_not_after=not_after,
-            bcd_version=request.bcd_version,
-        )
+        facts: dict[str, Any] = {
+            "pool_id": token.pool_id, "site_id": token.site_id,
+            "join_token_id": token.public_id, "hardware": _hardware_doc(hw),
+            "gpus": [msgspec.to_builtins(g) for g in hw.gpus],
+            "key_pin": pki.spki_pin(csr.public_key()),
+            "certificate_serial": format(cert.serial_number, "x"),
+            "certificate_not_after": not_after, "bcd_version": request.bcd_version,
+        }
+        if earlier is not None:  # a removed node: the machine gets it back
+            node = earlier
+            node.rejoin(**facts, at=now)
+        else:
+            node = Node(id=node_uuid, tenant_id=token.tenant_id, role=NODE_ROLE,
+                        hardware_key=hardware_key, **facts)
         token.use(node_id, hardware_key, now)
         try:
             self.service.store.save(token, node)
@@ -223,6 +241,29 @@ class JoinService:
         if not 16 <= len(request.nonce) <= 128:
             raise InvalidInput("the join request's nonce must be 16 to 128 characters (base64)")
         return request
+
+
+def machine_node_uuid(hardware_key: str) -> UUID:
+    """The node id of a machine: one per hardware key, so a machine is one node for good."""
+    return named_uuid("node-machine", hardware_key)
+
+
+def _check_rejoin(earlier: Node | None, token: JoinToken, hardware_key: str) -> None:
+    """A machine joins once; a removed node comes back only into its own tenant's pools."""
+    if earlier is None:
+        return
+    if not earlier.removed:
+        raise Conflict(
+            f"this machine ({hardware_key}) already joined as node {earlier.public_id} "
+            f"({earlier.provision_state}): a machine is one node. If its identity is intact, "
+            "start bcd node with its config; to join it afresh, remove the node first "
+            f"(`better-compute nodes remove {earlier.public_id}`), then run bcd join again",
+            data={"nodeId": earlier.public_id})
+    if earlier.tenant_id != token.tenant_id:
+        raise PermissionDenied(
+            f"this machine ({hardware_key}) was a node of another tenant and was removed; a "
+            "removed node joins again only into a pool of its own tenant: ask the platform "
+            "operator")
 
 
 def _load_csr(text: str) -> x509.CertificateSigningRequest:

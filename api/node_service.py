@@ -21,6 +21,8 @@ from better_compute.api.eventlog import render
 from better_compute.api.node_presence import Reports
 from better_compute.api.service import ComputeService
 from better_compute.domain.access import Principal
+from better_compute.domain.base import TenantOwned
+from better_compute.domain.bookings import NodeBookings, bookings_uuid
 from better_compute.domain.errors import Conflict, InvalidInput, NotFound
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
@@ -32,6 +34,8 @@ from better_compute.domain.node_rules import (
 )
 from better_compute.domain.policy import node_sections
 from better_compute.domain.pool import Pool
+from better_compute.domain.quota import QuotaUse, quota_uuid
+from better_compute.domain.reservation import Reservation
 from better_compute.projections.capacity import count_nodes, read_capacity
 
 T = TypeVar("T")
@@ -189,6 +193,89 @@ class NodeService:
         principal.require_admin_of(node.tenant_id, "uncordon nodes")
         node, _ = self._change(node.id, lambda n: n.uncordon(self.clock(), principal.token_id))
         return node.to_doc()
+
+    # ---------------------------------------------------- drain and remove
+
+    def _bookings(self, node: Node) -> NodeBookings | None:
+        return self.service._get(NodeBookings, bookings_uuid(node.public_id))
+
+    def _held(self, node: Node) -> set[str]:
+        """Allocation ids held (device assignments) or booked (now or later) on ``node``."""
+        bookings = self._bookings(node)
+        return {*(bookings.bookings if bookings else {}),
+                *(str(a["allocationId"]) for a in node.device_assignments())}
+
+    def drain(self, principal: Principal, node_id: str, reason: str | None) -> dict[str, Any]:
+        """No new placements; what is held or booked stays until it ends (docs/nodes.md)."""
+        node = self._node(principal, node_id)
+        principal.require_admin_of(node.tenant_id, "drain nodes")
+        why = _reason(reason, "drain") or "drain"
+
+        def change(n: Node) -> bool:
+            return n.drain(why, self.clock(), principal.token_id, len(self._held(n)))
+
+        node, _ = self._change(node.id, change)
+        return node.to_doc()
+
+    def remove(self, principal: Principal, node_id: str, reason: str | None, force: bool
+               ) -> dict[str, Any]:
+        """Out of its pool. Refused while anything is held or booked, unless ``force``:
+        then every reservation on it is released (reason ``node-removed``) in the same
+        atomic save, before ``node.removed``."""
+        first = self._node(principal, node_id)
+        principal.require_admin_of(first.tenant_id, "remove nodes")
+        why = _reason(reason, "remove") or "removed"
+        for _ in range(_ATTEMPTS):
+            node = self.load(first.id)
+            assert node is not None
+            if node.removed:
+                raise Conflict(f"node {node.public_id} is already removed: the machine joins "
+                               "again with bcd join")
+            bookings = self._bookings(node)
+            held = sorted({str(b["reservationId"]) for b in (bookings.bookings if bookings
+                                                              else {}).values()}
+                          | {str(a.get("reservationId")) for a in node.device_assignments()})
+            if held and not force:
+                raise Conflict(
+                    f"node {node.public_id} still holds or has booked {len(held)} "
+                    f"reservation{'s' if len(held) != 1 else ''} ({', '.join(held[:5])}"
+                    f"{', …' if len(held) > 5 else ''}): drain it and wait until "
+                    f"`better-compute nodes get {node.public_id} --query maintenance.state` says "
+                    "drained, or remove it now with --force (releases them)")
+            now = self.clock()
+            released, changed = self._release_all(node, bookings, now) if held else ([], [])
+            node.remove(now, principal.token_id, why, released)
+            try:
+                self.service.store.save(*changed, node)
+            except IntegrityError:
+                continue  # a booking or the node changed meanwhile: look again
+            return node.to_doc()
+        raise Conflict("the node kept changing while it was being removed: try again")
+
+    def _release_all(self, node: Node, bookings: NodeBookings | None, now: datetime
+                     ) -> tuple[list[str], list[TenantOwned]]:
+        """Release every live reservation booked on ``node`` and end its bookings."""
+        released: list[str] = []
+        changed: list[TenantOwned] = []
+        quotas: dict[UUID, QuotaUse] = {}
+        for allocation_id, booking in list((bookings.bookings if bookings else {}).items()):
+            rsv = self.service._get(Reservation, parse_id("rsv", str(booking["reservationId"])))
+            if rsv is not None and rsv.allocation_id == allocation_id and \
+                    rsv.release(now, reason="node-removed"):
+                released.append(rsv.public_id)
+                changed.append(rsv)
+                key = quota_uuid(rsv.pool_id, rsv.tenant_id)
+                quota = quotas.get(key) or self.service._get(QuotaUse, key)
+                if quota is not None and quota.refund(rsv.public_id):
+                    quotas[key] = quota
+            assert bookings is not None
+            bookings.end(allocation_id, now)
+            node.unassign_devices(allocation_id, now)
+        for assignment in node.device_assignments():  # a hold with no booking left
+            node.unassign_devices(str(assignment["allocationId"]), now)
+        if bookings is not None and bookings.pending_events:
+            changed.append(bookings)
+        return released, [*changed, *quotas.values()]
 
     # ------------------------------------------------- gateway and controller
 

@@ -132,8 +132,12 @@ class ReservationBase:
             if quota is not None and quota.refund(rsv.public_id):
                 out.append(quota)
         node = self.get(Node, parse_id("node", rsv.node_id))
-        if node is not None and node.unassign_devices(rsv.allocation_id, at):
-            out.append(node)
+        if node is not None:
+            changed = node.unassign_devices(rsv.allocation_id, at)
+            if bookings is not None and not bookings.bookings:  # a draining node's last one
+                changed = node.mark_drained(at) or changed
+            if changed:
+                out.append(node)
         return out
 
 

@@ -88,7 +88,7 @@ class ReservationBinding(ReservationBase):
                 "cgroupParent": str(entry.get("cgroupParent") or "")}
             if rsv.kubernetes:
                 binding["kubernetes"] = self._kubelet_view(rsv)
-            if not rsv.bound(allocation_id, binding):
+            if not rsv.bound(allocation_id, binding, self.now()):
                 return []
             done["changed"] = True
             return [rsv]

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from better_compute.api.actor import LOCAL, acting_as
 from better_compute.api.schemas import Params, RpcError, RpcRequest, RpcResponse
 from better_compute.api.service import ComputeService
 from better_compute.domain.access import Principal
@@ -126,7 +127,9 @@ def answer(
     try:
         principal = authenticate() if not m.public else _maybe(authenticate)
         params = decode_params(m, request.params)
-        result = m.handler(Call(service, principal), params)  # type: ignore[arg-type]
+        actor = None if principal is None else (principal.token_id or LOCAL)
+        with acting_as(actor):  # the events this call saves carry who made it
+            result = m.handler(Call(service, principal), params)  # type: ignore[arg-type]
     except Exception as exc:
         return RpcResponse(id=request.id, error=_error(exc))
     return RpcResponse(id=request.id, result=result)

@@ -23,12 +23,15 @@ from better_compute.api.store import (
     open_store,
     setup_lock,
 )
+from better_compute.api.token_use import TokenUse
+from better_compute.api.tokens import lifetimes_from_env
 from better_compute.domain.errors import InvalidInput
 from better_compute.projections.capacity import Capacity
 from better_compute.projections.framework import ProjectionRunner
 from better_compute.projections.free_gpus import FreeGpus
 from better_compute.projections.listings import Listings
 from better_compute.projections.reservations import Reservations
+from better_compute.projections.usage import UsageProjection
 
 
 class StoreEvents:
@@ -63,7 +66,8 @@ class Projections(ProjectionRunner):
         source = StoreEvents(store)
         self.sql: SqlRunner = store.sql()
         super().__init__(self.sql, source, [Listings(source), Capacity(),
-                                            FreeGpus(source), Reservations(source)])
+                                            FreeGpus(source), Reservations(source),
+                                            UsageProjection()])
 
 
 @dataclass
@@ -82,15 +86,23 @@ class Runtime:
             store = open_store(config)
             try:
                 projections = Projections(store)
+                TokenUse.create_table(projections.sql)
+                lifetimes = lifetimes_from_env(env)
             except BaseException:
                 store.close()
                 raise
         runtime = cls(config, store, projections, ComputeService(store, projections), env)
         runtime.service.master_key_text = runtime.master_key_text
+        runtime.service.lifetimes = lifetimes
         return runtime
 
     def close(self) -> None:
-        self.store.close()
+        try:
+            self.service.token_use.flush()  # the last uses noted (the CLI's in-process mode)
+        except Exception:  # the store is gone: a last-use time is not worth failing for
+            pass
+        finally:
+            self.store.close()
 
     @property
     def data_dir(self) -> Path:

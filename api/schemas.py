@@ -36,10 +36,17 @@ class TokensCreate(Params, kw_only=True):
     role: str
     tenant_id: str | None = None
     name: str | None = None
+    ttl: str | None = None  # e.g. 90d; default and maximum: the server's settings
 
 
 class TokensRevoke(Params, kw_only=True):
     token_id: str  # the tok_ id names the tenant; no tenantId to contradict it
+
+
+class TokensRotate(Params, kw_only=True):
+    token_id: str
+    grace: str | None = None  # how long the old secret keeps working (default: the server's)
+    ttl: str | None = None  # the new token's lifetime (default: the old one's)
 
 
 class SitesCreate(Params, kw_only=True):

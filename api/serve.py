@@ -15,6 +15,7 @@ from better_compute.api.app import LifespanTask, build_app
 from better_compute.api.controllers.runner import run_controllers
 from better_compute.api.net import is_loopback
 from better_compute.api.runtime import Runtime
+from better_compute.api.token_use import flush_token_use
 from better_compute.api.watch import stop_streams
 from better_compute.domain.errors import InvalidInput
 
@@ -117,7 +118,7 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
         cert, key = tls_files(runtime, names)
         ssl = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
         scheme = "https"
-    tasks: list[LifespanTask] = [run_controllers]
+    tasks: list[LifespanTask] = [run_controllers, flush_token_use]
     gateway_note = ""
     if options.gateway_listen:
         gateway_url, task = _gateway(options, gateway_url)

@@ -8,7 +8,6 @@ caught up first, so a caller always reads its own writes.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -17,8 +16,11 @@ from uuid import UUID
 from eventsourcing.application import AggregateNotFoundError, project_aggregate
 from eventsourcing.persistence import IntegrityError
 
+from better_compute.api.actor import LOCAL, acting_as, current_actor
+from better_compute.api.token_use import TokenUse
+from better_compute.api.tokens import TokenService, new_token_secret
 from better_compute.domain.access import ROOT_TENANT, Principal, Role
-from better_compute.domain.base import TenantOwned, fingerprint
+from better_compute.domain.base import TenantOwned, fingerprint, iso
 from better_compute.domain.errors import (
     Conflict,
     InvalidInput,
@@ -34,7 +36,13 @@ from better_compute.domain.policy import parse_policy, policy_to_dict
 from better_compute.domain.pool import NODE_CLASSES, Pool, parse_quota
 from better_compute.domain.site import SITE_KINDS, Site
 from better_compute.domain.tenant import Tenant, tenant_uuid
-from better_compute.domain.token import TOKEN_PREFIX, ApiToken, token_hash, token_uuid
+from better_compute.domain.token import (
+    TOKEN_PREFIX,
+    ApiToken,
+    TokenLifetimes,
+    token_hash,
+    token_uuid,
+)
 from better_compute.projections.listings import query_listing
 
 A = TypeVar("A", bound=TenantOwned)
@@ -43,10 +51,6 @@ Clock = Callable[[], datetime]
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def new_token_secret() -> str:
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 class ComputeService:
@@ -59,6 +63,8 @@ class ComputeService:
         self.master_key_text: Callable[[], str] | None = None
         # The agents' gateway as `serve` publishes it (None in the CLI's in-process mode).
         self.gateway_url: str | None = None
+        self.lifetimes = TokenLifetimes()  # the Runtime sets the server's (api/tokens.py)
+        self.token_use = TokenUse(self.sql)
 
     # ----------------------------------------------------------------- helpers
 
@@ -147,7 +153,8 @@ class ComputeService:
         token = ApiToken(tenant_id=ROOT_TENANT, role=Role.ADMIN.value, name="root administrator",
                          secret_hash=token_hash(secret), created_by=None)
         try:
-            self.store.save(bundle, root, token)
+            with acting_as(current_actor() or LOCAL):
+                self.store.save(bundle, root, token)
         except IntegrityError:
             raise Conflict("this store was initialized by another process just now") from None
         return secret
@@ -165,7 +172,16 @@ class ComputeService:
             raise Unauthenticated(
                 "the API token is unknown or revoked: ask an admin of your tenant for a new one"
             )
-        return Principal(tenant_id=token.tenant_id, role=token.role_enum, token_id=token.public_id)
+        now = self.clock()
+        if token.expired(now):  # refused like a revoked token, by the clock (api/tokens.py)
+            raise Unauthenticated(
+                f"the API token {token.public_id} expired at {iso(token.ends_at)}: ask an admin "
+                "of your tenant for a new one; rotate tokens before they end "
+                "(`better-compute tokens rotate`)"
+            )
+        self.token_use.seen(token.public_id, now)  # memory only; flushed in batches
+        return Principal(tenant_id=token.tenant_id, role=token.role_enum,
+                         token_id=token.public_id, expires_at=token.ends_at)
 
     def _token(self, uuid: UUID) -> ApiToken | None:
         """A token read from its events alone, on every request (so a revocation anywhere
@@ -214,37 +230,17 @@ class ComputeService:
 
     # ------------------------------------------------------------------ tokens
 
-    def tokens_create(
-        self, principal: Principal, tenant_id: str | None, role: str, name: str | None
-    ) -> dict[str, Any]:
-        tenant = self._scope(principal, tenant_id)
-        principal.require_admin_of(tenant, "create tokens")
-        role_enum = Role.parse(role)
-        if role == "root-admin" and tenant != ROOT_TENANT:
-            raise InvalidInput(
-                f"root-admin exists only on the root tenant; for tenant {tenant} use --role admin"
-            )
-        self._tenant(tenant)
-        secret = new_token_secret()
-        token = ApiToken(tenant_id=tenant, role=role_enum.value, name=name or f"{role_enum.value} token",
-                         secret_hash=token_hash(secret), created_by=principal.token_id)
-        self._save(token)
-        return {**token.to_doc(), "token": secret}
+    # (api/tokens.py: lifetimes, rotation, expiry, last use)
+
+    def tokens_create(self, principal: Principal, tenant_id: str | None, role: str,
+                      name: str | None, ttl: str | None = None) -> dict[str, Any]:
+        return TokenService(self).create(principal, tenant_id, role, name, ttl)
 
     def tokens_list(self, principal: Principal, tenant_id: str | None) -> list[dict[str, Any]]:
-        tenant = self._scope(principal, tenant_id)
-        principal.require_admin_of(tenant, "list tokens")
-        return self.listing("apitoken", tenant_id=tenant)
+        return TokenService(self).list(principal, tenant_id)
 
     def tokens_revoke(self, principal: Principal, token_id: str) -> dict[str, Any]:
-        uuid = parse_id("tok", token_id)
-        token = self._get(ApiToken, uuid)
-        if token is None or not principal.can_see_tenant(token.tenant_id):
-            raise NotFound(f"no token {token_id!r}")
-        principal.require_admin_of(token.tenant_id, "revoke tokens")
-        token.revoke(self.clock(), principal.token_id)
-        self._save(token)
-        return token.to_doc()
+        return TokenService(self).revoke(principal, token_id)
 
     # ------------------------------------------------------------------- sites
 

@@ -52,7 +52,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from better_compute.api.eventlog import PAGE_SIZE, EventFilter, EventLog, LogEntry, filter_for
+from better_compute.api.eventlog import (
+    PAGE_SIZE,
+    AuditFilter,
+    EventFilter,
+    EventLog,
+    LogEntry,
+    filter_for,
+)
 from better_compute.api.settings import env_seconds
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, InvalidInput
@@ -63,6 +70,8 @@ WATCH_PATH = "/api/compute/events/watch"
 MAX_LINES_PER_WRITE = 1000
 PG_SAFETY_READ = 1.0  # seconds between reads when no commit was notified (PostgreSQL)
 _RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+AUDIT_PARAMS = ("actor", "subject", "from", "to")  # as events.list takes them
 
 _HTTP_STATUS = {
     "invalid_input": 400, "unauthenticated": 401, "permission_denied": 403,
@@ -322,13 +331,41 @@ def _error_line(exc: BetterComputeError) -> bytes:
                                           **({"data": exc.data} if exc.data else {})}}) + b"\n"
 
 
+class TokenCheck:
+    """The stream's token, checked again by the same authentication when its end comes.
+
+    An expired token fails ``authenticate`` like a revoked one (api/tokens.py),
+    so a stream open when its token's lifetime (or rotation grace) ends gets
+    the ``unauthenticated`` line and ends.
+    """
+
+    def __init__(self, service: Any, secret: str | None, principal: Principal) -> None:
+        self.service = service
+        self.secret = secret
+        self.ends_at = principal.expires_at
+
+    def due(self) -> bool:
+        return self.ends_at is not None and self.service.clock() >= self.ends_at
+
+    def check(self) -> None:
+        """Raises Unauthenticated once the token no longer authenticates."""
+        self.ends_at = self.service.authenticate(self.secret).expires_at
+
+
 async def stream_events(hub: WatchHub, flt: EventFilter, since: int,
-                        limiter: anyio.CapacityLimiter) -> AsyncIterator[bytes]:
+                        limiter: anyio.CapacityLimiter, token: TokenCheck | None = None
+                        ) -> AsyncIterator[bytes]:
     """The lines of one watcher: events after ``since`` in order, heartbeats, maybe an error."""
     position = since
     yield _heartbeat(position)
     last_sent = time.monotonic()
     while not hub.stopping:
+        if token is not None and token.due():
+            try:
+                await anyio.to_thread.run_sync(token.check, limiter=limiter)
+            except BetterComputeError as exc:
+                yield _error_line(exc)
+                return
         changed = hub.changed  # taken before reading: a publish after this read sets it
         got = hub.chunk(position, flt)
         if got is None:  # older than the window: read the store, one page at a time
@@ -376,28 +413,32 @@ async def watch_endpoint(request: Request) -> Response:
     secret = token.strip() if scheme.lower() == "bearer" else None
     service = state.runtime.service
 
-    def admit() -> tuple[EventFilter, int]:
+    def admit() -> tuple[EventFilter, int, TokenCheck]:
         principal: Principal = service.authenticate(secret or None)
-        unknown = set(request.query_params) - {"since", "types"}
+        check = TokenCheck(service, secret or None, principal)
+        query = request.query_params
+        unknown = set(query) - {"since", "types", *AUDIT_PARAMS}
         if unknown:
             raise InvalidInput(
                 f"unknown query parameter(s) {', '.join(sorted(unknown))}: /events/watch takes "
-                "since=SEQUENCE and types=GLOB,GLOB"
+                "since=SEQUENCE, types=GLOB,GLOB, actor, subject, from and to"
             )
-        flt = filter_for(principal, request.query_params.getlist("types"))
+        audit = AuditFilter.parse(query.get("actor"), query.get("subject"), query.get("from"),
+                                  query.get("to"), service.clock())
+        flt = filter_for(principal, query.getlist("types"), audit=audit)
         since = _parse_since(request.query_params.get("since"))
         head = hub.log.head()
         if since is None:
-            return flt, head
+            return flt, head, check
         hub.log.check_position(since, head)
-        return flt, since
+        return flt, since, check
 
     try:
-        flt, since = await anyio.to_thread.run_sync(admit, limiter=state.limiter)
+        flt, since, check = await anyio.to_thread.run_sync(admit, limiter=state.limiter)
     except BetterComputeError as exc:
         return _error_response(exc)
     return StreamingResponse(
-        stream_events(hub, flt, since, state.limiter),
+        stream_events(hub, flt, since, state.limiter, check),
         media_type="application/x-ndjson",
         headers={"cache-control": "no-store", "x-accel-buffering": "no"},
     )

@@ -9,6 +9,7 @@ a tenant never sees or changes another tenant's objects.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 from better_compute.domain.errors import InvalidInput, PermissionDenied
@@ -45,6 +46,7 @@ class Principal:
     tenant_id: str
     role: Role
     token_id: str | None = None
+    expires_at: datetime | None = None  # when the token stops working (None: never)
 
     @property
     def is_root_admin(self) -> bool:

@@ -42,3 +42,28 @@ def parse_start(text: str, now: datetime, *, flag: str = "--start") -> datetime:
     if value.tzinfo is None:
         raise InvalidInput(f"{flag} {text!r} has no time zone: add Z or an offset like +01:00")
     return value
+
+
+def parse_instant(text: str, now: datetime, *, flag: str = "--from") -> datetime:
+    """A point in time for ranges (audits, usage): ``now``, ``now-DURATION`` or
+    ``-DURATION`` (that long ago), ``now+DURATION`` or ``+DURATION``, an RFC 3339 time, or
+    a date ``YYYY-MM-DD`` (its midnight, UTC)."""
+    text = text.strip()
+    if text.startswith("now") and text != "now":
+        text = text[3:]  # now-24h is -24h
+    if text == "now":
+        return now
+    if text.startswith("-"):
+        return now - parse_duration(text[1:], flag=flag)
+    if re.match(r"^\d{4}-\d{2}-\d{2}$", text):
+        try:
+            return datetime.fromisoformat(text + "T00:00:00+00:00")
+        except ValueError:
+            raise InvalidInput(f"{flag} {text!r} is not a date (YYYY-MM-DD)") from None
+    try:
+        return parse_start(text, now, flag=flag)
+    except InvalidInput:
+        raise InvalidInput(
+            f"{flag} {text!r} is not a time: write an RFC 3339 time (2026-11-01T00:00:00Z), a "
+            "date (2026-11-01, midnight UTC), now-DURATION for that long ago (now-24h) or now"
+        ) from None

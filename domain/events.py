@@ -2,7 +2,7 @@
 
 The stored topic of each event is its public type (``site.created``). This
 module turns a stored event into the wire shape
-``{"sequence", "type", "time", "tenantId", "subject", "data"}`` and decides
+``{"sequence", "type", "time", "tenantId", "subject", "actor", "data"}`` and decides
 which fields are never published (hashes, sealed keys, idempotency prints).
 """
 
@@ -18,7 +18,7 @@ from better_compute.domain.ids import public_id
 
 _HIDDEN_FIELDS = frozenset(
     {"originator_id", "originator_version", "timestamp", "originator_topic", "tenant_id",
-     "secret_hash", "sealed", "fingerprint"}
+     "secret_hash", "sealed", "fingerprint", "actor"}
 )
 
 # The head of an event type names the aggregate; the subject is its public id.
@@ -86,6 +86,7 @@ def public_event(sequence: int, domain_event: Any) -> dict[str, Any]:
         "time": _plain(domain_event.timestamp),
         "tenantId": domain_event.tenant_id,
         "subject": subject_of(domain_event),
+        "actor": getattr(domain_event, "actor", None),
         "data": event_data(domain_event),
     }
 

@@ -16,6 +16,12 @@ health changes (``node.gpu.unhealthy`` / ``node.gpu.healthy``) and
 maintenance (``node.cordoned`` / ``node.uncordoned``) change its conditions
 and its capacity, never a hold. Every lifecycle event carries ``at``, the
 control plane's clock when it was decided.
+
+Retiring (docs/nodes.md, "Drain, remove, re-join"): ``node.draining`` is a
+cordon that also tracks when nothing is held any more (``node.drained``);
+``node.removed`` takes the node out of its pool and refuses its certificate
+at the gateway; the same machine joining again brings the removed node back
+(``node.rejoined``, in ``adopting``, with its new key and certificate).
 """
 
 from __future__ import annotations
@@ -37,10 +43,12 @@ from better_compute.domain.node_rules import (
     SESSION_DISCONNECTED,
     SESSION_NEVER,
     SESSION_UNREACHABLE,
+    placement_eligible,
 )
 
 PROVISION_ADOPTING = "adopting"
 PROVISION_ADOPTED = "adopted"
+PROVISION_REMOVED = "removed"
 NODE_ROLE = "node"
 ADOPTED_GENERATION = 1  # the desired-state generation a node gets when it is adopted
 
@@ -135,7 +143,7 @@ class Node(TenantOwned):
 
     def mark_unreachable(self, at: datetime, last_seen: datetime | None) -> bool:
         """No session and no heartbeat for the timeout; False when already unreachable."""
-        if self.session not in (SESSION_CONNECTED, SESSION_DISCONNECTED):
+        if self.session not in (SESSION_CONNECTED, SESSION_DISCONNECTED) or self.removed:
             return False
         self._unreachable(epoch=self.session_epoch, at=at, last_seen=last_seen or self.last_seen)
         return True
@@ -149,6 +157,9 @@ class Node(TenantOwned):
     def start_acceptance(self, at: datetime, checks: list[dict[str, Any]], reason: str,
                          requested_by: str | None) -> int:
         """Start the next acceptance attempt (the controller, or nodes.adopt after a failure)."""
+        if self.removed:
+            raise Conflict(f"node {self.public_id} was removed: the machine joins again with "
+                           "bcd join, then its acceptance starts")
         if self.adopted:
             raise Conflict(
                 f"node {self.public_id} is already adopted (attempt {self.acceptance_attempt} "
@@ -182,7 +193,8 @@ class Node(TenantOwned):
         first) or has not run for ``after`` yet. Sticky like any failure: nodes.adopt
         starts the next attempt.
         """
-        if attempt != self.acceptance_attempt or self.acceptance_state != ACCEPTANCE_RUNNING:
+        if attempt != self.acceptance_attempt or self.acceptance_state != ACCEPTANCE_RUNNING \
+                or self.removed:
             return False
         since = self.acceptance_since
         if since is not None and at - since < after:
@@ -200,8 +212,9 @@ class Node(TenantOwned):
         """Record the verdict on a running attempt; False for any other attempt (stale)."""
         if attempt != self.acceptance_attempt or self.acceptance_state != ACCEPTANCE_RUNNING:
             return False
-        if passed:
-            self._adopted(attempt=attempt, generation=ADOPTED_GENERATION, results=results,
+        if passed:  # generation 1, or the next one for a node that joined again
+            generation = max(ADOPTED_GENERATION, self.generation + 1)
+            self._adopted(attempt=attempt, generation=generation, results=results,
                           gpus=gpus if gpus is not None else self.gpus, at=at)
         else:
             self._acceptance_failed(attempt=attempt, message=message, results=results, at=at,
@@ -293,6 +306,8 @@ class Node(TenantOwned):
         self.cordoned = False
         self.cordon_reason = ""
         self.cordoned_since = at
+        self.draining = False  # uncordon also ends a drain
+        self.drained_at = None
         self._touch(at)
 
     # ------------------------------------------------ device assignments (reservations)
@@ -329,6 +344,122 @@ class Node(TenantOwned):
                         if k != allocation_id}
         self.generation = generation
 
+    # ------------------------------------------------ drain, removal, re-join
+
+    @property
+    def removed(self) -> bool:
+        return self.provision_state == PROVISION_REMOVED
+
+    @property
+    def maintenance_state(self) -> str:
+        """``none``, ``cordoned``, ``draining`` or ``drained`` (docs/nodes.md)."""
+        if getattr(self, "draining", False):
+            return "drained" if getattr(self, "drained_at", None) else "draining"
+        return "cordoned" if self.cordoned else "none"
+
+    def drain(self, reason: str, at: datetime, by: str | None, held: int) -> bool:
+        """No new placements; holds and future bookings stay until they end (``held`` of them
+        now). Drained at once when nothing is held. False when nothing changed."""
+        if self.removed:
+            raise Conflict(f"node {self.public_id} was removed: there is nothing to drain")
+        changed = False
+        if not getattr(self, "draining", False):
+            self._draining(reason=reason, at=at, by=by, held=held)
+            changed = True
+        if held == 0 and self.mark_drained(at):
+            changed = True
+        return changed
+
+    @event("Draining", topic="node.draining")
+    def _draining(self, reason: str, at: datetime, by: str | None, held: int) -> None:
+        self.cordoned = True  # a drain is a cordon that also says when nothing is held
+        self.cordon_reason = reason
+        self.cordoned_since = at
+        self.draining = True
+        self.drained_at: datetime | None = None
+        self._touch(at)
+
+    def mark_drained(self, at: datetime) -> bool:
+        """The last hold or booking of a draining node ended; False when not draining."""
+        if not getattr(self, "draining", False) or getattr(self, "drained_at", None) is not None:
+            return False
+        self._drained(at=at)
+        return True
+
+    @event("Drained", topic="node.drained")
+    def _drained(self, at: datetime) -> None:
+        self.drained_at = at
+        self._touch(at)
+
+    def remove(self, at: datetime, by: str | None, reason: str, released: list[str]) -> None:
+        """Out of its pool: the gateway refuses its certificate, capacity drops it. The
+        caller ended every booking first (``released``: the reservations it released)."""
+        if self.removed:
+            raise Conflict(f"node {self.public_id} is already removed")
+        if self.device_assignments():
+            raise Conflict(f"node {self.public_id} still holds allocations: release them first "
+                           "(`better-compute nodes remove NODE --force`)")
+        self._removed(at=at, by=by, reason=reason, certificate_serial=self.certificate_serial,
+                      released=list(released))
+
+    @event("Removed", topic="node.removed")
+    def _removed(self, at: datetime, by: str | None, reason: str, certificate_serial: str,
+                 released: list[str]) -> None:
+        self.provision_state = PROVISION_REMOVED
+        if self.session == SESSION_CONNECTED:
+            self.session = SESSION_DISCONNECTED
+            self.session_since = at
+        self.cordoned = False
+        self.cordon_reason = ""
+        self.draining = False
+        self.drained_at = None
+        self.removal = {"at": iso(at), "by": by, "reason": reason,
+                        "revokedCertificateSerial": certificate_serial,
+                        "releasedReservations": list(released)}
+        self._touch(at)
+
+    def rejoin(self, *, pool_id: str, site_id: str, join_token_id: str,
+               hardware: dict[str, Any], gpus: list[dict[str, Any]], key_pin: str,
+               certificate_serial: str, certificate_not_after: datetime,
+               bcd_version: str | None, at: datetime) -> None:
+        """The same machine joined again: the removed node comes back, ``adopting``."""
+        if not self.removed:
+            raise Conflict(f"node {self.public_id} was not removed")
+        self._rejoined(pool_id=pool_id, site_id=site_id, join_token_id=join_token_id,
+                       hardware=hardware, gpus=gpus, key_pin=key_pin,
+                       certificate_serial=certificate_serial,
+                       certificate_not_after=certificate_not_after, bcd_version=bcd_version,
+                       at=at)
+
+    @event("Rejoined", topic="node.rejoined")
+    def _rejoined(self, pool_id: str, site_id: str, join_token_id: str,
+                  hardware: dict[str, Any], gpus: list[dict[str, Any]], key_pin: str,
+                  certificate_serial: str, certificate_not_after: datetime,
+                  bcd_version: str | None, at: datetime) -> None:
+        # The session epoch, the desired-state generation and the acceptance attempt keep
+        # counting up: the new session fences off anything of the old one.
+        self.pool_id = pool_id
+        self.site_id = site_id
+        self.join_token_id = join_token_id
+        self.hardware = hardware
+        self.gpus = gpus
+        self.key_pin = key_pin
+        self.certificate_serial = certificate_serial
+        self.certificate_not_after = certificate_not_after
+        self.bcd_version = bcd_version
+        self.provision_state = PROVISION_ADOPTING
+        self.session = SESSION_NEVER
+        self.session_since = at
+        self.acceptance_state = ACCEPTANCE_PENDING
+        self.acceptance_checks = []
+        self.acceptance_results = []
+        self.acceptance_message = ""
+        self.acceptance_since = None
+        self.adopted_at = None
+        self.devices = {}
+        self.removal = None
+        self._touch(at)
+
     # ------------------------------------------------------------ derived state
 
     @property
@@ -337,8 +468,8 @@ class Node(TenantOwned):
 
     @property
     def schedulable(self) -> bool:
-        return (self.adopted and self.session != SESSION_UNREACHABLE and not self.cordoned
-                and any(bool(g.get("healthy", True)) for g in self.gpus))
+        return placement_eligible(self.provision_state, self.session, self.cordoned,
+                                  getattr(self, "draining", False), self.gpus)
 
     def _statuses(self) -> dict[str, bool]:
         return {
@@ -385,10 +516,15 @@ class Node(TenantOwned):
                          ("GpusUnhealthy", "; ".join(
                              f"{g.get('uuid')}: {', '.join(g.get('healthReasons') or ['unhealthy'])}"
                              for g in sick)))
-        if not self.adopted:
+        if self.removed:
+            sched = ("Removed", "the node was removed from its pool")
+        elif not self.adopted:
             sched = ("NotAdopted", "the node is still adopting")
         elif self.session == SESSION_UNREACHABLE:
             sched = ("Unreachable", "the node is unreachable")
+        elif getattr(self, "draining", False):
+            sched = ("Drained" if getattr(self, "drained_at", None) else "Draining",
+                     self.cordon_reason or "draining")
         elif self.cordoned:
             sched = ("Cordoned", self.cordon_reason or "in maintenance")
         elif not statuses["Schedulable"]:
@@ -438,8 +574,10 @@ class Node(TenantOwned):
                            "failureReason": (getattr(self, "acceptance_failure", None) or "checks")
                            if self.acceptance_state == ACCEPTANCE_FAILED else None},
             "generation": self.generation,
-            "maintenance": {"cordoned": self.cordoned, "reason": self.cordon_reason,
-                            "since": iso(self.cordoned_since)},
+            "maintenance": {"state": self.maintenance_state, "cordoned": self.cordoned,
+                            "reason": self.cordon_reason, "since": iso(self.cordoned_since),
+                            "drainedAt": iso(getattr(self, "drained_at", None))},
+            "removal": dict(getattr(self, "removal", None) or {}) or None,
             "hardwareKey": self.hardware_key,
             "hardware": dict(self.hardware),
             "gpus": [dict(g) for g in self.gpus],

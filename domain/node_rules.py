@@ -35,6 +35,19 @@ HOST_FIELDS = ("total", "allocatable", "allocated", "reserved", "available")
 RESOURCES = ("gpu", "cpu", "memory")
 
 
+def placement_eligible(provision_state: str, session: str, cordoned: bool, draining: bool,
+                       gpus: list[dict[str, Any]]) -> bool:
+    """May the placer put NEW work on a node? The one rule (docs/nodes.md, "Schedulable").
+
+    Adopted (not adopting, not removed), reachable, neither cordoned nor
+    draining, and some GPU healthy. Holds already on a node are never
+    affected by this: it decides new placements (and the earliest-start
+    search) only.
+    """
+    return (provision_state == "adopted" and session != SESSION_UNREACHABLE and not cordoned
+            and not draining and any(bool(g.get("healthy", True)) for g in gpus))
+
+
 def acceptance_checks(policy: dict[str, Any], gpu_model: str) -> list[dict[str, Any]]:
     """The checks a pool's policy asks for, as the ``acceptance`` section carries them."""
     expect = dict(policy.get("expect") or {})
@@ -123,6 +136,9 @@ def node_capacity(provision_state: str, session: str, cordoned: bool,
     take of it. reserved (booked, not yet held) is 0 here: nodes do not know
     about bookings that have not started.
     """
+    if provision_state == "removed":  # it left the pool: it adds nothing
+        return {"gpu": dict.fromkeys(GPU_FIELDS, 0.0), "cpu": dict.fromkeys(HOST_FIELDS, 0.0),
+                "memory": dict.fromkeys(HOST_FIELDS, 0.0)}
     total = len(gpus)
     gpu = dict.fromkeys(GPU_FIELDS, 0.0)
     gpu["total"] = total

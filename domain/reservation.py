@@ -124,15 +124,17 @@ class Reservation(TenantOwned):
         self.state = BINDING
         self.bind_deadline = deadline
 
-    def bound(self, allocation_id: str, binding: dict[str, Any]) -> bool:
-        """The node verified the hold; False when it is about an older allocation."""
+    def bound(self, allocation_id: str, binding: dict[str, Any], at: datetime | None = None
+              ) -> bool:
+        """The node verified the hold (at ``at``); False when it is about an older allocation."""
         if allocation_id != self.allocation_id or self.state != BINDING:
             return False
-        self._active(allocation_id=allocation_id, binding=binding)
+        self._active(allocation_id=allocation_id, binding=binding, at=at)
         return True
 
     @event("Active", topic="reservation.active")
-    def _active(self, allocation_id: str, binding: dict[str, Any]) -> None:
+    def _active(self, allocation_id: str, binding: dict[str, Any],
+                at: datetime | None = None) -> None:  # at: None in events before it existed
         self.state = ACTIVE
         self.binding = dict(binding)
         self.bind_deadline = None

@@ -166,10 +166,22 @@ def _apply_to_state(state: NodeState, event: Any, kind: str) -> None:
         reasons = [] if healthy else list(event.reasons)
         state.gpus = [{**g, "healthy": healthy, "healthReasons": reasons}
                       if g.get("uuid") == event.uuid else g for g in state.gpus]
-    elif kind == "node.cordoned":
+    elif kind in ("node.cordoned", "node.draining"):  # a drain is a cordon (domain/node.py)
         state.cordoned = True
     elif kind == "node.uncordoned":
         state.cordoned = False
+    elif kind == "node.removed":
+        # Out of the pool: it adds nothing, and nothing is left for the controller to watch.
+        state.provision_state, state.cordoned, state.holds = "removed", False, []
+        state.session, state.acceptance_state = SESSION_NEVER, ACCEPTANCE_PENDING
+    elif kind == "node.rejoined":
+        hardware = dict(event.hardware or {})
+        state.pool_id, state.provision_state = str(event.pool_id), "adopting"
+        state.session, state.session_since = SESSION_NEVER, _at(event)
+        state.acceptance_state, state.cordoned = ACCEPTANCE_PENDING, False
+        state.gpus = [dict(g) for g in event.gpus]
+        state.cpus = _num(hardware.get("cpus"))
+        state.memory_gib = _num(hardware.get("memoryGib"))
     elif kind == "node.devices.assigned":
         allocation = event.assignment.get("allocationId")
         state.holds = [h for h in state.holds if h.get("allocationId") != allocation]
@@ -309,6 +321,8 @@ def count_nodes(sql: Sql, pool_id: str) -> dict[str, int]:
         rows = cursor.fetchall()
     counts = {"total": 0, "adopting": 0, "adopted": 0, "connected": 0, "unreachable": 0}
     for row in rows:
+        if row["provision_state"] == "removed":
+            continue  # removed nodes left the pool
         n = int(row["n"])
         counts["total"] += n
         counts[str(row["provision_state"])] = counts.get(str(row["provision_state"]), 0) + n

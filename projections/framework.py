@@ -176,6 +176,19 @@ class ProjectionRunner:
             cursor, f"DELETE FROM {table} WHERE application_name = ?", (projection.tracking_name,)
         )
 
+    def rows_at_position(self, name: str) -> tuple[int, dict[str, list[dict[str, Any]]]]:
+        """A read model's rows, table by table, and the position they belong to (read under
+        the projection's lock, so no batch commits in between)."""
+        projection = self.get(name)
+        with self.sql.transaction(commit=True) as cursor:
+            self.sql.lock(cursor, projection.tracking_name)
+            position = self._position_in(cursor, projection)
+            tables: dict[str, list[dict[str, Any]]] = {}
+            for table in projection.table_names():
+                self.sql.execute(cursor, f"SELECT * FROM {table}")
+                tables[table] = [dict(row) for row in cursor.fetchall()]
+        return position, tables
+
     def status(self) -> list[ProjectionStatus]:
         head = self.source.head()
         return [

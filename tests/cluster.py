@@ -25,6 +25,7 @@ from tests.support import (
     Server,
     cli_inprocess,
     client_env,
+    eventually,
     free_port,
     initialize,
     run,
@@ -163,3 +164,14 @@ def running_cluster(env: Mapping[str, str], tmp_path: Path, fast: Mapping[str, s
             yield Cluster(operator.env, store_env, server, machine, pool)
         finally:
             machine.stop()
+
+
+@contextlib.contextmanager
+def adopted_cluster(env: Mapping[str, str], tmp_path: Path, fast: Mapping[str, str]
+                    ) -> Iterator[Cluster]:
+    """``running_cluster`` up to an adopted 8-GPU node whose bcd is running (epoch 1)."""
+    with running_cluster(env, tmp_path, fast) as c:
+        c.join()
+        c.start_agent(epoch=1)
+        eventually(lambda: c.provision_state(c.node) == "adopted", "the node is adopted")
+        yield c

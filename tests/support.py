@@ -187,3 +187,15 @@ def quick_init(runtime: Runtime) -> str:
     bundle = pki.generate_bundle()
     return runtime.service.initialize(pki.public_parts(bundle),
                                       pki.seal_bundle(bundle, pki.parse_master_key(key)))
+
+
+def initialized_runtime(env: Mapping[str, str]) -> Runtime:
+    """A Runtime on an initialized store that keeps its master key (``nodes.join`` unseals
+    the PKI with it); ``root_token`` is the root administrator's token."""
+    rt = open_runtime(env)
+    key = pki.new_master_key()
+    bundle = pki.generate_bundle()
+    rt.root_token = rt.service.initialize(  # type: ignore[attr-defined]
+        pki.public_parts(bundle), pki.seal_bundle(bundle, pki.parse_master_key(key)))
+    rt.service.master_key_text = lambda: key
+    return rt

@@ -33,7 +33,14 @@ from .journal import Journal
 from .pulse import Pulse
 from .renewal import CertificateWindow, check_renewed, install, make_csr, read_window
 from .settings import NodeKey, NodeSettings
-from .state import NodeState, load_state, save_state, state_dir
+from .state import (
+    NodeState,
+    load_state,
+    mark_removed,
+    removed_marker,
+    save_state,
+    state_dir,
+)
 
 STATUS_SCHEMA_VERSION = 1
 
@@ -114,6 +121,8 @@ class NodeAgent:
         self.kubelet = DevicePlugin(settings.device_plugin_dir or paths.device_plugins,
                                     say=self.say, now=self.now)
         self._toolkit_basis: Any = None  # the GPU set and driver the toolkit unit last saw
+        self.removed: str | None = None  # why the control plane removed this node
+        self.stop_requested: anyio.Event | None = None
 
     # -- output ----------------------------------------------------------------
 
@@ -279,6 +288,18 @@ class NodeAgent:
         if self.renewal.answer is not None:
             self.renewal.answer.set()
 
+    def on_removed(self, message: str) -> None:
+        """The control plane removed this node: say so and stop (no reconnecting)."""
+        self.removed = message
+        self.session.last_error = message
+        try:  # so that `bcd join` joins again (and gets the same node back)
+            mark_removed(self.paths, self.settings.identity.node_id, message)
+        except OSError as exc:
+            self.say(f"cannot write {removed_marker(self.paths)}: {exc.strerror}")
+        self.say(f"the control plane removed this node: {message}; stopping")
+        if self.stop_requested is not None:
+            self.stop_requested.set()
+
     # -- journal answers -------------------------------------------------------
 
     def settle(self, seq: int, outcome: str) -> None:
@@ -291,6 +312,7 @@ class NodeAgent:
         from .session import session_loop
         from .status_server import serve_status
 
+        self.stop_requested = anyio.Event()
         self.apply_wanted = Pulse()
         self.report_wanted = Pulse()
         self.journal_added = Pulse()

@@ -2,7 +2,8 @@
 
 `bcd node` reads config.toml, the node key and the GPU source, takes the agent lock
 (BCD_ROOT/var/lib/bcd/lock: one agent per machine), and runs :class:`NodeAgent` until
-SIGTERM or SIGINT, then exits 0 and removes its socket. Progress goes to standard
+SIGTERM or SIGINT, then exits 0 and removes its socket; when the control plane says the
+node was removed, it says so and exits 3 (``RestartPreventExitStatus=3`` in its unit). Progress goes to standard
 output, one ``bcd node: ...`` line each; ``bcd node: session connected (epoch N)`` is
 the ready line.
 """
@@ -61,7 +62,13 @@ async def _until_signal(agent: NodeAgent) -> None:
                     group.cancel_scope.cancel()
                     return
 
+            async def removed() -> None:
+                assert agent.stop_requested is not None
+                await agent.stop_requested.wait()
+                group.cancel_scope.cancel()
+
             group.start_soon(stop)
+            group.start_soon(removed)
 
 
 def node_command(config: str | None, *, paths: Paths, env: Mapping[str, str],
@@ -80,9 +87,17 @@ def node_command(config: str | None, *, paths: Paths, env: Mapping[str, str],
             agent.say(f"starting as {settings.identity.node_id} (GPU source {source.name})")
             anyio.run(_until_signal, agent)
             agent.say("stopped")
+            if agent.removed is not None:
+                raise NodeRemovedError(agent.removed)
     finally:
         source.close()
     return 0
+
+
+class NodeRemovedError(BcdError):
+    """Exit status 3: the node was removed; the systemd unit does not restart bcd then."""
+
+    exit_code = 3
 
 
 def _unreachable(path: Path, why: str) -> BcdError:

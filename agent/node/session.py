@@ -10,6 +10,8 @@ network drops), waits a backoff with jitter, and connects again, forever. Each s
   or a desired state was applied), and every journal entry not yet settled, in order;
 * applies each DesiredState of its epoch (messages of another epoch are stale: ignored);
 * settles journal entries on Ack, and on Nack unless the code says to retry;
+* stops (``NodeRemoved``) when the gateway says the node was removed: bcd node then
+  exits with status 3, which its systemd unit does not restart;
 * renews the node certificate for the same key when less than a third of its lifetime is
   left (agent/node/renewal.py): a Renew at the session's start and on each check, the
   Renewed certificate written for the next connection, a ``renew_*`` refusal logged and
@@ -62,6 +64,13 @@ RETRY_CODES = frozenset({"stale_epoch", "stale-epoch", "unavailable", "retry"})
 
 class SessionEnded(Exception):
     """The session is over for a reason worth a log line (refused, closed, timed out)."""
+
+
+class NodeRemoved(Exception):
+    """The control plane removed this node: bcd stops instead of reconnecting."""
+
+
+REMOVED_CODES = frozenset({"node_removed"})
 
 
 CONNECTION_ERRORS = (OSError, ssl.SSLError, TimeoutError, SessionEnded, anyio.EndOfStream,
@@ -177,6 +186,8 @@ async def _read(agent: NodeAgent, link: Link, reader: BufferedByteReceiveStream)
         elif isinstance(message, Refused) and message.code.startswith("renew_"):
             agent.on_renew_refused(message.code, message.message)  # the session stays up
             agent.renewal_answered()
+        elif isinstance(message, Refused) and message.code in REMOVED_CODES:
+            raise NodeRemoved(message.message)
         elif isinstance(message, Refused):
             raise SessionEnded(f"the gateway ended the session: {message.code}: "
                                f"{message.message}")  # fmt: skip
@@ -220,6 +231,8 @@ async def run_session(agent: NodeAgent, stream: ByteStream) -> None:
         observed_generation=agent.state.observed_generation)))  # fmt: skip
     with anyio.fail_after(agent.options.welcome_timeout):
         first = await _receive(reader)
+    if isinstance(first, Refused) and first.code in REMOVED_CODES:
+        raise NodeRemoved(first.message)
     if isinstance(first, Refused):
         raise SessionEnded(f"the gateway refused the session: {first.code}: {first.message}")
     if not isinstance(first, Welcome):
@@ -274,8 +287,12 @@ async def session_loop(agent: NodeAgent) -> None:
                                              tls_standard_compatible=False)  # fmt: skip
             async with stream:
                 await run_session(agent, stream)
+        except* NodeRemoved as group:
+            agent.on_removed(_describe(group))
         except* CONNECTION_ERRORS as group:
             reason = _describe(group)
+        if agent.removed is not None:
+            return  # bcd stops: reconnecting would be refused again
         agent.session.last_error = reason  # the state stays connecting until a first Welcome
         delay = agent.options.backoff.next_delay()
         agent.say(f"session lost: {reason}; reconnecting in {delay:.1f}s")

@@ -76,3 +76,27 @@ def load_state(path: Path, node_id: str) -> NodeState:
 def save_state(path: Path, state: NodeState) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
     write_atomic(path, msgspec.json.encode(state), mode=0o640)
+
+
+def removed_marker(paths: Paths) -> Path:
+    """``/var/lib/bcd/removed``: the node id the control plane removed, then its message.
+
+    bcd node writes it when the gateway says the node was removed; bcd join then joins
+    again (the control plane gives the machine its node back) instead of saying
+    "already joined", and deletes it once joined.
+    """
+    return state_dir(paths) / "removed"
+
+
+def mark_removed(paths: Paths, node_id: str, message: str) -> None:
+    marker = removed_marker(paths)
+    marker.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+    write_atomic(marker, f"{node_id}\n{message}\n".encode(), mode=0o640)
+
+
+def removed_node(paths: Paths) -> str | None:
+    """The node id the control plane removed, when bcd node was told so."""
+    try:
+        return removed_marker(paths).read_text().split("\n", 1)[0].strip() or None
+    except OSError:
+        return None

@@ -4,7 +4,8 @@
 every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass
 whenever the process's event hub reads a node.* or reservation.* event and at least every
 ``tick`` seconds (the timers), and checks it still holds the lock before
-each pass. A pass that fails is logged and retried on the next tick.
+each pass. Each pass also records the API tokens whose end has passed
+(``token.expired``, api/tokens.py). A pass that fails is logged and retried on the next tick.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from better_compute.api.actor import (
+    CONTROLLER_NODES,
+    CONTROLLER_RESERVATIONS,
+    CONTROLLER_TOKENS,
+    as_actor,
+)
 from better_compute.api.controllers.leader import Leadership, leadership_for
 from better_compute.api.controllers.node_lifecycle import (
     ACCEPTANCE_TIMEOUT,
@@ -28,6 +35,7 @@ from better_compute.api.node_presence import Presence
 from better_compute.api.node_service import NodeService
 from better_compute.api.reservation_service import reservations
 from better_compute.api.settings import env_seconds
+from better_compute.api.tokens import TokenExpiry, TokenService
 from better_compute.domain.events import compile_type_filter
 
 log = logging.getLogger("better_compute.controllers")
@@ -64,6 +72,7 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
     lead = leadership or leadership_for(runtime)
     lifecycle = await anyio.to_thread.run_sync(lifecycle_for, runtime)
     timers = ReservationTimers(reservations(runtime.service))
+    expiry = TokenExpiry(TokenService(runtime.service))
     hub = state.extra.get("watch_hub")
     limiter = anyio.CapacityLimiter(1)
     task_status.started()
@@ -77,13 +86,20 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
             while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
                 position = hub.head if hub is not None else 0
                 try:
-                    await anyio.to_thread.run_sync(lifecycle.reconcile, limiter=limiter)
+                    await anyio.to_thread.run_sync(as_actor(CONTROLLER_NODES, lifecycle.reconcile),
+                                                   limiter=limiter)
                 except Exception:
                     log.exception("a NodeLifecycle pass failed; retrying on the next tick")
                 try:
-                    await anyio.to_thread.run_sync(timers.tick, limiter=limiter)
+                    await anyio.to_thread.run_sync(
+                        as_actor(CONTROLLER_RESERVATIONS, timers.tick), limiter=limiter)
                 except Exception:
                     log.exception("a reservations pass failed; retrying on the next tick")
+                try:
+                    await anyio.to_thread.run_sync(as_actor(CONTROLLER_TOKENS, expiry.tick),
+                                                   limiter=limiter)
+                except Exception:
+                    log.exception("a tokens pass failed; retrying on the next tick")
                 if hub is not None:
                     await hub.wait_beyond(position, tick, _WAKE_ON)
                 else:

@@ -32,9 +32,16 @@ from anyio.streams.tls import TLSAttribute, TLSListener, TLSStream
 from cryptography import x509
 
 from better_compute.api import pki
+from better_compute.api.actor import acting_as
 from better_compute.api.eventlog import EventFilter
 from better_compute.api.gateway.renewal import Renewal
-from better_compute.api.gateway.session import _CLOSED, MAX_LINE, Session
+from better_compute.api.gateway.session import (
+    _CLOSED,
+    MAX_LINE,
+    NODE_REMOVED,
+    Session,
+    removed_message,
+)
 from better_compute.api.join_service import NODE_CERTIFICATE_LIFETIME
 from better_compute.api.node_presence import Presence, Reports
 from better_compute.api.node_service import NodeService
@@ -189,6 +196,8 @@ class Gateway:
         node = self.nodes.load(uuid)
         if node is None:
             raise Refusal("unknown_node", f"no node {cn}: join again with bcd join")
+        if node.removed:  # every certificate of a removed node is revoked
+            raise Refusal(NODE_REMOVED, removed_message(node))
         if pki.spki_pin(cert.public_key()) != node.key_pin:
             raise Refusal("wrong_key", f"the certificate's key is not the key node {cn} joined "
                           "with: use the node key and certificate bcd join wrote")
@@ -211,16 +220,18 @@ class Gateway:
             if not isinstance(hello, Hello):
                 raise Refusal("hello_first", "the first message of a session must be a Hello")
             await self.call(self._admit, cert, hello)
-            epoch, node = await self.call(self.nodes.session_opened, parse_id("node", hello.node_id),
-                                          hello.bcd_version)
-            pool_sections = await self.call(self.nodes.pool_sections, node)
-            session = Session(self, stream, reader, node, epoch, cert.public_key(), pool_sections)
-            older = self.sessions.get(session.node_id)
-            self.sessions[session.node_id] = session
-            if older is not None:
-                older.fence()
-            self.stats["sessions"] += 1
-            await session.run(node)
+            with acting_as(hello.node_id):  # what this session records, the node did
+                epoch, node = await self.call(self.nodes.session_opened,
+                                              parse_id("node", hello.node_id), hello.bcd_version)
+                pool_sections = await self.call(self.nodes.pool_sections, node)
+                session = Session(self, stream, reader, node, epoch, cert.public_key(),
+                                  pool_sections)
+                older = self.sessions.get(session.node_id)
+                self.sessions[session.node_id] = session
+                if older is not None:
+                    older.fence()
+                self.stats["sessions"] += 1
+                await session.run(node)
         except Refusal as refusal:
             self.stats["refused_sessions"] += 1
             log.warning("gateway: session refused (%s): %s", refusal.code, refusal.message)
@@ -238,7 +249,7 @@ class Gateway:
             del self.sessions[session.node_id]
         if session.fenced:
             return
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), acting_as(session.node_id):
             try:
                 await self.call(self.nodes.session_closed, session.uuid, session.epoch,
                                 session.reason)

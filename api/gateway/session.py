@@ -48,6 +48,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("better_compute.gateway")
 
 MAX_LINE = 1 << 20
+NODE_REMOVED = "node_removed"  # Refused code: bcd stops (docs/nodes.md, "Remove")
+
+
+def removed_message(node: Node) -> str:
+    removal = dict(getattr(node, "removal", None) or {})
+    return (f"node {node.public_id} was removed from its pool at {removal.get('at')} "
+            f"({removal.get('reason') or 'removed'}); its certificate is revoked. To bring "
+            "the machine back, run bcd join with a new join token: it gets the same node back")
 _CLOSED = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
            anyio.ClosedResourceError, anyio.DelimiterNotFound, OSError)
 
@@ -126,6 +134,11 @@ class Session:
             await self.poke.wait()
             self.poke = anyio.Event()
             node = await self.gateway.call(self.gateway.nodes.load, self.uuid)
+            if node is not None and node.removed:
+                self.reason = "the node was removed"
+                await self.send(Refused(code=NODE_REMOVED, message=removed_message(node)))
+                self.fence()
+                return
             if node is None or node.session_epoch != self.epoch:
                 self.fence()
                 return

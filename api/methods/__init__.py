@@ -8,4 +8,5 @@ from better_compute.api.methods import (  # noqa: F401
     nodes,
     reservations,
     system,
+    usage,
 )

@@ -24,12 +24,14 @@ def tenants_list(call: Call, _: s.NoParams) -> list[dict[str, Any]]:
 
 
 @method("tokens.create", s.TokensCreate,
-        "Mint an API token for a tenant with a role (admin, member, read-only); shown once.")
+        "Mint an API token for a tenant with a role (admin, member, read-only) and a TTL; "
+        "shown once.")
 def tokens_create(call: Call, p: s.TokensCreate) -> dict[str, Any]:
-    return call.service.tokens_create(call.principal, p.tenant_id, p.role, p.name)
+    return call.service.tokens_create(call.principal, p.tenant_id, p.role, p.name, p.ttl)
 
 
-@method("tokens.list", s.TenantScope, "A tenant's tokens (never their secrets).")
+@method("tokens.list", s.TenantScope,
+        "A tenant's tokens (never their secrets), with their state, end and last use.")
 def tokens_list(call: Call, p: s.TenantScope) -> list[dict[str, Any]]:
     return call.service.tokens_list(call.principal, p.tenant_id)
 
@@ -77,3 +79,12 @@ def pools_list(call: Call, p: s.PoolsList) -> list[dict[str, Any]]:
         "Offer a pool to a tenant with a quota (the resource is gpu), or change the quota.")
 def pools_offer(call: Call, p: s.PoolsOffer) -> dict[str, Any]:
     return call.service.pools_offer(call.principal, p.pool_id, p.to_tenant_id, p.quota)
+
+
+@method("tokens.rotate", s.TokensRotate,
+        "A new secret for a token (same tenant, role and name; a new id); the old one keeps "
+        "working for the grace period. Admins rotate their tenant's tokens; a token itself.")
+def tokens_rotate(call: Call, p: s.TokensRotate) -> dict[str, Any]:
+    from better_compute.api.tokens import TokenService
+
+    return TokenService(call.service).rotate(call.principal, p.token_id, p.grace, p.ttl)

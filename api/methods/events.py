@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from better_compute.api.eventlog import EventLog, decode_lines, filter_for
+import msgspec
+
+from better_compute.api.eventlog import AuditFilter, EventLog, decode_lines, filter_for
 from better_compute.api.rpc import Call, method
 from better_compute.api.schemas import NoParams, Params
 
@@ -13,6 +15,10 @@ class EventsList(Params, kw_only=True):
     since: int = 0
     types: str | list[str] | None = None
     limit: int = 100
+    actor: str | None = None
+    subject: str | None = None
+    from_: str | None = msgspec.field(default=None, name="from")
+    to: str | None = None
 
 
 class ProjectionsRebuild(Params, kw_only=True):
@@ -22,9 +28,12 @@ class ProjectionsRebuild(Params, kw_only=True):
 @method("events.list",
         EventsList,
         "A page of the event log after `since`: {events, head, next}. Continue with since=next; "
-        "once next equals head you have every event up to head, so watch from there.")
+        "once next equals head you have every event up to head, so watch from there. "
+        "actor, subject and [from, to) narrow it for an audit.")
 def events_list(call: Call, params: EventsList) -> dict[str, Any]:
-    flt = filter_for(call.principal, params.types)
+    audit = AuditFilter.parse(params.actor, params.subject, params.from_, params.to,
+                              call.service.clock())
+    flt = filter_for(call.principal, params.types, audit=audit)
     page = EventLog(call.service.store).page(flt, params.since, params.limit)
     return {"events": decode_lines(page.entries), "head": page.head, "next": page.next}
 

@@ -66,3 +66,25 @@ def nodes_cordon(call: Call, p: NodesCordon) -> dict[str, Any]:
 @method("nodes.uncordon", NodeRef, "End a node's maintenance.")
 def nodes_uncordon(call: Call, p: NodeRef) -> dict[str, Any]:
     return _nodes(call).uncordon(call.principal, p.node_id)
+
+
+class NodesRemove(Params, kw_only=True):
+    node_id: str
+    tenant_id: str | None = None
+    reason: str | None = None
+    force: bool = False
+
+
+@method("nodes.drain", NodesCordon,
+        "Drain a node: no new placements; holds and future bookings stay until they end or are "
+        "released. maintenance.state says draining, then drained once nothing is held.")
+def nodes_drain(call: Call, p: NodesCordon) -> dict[str, Any]:
+    return _nodes(call).drain(call.principal, p.node_id, p.reason)
+
+
+@method("nodes.remove", NodesRemove,
+        "Remove a node from its pool: refused while anything is held or booked unless force "
+        "(which releases those reservations first, reason node-removed); the gateway then "
+        "refuses its certificate and capacity drops it. The machine may join again.")
+def nodes_remove(call: Call, p: NodesRemove) -> dict[str, Any]:
+    return _nodes(call).remove(call.principal, p.node_id, p.reason, p.force)

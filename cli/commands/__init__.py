@@ -11,7 +11,9 @@ from better_compute.cli.commands import (
     projections,
     reservations,
     setup,
+    store,
+    usage,
 )
 
 GROUPS = (setup, api, catalog, join_tokens, daemon, nodes, capacity, reservations, events,
-          projections)
+          projections, usage, store)

@@ -27,7 +27,8 @@ def tenants_list(ctx: Any, a: argparse.Namespace) -> None:
 def tokens_create(ctx: Any, a: argparse.Namespace) -> None:
     if a.out:
         check_new_file(a.out)
-    created = ctx.call("tokens.create", tenantId=ctx.tenant, role=a.role, name=a.name)
+    created = ctx.call("tokens.create", tenantId=ctx.tenant, role=a.role, name=a.name,
+                       ttl=a.ttl)
     if a.out:
         write_new_secret(a.out, created.pop("token"))
         created["tokenFile"] = str(Path(a.out))
@@ -40,6 +41,28 @@ def tokens_list(ctx: Any, a: argparse.Namespace) -> None:
 
 def tokens_revoke(ctx: Any, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tokens.revoke", tokenId=a.token_id))
+
+
+def tokens_rotate(ctx: Any, a: argparse.Namespace) -> None:
+    if a.out:
+        check_new_file(a.out)
+    rotated = ctx.call("tokens.rotate", tokenId=a.token_id, grace=a.grace, ttl=a.ttl)
+    if a.out:
+        write_new_secret(a.out, rotated.pop("token"))
+        rotated["tokenFile"] = str(Path(a.out))
+    ctx.emit(rotated)
+
+
+TOKENS_CREATE_EXAMPLES = """\
+examples:
+  better-compute tokens create --tenant acme --role member --name ci --ttl 30d --out ci.token
+  better-compute tokens create --role read-only --name dashboards   # the default TTL"""
+
+TOKENS_ROTATE_EXAMPLES = """\
+examples:
+  better-compute tokens rotate tok_… --out ci.token          # the old secret works 1h more
+  better-compute tokens rotate tok_… --grace 24h --ttl 30d --out ci.token
+  better-compute tokens rotate tok_… --grace 0s              # the old secret stops now"""
 
 
 def sites_create(ctx: Any, a: argparse.Namespace) -> None:
@@ -108,15 +131,32 @@ def register(sub: Any) -> None:
     add_verb(g, "list", tenants_list, "List the tenants you see.")
 
     g = add_group(sub, "tokens", "API tokens (biam_…): shown once, stored only as a hash.")
-    p = add_verb(g, "create", tokens_create, "Mint a token for a tenant with a role.")
+    p = add_verb(g, "create", tokens_create, "Mint a token for a tenant with a role.",
+                 epilog=TOKENS_CREATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
     p.add_argument("--role", required=True, help="admin, member or read-only")
     p.add_argument("--name", help="what the token is for")
+    p.add_argument("--ttl", metavar="DURATION",
+                   help="how long the token works, e.g. 90d (default and maximum: the server's "
+                   "BETTER_COMPUTE_TOKEN_TTL and BETTER_COMPUTE_TOKEN_MAX_TTL, 90d and 365d)")
     p.add_argument("--out", metavar="FILE", help="write the secret to FILE (0600, never overwritten)")
-    p = add_verb(g, "list", tokens_list, "List a tenant's tokens (never their secrets).")
+    p = add_verb(g, "list", tokens_list,
+                 "List a tenant's tokens (never their secrets): state, end, last use.")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
     p = add_verb(g, "revoke", tokens_revoke, "Revoke a token.")
     p.add_argument("token_id", metavar="TOKEN_ID", help="tok_… as tokens list shows")
+    p = add_verb(g, "rotate", tokens_rotate,
+                 "A new secret (and id) for a token's tenant, role and name; the old secret keeps "
+                 "working for a grace period.", epilog=TOKENS_ROTATE_EXAMPLES,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("token_id", metavar="TOKEN_ID", help="tok_… as tokens list shows")
+    p.add_argument("--grace", metavar="DURATION",
+                   help="how long the old secret keeps working, 0s to 7d (default: the server's "
+                   "BETTER_COMPUTE_TOKEN_ROTATION_GRACE, 1h)")
+    p.add_argument("--ttl", metavar="DURATION",
+                   help="the new token's lifetime (default: the old token's)")
+    p.add_argument("--out", metavar="FILE", help="write the new secret to FILE (0600, never "
+                   "overwritten)")
 
     g = add_group(sub, "sites", "Sites: where machines live (root tenant: shared or dedicated).")
     p = add_verb(g, "create", sites_create, "Create a platform site.")

@@ -41,6 +41,7 @@ Type=simple
 ExecStart=/usr/local/bin/bcd node --config /etc/bcd/config.toml
 Restart=always
 RestartSec=5
+RestartPreventExitStatus=3
 RuntimeDirectory=bcd
 RuntimeDirectoryMode=0750
 RuntimeDirectoryPreserve=yes

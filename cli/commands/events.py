@@ -65,9 +65,10 @@ class Resumer:
         return True
 
 
-def _stream_lines(client: HttpClient, resumer: Resumer, types: str | None
+def _stream_lines(client: HttpClient, resumer: Resumer, types: str | None,
+                  audit: Mapping[str, str] | None = None
                   ) -> Iterator[tuple[str, dict[str, Any]]]:
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = dict(audit or {})
     if resumer.position is not None:
         params["since"] = resumer.position
     if types:
@@ -105,7 +106,7 @@ _FINAL = ("expired", "invalid_input", "unauthenticated", "permission_denied", "n
 
 
 def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
-               out: TextIO, err: TextIO) -> None:
+               out: TextIO, err: TextIO, audit: Mapping[str, str] | None = None) -> None:
     url = env["BETTER_COMPUTE_URL"].strip()
     token = env.get("BETTER_COMPUTE_TOKEN", "").strip() or None
     client = HttpClient(url, token, env, timeout=READ_TIMEOUT)
@@ -114,7 +115,7 @@ def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
     try:
         while True:
             try:
-                for line, doc in _stream_lines(client, resumer, types):
+                for line, doc in _stream_lines(client, resumer, types, audit):
                     delay = RETRY_FIRST
                     if resumer.accept(doc):
                         _write(out, [line])
@@ -136,9 +137,9 @@ def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
 
 
 def watch_local(env: Mapping[str, str], since: int | None, types: str | None,
-                out: TextIO) -> None:
+                out: TextIO, audit: Mapping[str, str] | None = None) -> None:
     """No server: follow the local store directly (as the local operator)."""
-    from better_compute.api.eventlog import EventLog, filter_for
+    from better_compute.api.eventlog import AuditFilter, EventLog, filter_for
     from better_compute.api.runtime import Runtime
     from better_compute.domain.access import LOCAL_OPERATOR
 
@@ -147,7 +148,10 @@ def watch_local(env: Mapping[str, str], since: int | None, types: str | None,
         token = env.get("BETTER_COMPUTE_TOKEN", "").strip()
         principal = runtime.service.authenticate(token) if token else LOCAL_OPERATOR
         log = EventLog(runtime.store)
-        flt = filter_for(principal, types)
+        a = dict(audit or {})
+        flt = filter_for(principal, types, audit=AuditFilter.parse(
+            a.get("actor"), a.get("subject"), a.get("from"), a.get("to"),
+            runtime.service.clock()))
         position = log.head() if since is None else since
         log.check_position(position)
         while True:
@@ -161,17 +165,38 @@ def watch_local(env: Mapping[str, str], since: int | None, types: str | None,
         runtime.close()
 
 
+def _audit(a: argparse.Namespace) -> dict[str, str]:
+    """--actor, --subject, --from, --to as the API takes them (only those given)."""
+    given = {"actor": a.actor, "subject": a.subject, "from": a.from_time, "to": a.to_time}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _check_audit(audit: Mapping[str, str]) -> None:
+    """Refuse a bad --from/--to here, before connecting (the server checks them again)."""
+    from datetime import UTC, datetime
+
+    from better_compute.api.eventlog import AuditFilter
+
+    AuditFilter.parse(audit.get("actor"), audit.get("subject"), audit.get("from"),
+                      audit.get("to"), datetime.now(UTC))
+
+
 def events_watch(ctx: Any, a: argparse.Namespace) -> int:
     types = _types(a.types)
     if types:
         from better_compute.domain.events import compile_type_filter
 
         compile_type_filter(types.split(","))  # a bad glob is refused before connecting
+    audit = _audit(a)
+    _check_audit(audit)
+    since = a.since
+    if since is None and "from" in audit:
+        since = 0  # --from names a time in the past: read the log from its start, by time
     try:
         if ctx.env.get("BETTER_COMPUTE_URL", "").strip():
-            watch_http(ctx.env, a.since, types, sys.stdout, sys.stderr)
+            watch_http(ctx.env, since, types, sys.stdout, sys.stderr, audit)
         else:
-            watch_local(ctx.env, a.since, types, sys.stdout)
+            watch_local(ctx.env, since, types, sys.stdout, audit)
     except BrokenPipeError:  # the reader went away (| head): a normal end
         return 0
     return 0
@@ -181,11 +206,12 @@ def events_list(ctx: Any, a: argparse.Namespace) -> int:
     if a.limit is not None and a.limit < 1:
         raise InvalidInput(f"--limit {a.limit} must be at least 1")
     types = _types(a.types)
+    audit = _audit(a)
     since = a.since
     printed = 0
     while a.limit is None or printed < a.limit:
         want = 1000 if a.limit is None else min(1000, a.limit - printed)
-        page = ctx.call("events.list", since=since, types=types, limit=want)
+        page = ctx.call("events.list", since=since, types=types, limit=want, **audit)
         lines = [msgspec.json.encode(e).decode() for e in page["events"]]
         if lines:
             _write(sys.stdout, lines)
@@ -196,20 +222,54 @@ def events_list(ctx: Any, a: argparse.Namespace) -> int:
     return 0
 
 
+WATCH_EXAMPLES = """\
+examples:
+  better-compute events watch --types 'node.*,reservation.*'
+  better-compute events watch --since 1200          # resume after sequence 1200
+  better-compute events watch --actor tok_…         # what one token does, live
+  better-compute events watch --from now-1h --subject node_…"""
+
+LIST_EXAMPLES = """\
+examples:
+  better-compute events list --limit 20
+  better-compute events list --actor tok_… --from 2026-11-01 --to 2026-12-01
+  better-compute events list --subject rsv_… --types 'reservation.*'
+  better-compute events list --from now-24h --actor controller:reservations"""
+
+
+def _audit_flags(p: Any) -> None:
+    p.add_argument("--actor", metavar="ACTOR",
+                   help="only events this actor caused: a token id (tok_…), a node (node_…), a "
+                   "join token (jt_…), controller:nodes|reservations|tokens, or local")
+    p.add_argument("--subject", metavar="ID",
+                   help="only events about this object: the event's subject (rsv_…, node_…, "
+                   "tok_…, pool_…, a tenant id)")
+    p.add_argument("--from", dest="from_time", metavar="TIME",
+                   help="only events at or after TIME: RFC 3339, a date (midnight UTC), "
+                   "now-DURATION (that long ago, e.g. now-24h) or now")
+    p.add_argument("--to", dest="to_time", metavar="TIME",
+                   help="only events before TIME (same forms as --from)")
+
+
 def register(sub: Any) -> None:
+    from argparse import RawDescriptionHelpFormatter
+
     g = add_group(sub, "events", "The event log: one JSON line per event, by sequence.")
     p = add_verb(g, "watch", events_watch,
                  "Follow the events live; reconnects and resumes after the last sequence printed.",
-                 output=False)
+                 output=False, epilog=WATCH_EXAMPLES, formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--types", action="append", metavar="GLOB,GLOB",
                    help="only these event types, e.g. 'node.*,reservation.*'")
     p.add_argument("--since", type=int, metavar="SEQUENCE",
-                   help="start after this sequence (default: only events from now on)")
+                   help="start after this sequence (default: only events from now on; with "
+                   "--from, the start of the log)")
+    _audit_flags(p)
     p = add_verb(g, "list", events_list,
                  "Print the events after --since, oldest first, the same lines as watch.",
-                 output=False)
+                 output=False, epilog=LIST_EXAMPLES, formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--types", action="append", metavar="GLOB,GLOB",
                    help="only these event types, e.g. 'node.*,reservation.*'")
     p.add_argument("--since", type=int, default=0, metavar="SEQUENCE",
                    help="start after this sequence (default: 0, the whole log)")
     p.add_argument("--limit", type=int, metavar="K", help="print at most K events")
+    _audit_flags(p)

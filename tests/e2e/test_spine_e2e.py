@@ -20,7 +20,7 @@ import pytest
 
 from better_compute.domain.bookings import bookings_uuid
 from tests.cdi_support import check_cdi_spec
-from tests.cluster import Cluster, running_cluster
+from tests.cluster import Cluster, adopted_cluster
 from tests.support import cli_inprocess, eventually, open_runtime
 from tests.watching import CliWatcher
 
@@ -30,10 +30,7 @@ FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": 
 @pytest.fixture
 def cluster(env: dict[str, str], tmp_path: Path) -> Iterator[Cluster]:
     """The tutorial up to an adopted 8-GPU node whose bcd is running (epoch 1)."""
-    with running_cluster(env, tmp_path, FAST) as c:
-        c.join()
-        c.start_agent(epoch=1)
-        eventually(lambda: c.provision_state(c.node) == "adopted", "the node is adopted")
+    with adopted_cluster(env, tmp_path, FAST) as c:
         yield c
 
 

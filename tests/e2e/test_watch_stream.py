@@ -29,7 +29,8 @@ def test_since_is_exclusive_globs_filter_and_live_events_follow(env: dict[str, s
             got = reader.events(2)
             assert [e["sequence"] for e in got] == first[1:]
             assert {e["type"] for e in got} == {"site.created"}
-            assert set(got[0]) == {"sequence", "type", "time", "tenantId", "subject", "data"}
+            assert set(got[0]) == {"sequence", "type", "time", "tenantId", "subject", "actor",
+                                   "data"}
             assert got[0]["subject"].startswith("site_") and got[0]["tenantId"] == "root"
             # A live event arrives as it commits; an event of another type never does.
             assert cli_inprocess(["tenants", "create", "acme"], env)[0] == 0

@@ -31,7 +31,7 @@ from better_compute.api.wire.join import JoinRequest
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.fleet import add_nodes
 from tests.join_client import JoinAttempt, hardware, open_response
-from tests.support import POLICY, open_runtime
+from tests.support import POLICY, initialized_runtime
 
 # Methods whose isolation case is still to be written, each with the reason.
 # Keep this short: a method listed here is NOT checked.
@@ -235,6 +235,23 @@ def _tokens_revoke(w: World) -> None:
     w.refused("acme-admin", "tokens.revoke", "conflict", tokenId=w.token_ids["acme-ro"])
 
 
+@case("tokens.rotate")
+def _tokens_rotate(w: World) -> None:
+    for target in ("globex-admin", "root", "root-ro"):
+        w.refused("acme-admin", "tokens.rotate", "not_found", tokenId=w.token_ids[target])
+    w.refused("globex-admin", "tokens.rotate", "not_found", tokenId=w.token_ids["acme-ro"])
+    for who in ("acme-member", "acme-ro", "root-member", "root-ro"):  # not their own token
+        w.refused(who, "tokens.rotate", "permission_denied", tokenId=w.token_ids["acme-admin"])
+    assert w.ok("acme-admin", "system.whoami")["tenantId"] == "acme"  # nothing rotated
+    own = w.ok("acme-member", "tokens.rotate", tokenId=w.token_ids["acme-member"], grace="0s")
+    assert (own["tenantId"], own["role"], own["rotatedFrom"]) == (
+        "acme", "member", w.token_ids["acme-member"])
+    w.refused("acme-member", "system.whoami", "unauthenticated")  # no grace asked
+    rotated = w.ok("acme-admin", "tokens.rotate", tokenId=w.token_ids["acme-ro"])
+    assert rotated["role"] == "read-only" and rotated["tenantId"] == "acme"  # no escalation
+    assert w.ok("acme-ro", "system.whoami")["tenantId"] == "acme"  # in its grace period
+
+
 # --------------------------------------------------------------------------- sites
 
 
@@ -432,12 +449,7 @@ def _join_tokens_revoke(w: World) -> None:
 @pytest.fixture
 def runtime(env: dict[str, str]) -> Iterator[Runtime]:
     """conftest's ``runtime``, keeping its master key: nodes.join unseals the PKI with it."""
-    rt = open_runtime(env)
-    key = pki.new_master_key()
-    bundle = pki.generate_bundle()
-    rt.root_token = rt.service.initialize(  # type: ignore[attr-defined]
-        pki.public_parts(bundle), pki.seal_bundle(bundle, pki.parse_master_key(key)))
-    rt.service.master_key_text = lambda: key
+    rt = initialized_runtime(env)
     yield rt
     rt.close()
 
@@ -637,6 +649,42 @@ def _nodes_uncordon(w: World) -> None:
     assert done["maintenance"]["cordoned"] is False
 
 
+_NODE_CHANGE_REFUSALS = [
+    ("globex-admin", "node_acme", "not_found"), ("acme-admin", "node_both", "not_found"),
+    ("acme-admin", "node_root", "not_found"), ("acme-member", "node_acme", "permission_denied"),
+    ("acme-ro", "node_acme", "permission_denied"),
+    ("root-member", "node_acme", "permission_denied"),
+    ("root-member", "node_root", "permission_denied"),
+    ("root-ro", "node_both", "permission_denied"),
+]
+
+
+@case("nodes.drain")
+def _nodes_drain(w: World) -> None:
+    with_fleet(w)
+    for who, node, code in _NODE_CHANGE_REFUSALS:
+        w.refused(who, "nodes.drain", code, nodeId=w.ids[node], reason="mine now")
+    for node in ("node_acme", "node_both", "node_root"):
+        assert node_state(w, node)["maintenance"]["state"] == "none"
+    drained = w.ok("acme-admin", "nodes.drain", nodeId=w.ids["node_acme"], reason="psu")
+    assert drained["maintenance"]["state"] == "drained"  # nothing held on it
+
+
+@case("nodes.remove")
+def _nodes_remove(w: World) -> None:
+    with_fleet(w)
+    for who, node, code in _NODE_CHANGE_REFUSALS:
+        w.refused(who, "nodes.remove", code, nodeId=w.ids[node], force=True)
+    holding = rsv(w, "rsv_acme")["nodeId"]  # root's node, holding acme's reservation
+    w.refused("acme-admin", "nodes.remove", "not_found", nodeId=holding, force=True)
+    w.refused("root", "nodes.remove", "conflict", nodeId=holding)  # held: needs --force
+    for node in ("node_acme", "node_both", "node_root"):
+        assert node_state(w, node)["provisionState"] == "adopted"
+    assert rsv(w, "rsv_acme")["state"] == "placed"
+    removed = w.ok("acme-admin", "nodes.remove", nodeId=w.ids["node_acme"], reason="retired")
+    assert removed["provisionState"] == "removed"
+
+
 @case("nodes.adopt")
 def _nodes_adopt(w: World) -> None:
     with_fleet(w)
@@ -795,6 +843,31 @@ def _reservations_extend(w: World) -> None:
     extended = w.ok("acme-member", "reservations.extend", reservationId=w.ids["rsv_acme"],
                     by="30m")  # rsv_acme_later starts after the new end
     assert extended["end"] > before
+
+
+# --------------------------------------------------------------------------- usage
+
+
+@case("usage.report")
+def _usage_report(w: World) -> None:
+    with_fleet(w)
+    window = {"from": "-1d", "to": "+1d"}
+    for who, tenant in [("acme-ro", "globex"), ("acme-admin", "root"),
+                        ("globex-member", "acme")]:
+        w.refused(who, "usage.report", "permission_denied", tenantId=tenant, **window)
+    w.refused("globex-member", "usage.report", "not_found", poolId=w.ids["pool_acme"], **window)
+    w.refused(None, "usage.report", "unauthenticated", **window)
+    every = unchanged(w, "root-ro", "usage.report", **window)
+    assert {r["tenantId"] for r in every["rows"]} == {"acme", "globex"}
+    for who, tenant in [("acme-ro", "acme"), ("globex-member", "globex")]:
+        own = unchanged(w, who, "usage.report", by="tenant,pool,day", **window)
+        assert {r["tenantId"] for r in own["rows"]} == {tenant} and own["tenantId"] == tenant
+        assert own["total"]["reservations"] == 1  # rsv_acme_later has not started
+        text = json.dumps(own)
+        other = "globex" if tenant == "acme" else "acme"
+        assert other not in text and w.ids[f"rsv_{other}"] not in text
+    assert w.ok("root", "usage.report", tenantId="acme", **window)["rows"][0]["tenantId"] == \
+        "acme"
 
 
 # ---------------------------------------------------------------------------- tests

@@ -104,6 +104,7 @@ def _make(cls: type[Any], *, nones: bool = False) -> Any:
         optional = type(None) in typing.get_args(tp)
         state[name] = None if nones and optional else _sample(tp)
     state["tenant_id"] = "acme"
+    state["actor"] = None if nones else "tok_who"  # stamped by the store (api/actor.py)
     if "originator_topic" in state:
         state["originator_topic"] = "better_compute.domain.site:Site"
     event = object.__new__(cls)
@@ -127,6 +128,22 @@ def test_every_public_event_type_is_covered() -> None:
     topics = {str(cls.TOPIC) for cls in EVENT_CLASSES}
     assert {"site.created", "node.joined", "reservation.placed", "bookings.booked"} <= topics
     assert len(topics) >= 40
+
+
+def test_the_store_stamps_the_actor_of_the_command() -> None:
+    from better_compute.api.actor import acting_as
+
+    cls = next(c for c in EVENT_CLASSES if str(c.TOPIC) == "site.created")
+    event = _make(cls)
+    del event.__dict__["actor"]
+    with acting_as("tok_abc"):
+        stored = MAPPER.to_stored_event(event)
+    assert "actor" not in vars(event)  # the event itself is left as it was
+    assert MAPPER.to_domain_event(stored).actor == "tok_abc"
+    notification = Notification(id=3, originator_id=stored.originator_id, originator_version=3,
+                                topic=stored.topic, state=stored.state)
+    line = msgspec.json.decode(render(notification).line)
+    assert line["actor"] == "tok_abc" and "actor" not in line["data"]
 
 
 @pytest.mark.parametrize("nones", [False, True])

@@ -1,0 +1,115 @@
+"""store backup, store restore, store verify: the local store's files, not the API.
+
+These work on the store this machine opens (BETTER_COMPUTE_DATA_DIR, or
+BETTER_COMPUTE_DATABASE_URL), like `init` and `serve`: run them on the
+server's machine. docs/operations.md describes backups and restores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from better_compute.cli.registry import add_group, add_verb
+
+BACKUP_EXAMPLES = """\
+examples:
+  better-compute store backup --out /backups/store-$(date +%F).sqlite   # while serve runs
+  BETTER_COMPUTE_DATA_DIR=/srv/bc better-compute store backup --out /backups/bc.sqlite"""
+
+RESTORE_EXAMPLES = """\
+examples:
+  BETTER_COMPUTE_DATA_DIR=/srv/bc-new better-compute store restore /backups/bc.sqlite
+  cp /safe/master.key /srv/bc-new/master.key     # the backup does not hold the master key
+  BETTER_COMPUTE_DATA_DIR=/srv/bc-new better-compute store verify"""
+
+VERIFY_EXAMPLES = """\
+examples:
+  better-compute store verify                 # a progress bar on a terminal; exit 1 on problems
+  better-compute store verify --query problems"""
+
+
+def _config(ctx: Any) -> Any:
+    from better_compute.api.store import StoreConfig
+
+    if ctx.env.get("BETTER_COMPUTE_URL", "").strip():
+        print("note: store commands work on this machine's store, not on BETTER_COMPUTE_URL",
+              file=sys.stderr)
+    return StoreConfig.from_env(ctx.env)
+
+
+def store_backup(ctx: Any, a: argparse.Namespace) -> None:
+    from better_compute.api.backup import backup_sqlite
+
+    ctx.emit(backup_sqlite(_config(ctx), Path(a.out)))
+
+
+def store_restore(ctx: Any, a: argparse.Namespace) -> None:
+    from better_compute.api.backup import restore_sqlite
+
+    config = _config(ctx)
+    done = restore_sqlite(config, Path(a.backup))
+    key = ctx.env.get("BETTER_COMPUTE_MASTER_KEY_FILE") or str(config.data_dir / "master.key")
+    if not ctx.env.get("BETTER_COMPUTE_MASTER_KEY") and not Path(key).exists():
+        done["next"] = (f"put the master key at {key} (a backup never holds it), then run "
+                        "`better-compute store verify`")
+    ctx.emit(done)
+
+
+@contextmanager
+def _progress(show: bool) -> Iterator[Any]:
+    """A rich progress bar on standard error when it is a terminal; else nothing."""
+    if not show:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  transient=True, console=Console(stderr=True)) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=max(total, 1))
+            bar.update(tasks[phase], completed=done, total=max(total, 1))
+
+        yield update
+
+
+def store_verify(ctx: Any, a: argparse.Namespace) -> int:
+    from better_compute.api.runtime import Runtime
+    from better_compute.api.verify import verify
+
+    _config(ctx)
+    runtime = Runtime.open(ctx.env)
+    try:
+        with _progress(sys.stderr.isatty()) as update:
+            report = verify(runtime, update)
+    finally:
+        runtime.close()
+    ctx.emit(report)
+    return 0 if report["ok"] else 1
+
+
+def register(sub: Any) -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    g = add_group(sub, "store", "The local store's files: backup, restore, verify.")
+    p = add_verb(g, "backup", store_backup,
+                 "Copy the store to FILE while the server runs (SQLite's online backup: one "
+                 "consistent snapshot); on PostgreSQL, says the pg_dump command to use.",
+                 epilog=BACKUP_EXAMPLES, formatter_class=raw)
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="the backup file to write (mode 0600, never overwritten)")
+    p = add_verb(g, "restore", store_restore,
+                 "Put a backup into a fresh data dir (refused over an existing store).",
+                 epilog=RESTORE_EXAMPLES, formatter_class=raw)
+    p.add_argument("backup", metavar="FILE", help="a file `store backup` wrote")
+    add_verb(g, "verify", store_verify,
+             "Read every event: sequences, decoding, each aggregate's replay, and each read "
+             "model against a rebuild in a scratch copy; exit 1 on any problem.",
+             epilog=VERIFY_EXAMPLES, formatter_class=raw)
