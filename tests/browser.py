@@ -1,7 +1,7 @@
 """The console in a real browser: Debian's Chromium, headless, driven by Playwright.
 
 Playwright never downloads a browser here: it launches ``/usr/bin/chromium``
-(``scripts/bootstrap`` installs Debian's package when it is missing) with the
+(``scripts/test`` installs Debian's package when it is missing) with the
 flags that work on a machine with no outside network. Without Chromium the
 tests FAIL with the fix; they never skip.
 
@@ -36,9 +36,9 @@ WIDE, NARROW = 1280, 390
 def require_chromium() -> Path:
     if not CHROMIUM.exists():
         pytest.fail(f"the console's browser tests need Chromium at {CHROMIUM}, and it is missing: "
-                    "run scripts/bootstrap, which installs Debian's package (apt-get install -y "
-                    "chromium) as root, or install it yourself; BC_TEST_CHROMIUM names another "
-                    "binary")
+                    "run scripts/test, which installs Debian's package when it can (as root: "
+                    "apt-get install -y chromium), or install it yourself; BC_TEST_CHROMIUM "
+                    "names another binary")
     return CHROMIUM
 
 
@@ -100,11 +100,11 @@ class ConsolePage:
         self.page.click(f"#nav a[data-view={name}]")
         self.page.locator(f"#view-{name}").wait_for()
 
-    def shot(self, name: str) -> Path:
-        """A full-page screenshot into build/console-screenshots/NAME-WIDTH.png."""
+    def shot(self, name: str, full_page: bool = True) -> Path:
+        """A screenshot into build/console-screenshots/NAME-WIDTH.png."""
         SHOTS.mkdir(parents=True, exist_ok=True)
         path = SHOTS / f"{name}-{self.width}.png"
-        self.page.screenshot(path=str(path), full_page=True)
+        self.page.screenshot(path=str(path), full_page=full_page)
         return path
 
     # ------------------------------------------------------------------ reading

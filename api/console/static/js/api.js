@@ -120,7 +120,7 @@ export class Feed {
       }
       throw new RpcError(error.code || 'error', error.message || `HTTP ${response.status}`);
     }
-    this.onStatus('live', `following the event log after sequence ${this.position ?? 'head'}`);
+    this.onStatus('live', `following the event log (connected after sequence ${this.position ?? 'head'})`);
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = '';
     for (;;) {

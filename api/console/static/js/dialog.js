@@ -26,9 +26,13 @@ export function confirmAction(spec) {
         spellcheck: 'false', placeholder: f.placeholder }),
       f.hint ? h('span', { class: 'hint' }, f.hint) : null);
   }));
+  const key = opener?.dataset?.key;
   dialog.addEventListener('close', () => {
     current = null;
-    if (opener && opener.isConnected) opener.focus();
+    // Back to the button that opened it, or to its successor when the views were redrawn.
+    const back = opener?.isConnected ? opener
+      : [...document.querySelectorAll('[data-key]')].find((e) => e.dataset.key === key);
+    if (back) back.focus();
   }, { once: true });
   dialog.showModal();
   const first = dialog.querySelector('#confirm-fields input');

@@ -124,7 +124,7 @@ async function refresh() {
     } catch (err) {
       if (api !== app.api) return;
       if (err instanceof RpcError && err.code === 'unauthenticated') {
-        signOut(`Signed out: ${err.message}`);
+        signOut(`Signed out (${err.code}): ${err.message}`);
         return;
       }
       setLive('error', `could not read the views: ${err.message}`);
@@ -175,7 +175,7 @@ async function startFeed() {
       if (state === 'live') refreshSoon(); // what changed while the stream was away
       setLive(state, detail);
     },
-    onUnauthenticated: (err) => signOut(`Signed out: ${err.message}`),
+    onUnauthenticated: (err) => signOut(`Signed out (${err.code}): ${err.message}`),
   });
   app.feed = feed;
   feed.run();
@@ -209,7 +209,7 @@ function boot() {
   });
   const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved) {
-    signIn(saved).catch((err) => signOut(`Signed out: ${err.message}`));
+    signIn(saved).catch((err) => signOut(`Signed out (${err.code}): ${err.message}`));
   } else {
     $('token').focus();
   }

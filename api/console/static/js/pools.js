@@ -64,17 +64,17 @@ function count(field, label, n, kind = '') {
 }
 
 function hostTable(cap) {
-  const rows = ['cpu', 'memory'].map((r) => {
-    const res = cap.resources[r];
-    return h('tr', {},
-      h('th', { scope: 'row' }, r === 'memory' ? `memory (${res.unit})` : 'CPUs'),
-      HOST.map((k) => h('td', { class: 'num', dataset: { field: `${r}.${k}` } }, value(res[k]))));
-  });
-  // Scrolls sideways on a narrow screen: a region the keyboard can reach and scroll.
+  // One column per resource, one row per field: narrow enough for a phone.
+  const resources = ['cpu', 'memory'];
+  const rows = HOST.map((k) => h('tr', {},
+    h('th', { scope: 'row' }, k),
+    resources.map((r) => h('td', { class: 'num', dataset: { field: `${r}.${k}` } },
+      value(cap.resources[r][k])))));
   return h('div', { class: 'scroll', tabindex: '0', role: 'region', 'aria-label': 'Host CPUs and memory' },
     h('table', { class: 'host' },
       h('caption', { class: 'visually-hidden' }, 'Host CPUs and memory'),
-      h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'resource'),
-        HOST.map((k) => h('th', { scope: 'col' }, k)))),
+      h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'host'),
+        h('th', { scope: 'col', class: 'num' }, 'CPUs'),
+        h('th', { scope: 'col', class: 'num' }, `memory (${cap.resources.memory.unit})`))),
       h('tbody', {}, rows)));
 }

@@ -33,7 +33,8 @@ function row(r, can, actions, withActions) {
     h('td', { dataset: { label: 'node' } }, r.nodeId ? h('span', { class: 'id' }, r.nodeId) : '—'),
     h('td', { dataset: { label: 'GPUs', field: 'gpus' }, title: gpus.join('\n') }, String(r.gpuCount)),
     h('td', { dataset: { label: 'start' } }, time(r.start)),
-    h('td', { dataset: { label: 'end', field: 'end' } }, time(r.end)),
+    h('td', { dataset: { label: 'end', field: 'end' } }, h('div', {}, time(r.end),
+      r.endedAt ? h('span', { class: 'ended' }, 'ended ', time(r.endedAt)) : null)),
     withActions ? h('td', { dataset: { label: 'actions' }, class: 'actions' },
       can.changeReservation(r) && LIVE.has(r.state) ? h('span', {}, buttons(r, actions)) : null)
       : null);
