@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import better_compute.api.methods  # noqa: F401  (registers every JSON-RPC method)
-from better_compute.api import join_routes, rpc, watch
+from better_compute.api import console, join_routes, rpc, watch
 from better_compute.api.runtime import Runtime
 from better_compute.domain.access import Principal
 
@@ -104,5 +104,6 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
         Route(f"{API_PREFIX}/health", health, methods=["GET"]),
         *join_routes.ROUTES,
         *watch.ROUTES,
+        *console.ROUTES,
     ]
     return Starlette(routes=base + list(routes or []), lifespan=lifespan)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import uvicorn
 
 from better_compute.api import pki
@@ -20,6 +22,7 @@ from better_compute.api.watch import stop_streams
 from better_compute.domain.errors import InvalidInput
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+CLOSE_GRACE = 1.0  # seconds a peer has to answer a connection's close at shutdown
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -55,7 +58,29 @@ class _Server(uvicorn.Server):
         # uvicorn waits for open responses before the lifespan ends: end the
         # /watch streams first (readers reconnect and resume), or it would wait forever.
         stop_streams(self.config.app)()
-        await super().shutdown(sockets)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._cut_unanswered_closes)
+            await super().shutdown(sockets)
+            tg.cancel_scope.cancel()
+
+    async def _cut_unanswered_closes(self) -> None:
+        """Drop connections whose close the peer has not answered within CLOSE_GRACE seconds.
+
+        uvicorn closes idle keep-alive connections at shutdown and waits until they are gone.
+        Over TLS, asyncio then waits up to 30 s for the peer's close_notify, which a browser
+        never sends for an idle pooled connection it is not reading (seen with Chromium on the
+        console): shutdown would hang that long. Such a connection has nothing in flight.
+        """
+        closing_since: dict[object, float] = {}
+        while True:
+            await anyio.sleep(0.1)
+            now = time.monotonic()
+            for connection in list(self.server_state.connections):
+                transport = getattr(connection, "transport", None)
+                if transport is None or not transport.is_closing():
+                    continue
+                if now - closing_since.setdefault(connection, now) >= CLOSE_GRACE:
+                    transport.abort()
 
 
 def tls_files(runtime: Runtime, hostnames: list[str]) -> tuple[Path, Path]:

@@ -1,0 +1,83 @@
+// Building the DOM safely: every value goes in as text (textContent) or as an attribute
+// value, never as markup. No function here parses HTML.
+
+/**
+ * h('td', {class: 'num', dataset: {field: 'gpu.total'}}, 8) -> <td class="num" data-field=…>8</td>
+ * Children: nodes, strings and numbers (as text), null/undefined/false (skipped), arrays.
+ */
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name === 'dataset') {
+      for (const [k, v] of Object.entries(value)) el.dataset[k] = String(v);
+    } else if (name.startsWith('on') && typeof value === 'function') {
+      el.addEventListener(name.slice(2), value);
+    } else if (name === 'class') {
+      el.className = String(value);
+    } else if (value === true) {
+      el.setAttribute(name, '');
+    } else {
+      el.setAttribute(name, String(value));
+    }
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const child of children) {
+    if (child === null || child === undefined || child === false) continue;
+    if (Array.isArray(child)) append(el, child);
+    else if (child instanceof Node) el.appendChild(child);
+    else el.appendChild(document.createTextNode(String(child)));
+  }
+}
+
+/** An RFC 3339 time, shown to the second in UTC, the full value in the title. */
+export function time(value) {
+  if (!value) return h('span', { class: 'muted' }, '—');
+  const text = String(value);
+  const shown = text.replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+  return h('time', { datetime: text, title: text }, shown);
+}
+
+/** A value as the API gave it: numbers as JavaScript prints them, null as a dash. */
+export function value(v) {
+  if (v === null || v === undefined) return '—';
+  if (typeof v === 'object') return JSON.stringify(v);
+  return String(v);
+}
+
+/** Replace a container's children, keeping the focus on the element with the same data-key. */
+export function replace(container, ...children) {
+  const active = document.activeElement;
+  const key = active && container.contains(active) ? active.dataset.key : undefined;
+  container.replaceChildren();
+  append(container, children);
+  if (key) {
+    const again = [...container.querySelectorAll('[data-key]')].find((e) => e.dataset.key === key);
+    if (again) again.focus();
+  }
+}
+
+/** A short opaque id for idempotency keys: console-<20 hex digits>. */
+export function newKey() {
+  const bytes = new Uint8Array(10);
+  crypto.getRandomValues(bytes);
+  return 'console-' + [...bytes].map((b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+/** A definition list of an object's fields, nested objects flattened as a.b. */
+export function fields(obj, prefix = '') {
+  const rows = [];
+  for (const [k, v] of Object.entries(obj || {})) {
+    const name = prefix + k;
+    if (v && typeof v === 'object' && !Array.isArray(v)) {
+      rows.push(...fields(v, name + '.'));
+    } else {
+      rows.push(h('div', {}, h('dt', {}, name), h('dd', { dataset: { field: name } }, value(v))));
+    }
+  }
+  return prefix ? rows : h('dl', { class: 'fields' }, rows);
+}

@@ -1,0 +1,441 @@
+"""The web console in real headless Chromium, against a real `serve` with a simulated node.
+
+One cluster per backend (the tutorial up to an adopted 8-GPU node with bcd running) and one
+browser for the module; each test opens its own tabs (own sessions) and leaves every GPU
+free again, so no test depends on another. What the page shows is compared with what the CLI
+prints for the same questions: the console calls the same methods with the same token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser import NARROW, WIDE, ConsolePage, chromium
+from tests.cluster import Cluster, Operator, running_cluster
+from tests.conftest import BACKENDS
+from tests.support import POLICY, drop_schema, eventually, store_env
+
+FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": "0.2",
+        "BETTER_COMPUTE_WATCH_HEARTBEAT": "0.5"}
+MARKUP = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp(f"console-{request.param}")
+    env = store_env(str(request.param), tmp)
+    try:
+        with running_cluster(env, tmp, FAST) as c:
+            c.join()
+            c.start_agent(epoch=1)
+            eventually(lambda: c.provision_state(c.node) == "adopted", "the node is adopted")
+            yield c
+    finally:
+        drop_schema(env)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def open_page(browser: Any, cluster: Cluster) -> Iterator[Callable[..., ConsolePage]]:
+    """Tabs on the cluster's console; at the end, none may have run a script error or an alert."""
+    opened: list[ConsolePage] = []
+
+    def open_(width: int = WIDE) -> ConsolePage:
+        page = ConsolePage(browser, cluster.server.url, width)
+        opened.append(page)
+        return page
+
+    yield open_
+    for page in opened:
+        page.close()
+    for page in opened:
+        assert page.errors == [] and page.dialogs == [], (page.errors, page.dialogs)
+        assert not [u for u in page.requested if "biam_" in u], "a token went into a URL"
+
+
+def root_token(c: Cluster) -> str:
+    return c.env["BETTER_COMPUTE_TOKEN"]
+
+
+def tenant_operator(c: Cluster, tenant: str, role: str) -> Operator:
+    token = c.cli("tokens", "create", "--role", role, "--tenant", tenant, "--query", "token")
+    return Operator({**c.env, "BETTER_COMPUTE_TOKEN": token, "BETTER_COMPUTE_TENANT": tenant})
+
+
+def reserve(operator: Operator, c: Cluster, gpus: int = 2) -> str:
+    return operator.cli("reserve", "--pool", c.pool, "--gpus", str(gpus), "--for", "1h",
+                        "--query", "id")
+
+
+def release(operator: Operator, *reservations: str) -> None:
+    for rsv in reservations:
+        operator.cli("release", rsv)
+
+
+def cli_capacity(c: Cluster, pool: str) -> dict[str, float]:
+    """`capacity --pool P -o json`, flattened as the page names its fields."""
+    doc = c.cli_json("capacity", "--pool", pool)
+    out = {f"{name}.{k}": float(v) for name, resource in doc["resources"].items()
+           for k, v in resource.items() if k != "unit"}
+    out.update({f"nodes.{k}": float(v) for k, v in doc["nodes"].items()})
+    return out
+
+
+def page_capacity(page: ConsolePage, pool: str) -> dict[str, float]:
+    return {k: float(v) for k, v in page.fields(f'[data-pool="{pool}"]').items()}
+
+
+def row(page: ConsolePage, rsv: str, state: str | None = None) -> Any:
+    suffix = f'[data-state="{state}"]' if state else ""
+    return page.page.locator(f'#reservations-list tr[data-reservation="{rsv}"]{suffix}')
+
+
+# ---------------------------------------------------------------------------- signing in
+
+
+def test_sign_in_with_a_root_token_then_sign_out_forgets_it(cluster: Cluster,
+                                                            open_page: Callable[..., ConsolePage]
+                                                            ) -> None:
+    page = open_page()
+    page.open()
+    page.page.fill("#token", "biam_not-a-token")
+    page.page.click("#sign-in-form button[type=submit]")
+    page.page.locator("#sign-in-error", has_text="unauthenticated").wait_for()
+
+    page.sign_in(root_token(cluster))
+    assert page.page.inner_text("#who-text") == "root · admin · root administrator"
+    assert page.page.evaluate("sessionStorage.getItem('better-compute.token')") == \
+        root_token(cluster)
+    page.page.reload()  # the tab keeps its session: still signed in
+    page.page.locator("#live[data-state=live]").wait_for()
+
+    page.page.click("#sign-out")
+    page.page.locator("#sign-in-form").wait_for()
+    assert page.page.evaluate("sessionStorage.length") == 0
+    assert page.page.evaluate("document.cookie") == ""
+    assert page.page.locator("#view-pools").is_hidden()
+    page.page.reload()
+    page.page.locator("#token").wait_for()
+    assert page.page.locator("#who").is_hidden()
+
+
+# ---------------------------------------------------------------------------- the views
+
+
+def test_the_capacity_view_shows_the_numbers_of_capacity_o_json(
+        cluster: Cluster, open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    rsv = reserve(c, c, gpus=3)
+    try:
+        eventually(lambda: c.state(rsv) == "active", "the reservation is active")
+        page = open_page()
+        page.sign_in(root_token(c))
+        expected = cli_capacity(c, c.pool)
+        assert expected["gpu.allocated"] == 3
+        eventually(lambda: page_capacity(page, c.pool) == cli_capacity(c, c.pool),
+                   "the page shows capacity's numbers", timeout=10)
+        assert set(page_capacity(page, c.pool)) == set(expected)  # every field, no other
+    finally:
+        release(c, rsv)
+    # Live: the release reaches the page through /watch, and the numbers follow.
+    eventually(lambda: page_capacity(page, c.pool) == cli_capacity(c, c.pool)
+               and page_capacity(page, c.pool)["gpu.allocated"] == 0,
+               "the page follows the release", timeout=10)
+
+
+def test_a_reservation_made_with_the_cli_shows_in_the_feed_within_2_s(
+        cluster: Cluster, open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    page = open_page()
+    page.sign_in(root_token(c))
+    page.view("events")
+    rsv = reserve(c, c)
+    try:
+        started = time.monotonic()
+        page.page.locator(f'#feed li[data-subject="{rsv}"][data-type="reservation.placed"]'
+                          ).wait_for(timeout=2000)
+        assert time.monotonic() - started < 2.0
+        page.page.fill("#feed-types", "node.*")  # filtered by type in the page
+        assert page.page.locator(f'#feed li[data-subject="{rsv}"]').first.is_hidden()
+        page.page.fill("#feed-types", "reservation.*")
+        assert page.page.locator(f'#feed li[data-subject="{rsv}"]').first.is_visible()
+        page.view("reservations")
+        row(page, rsv).wait_for()
+        assert page.page.inner_text(f'#reservations-list tr[data-reservation="{rsv}"] '
+                                    '[data-field=gpus]') == "2"
+    finally:
+        release(c, rsv)
+    page.view("events")
+    page.page.locator(f'#feed li[data-subject="{rsv}"][data-type="reservation.released"]'
+                      ).wait_for(timeout=2000)
+    sequences = page.feed_sequences()
+    assert sequences == sorted(set(sequences))  # once each, in order
+
+
+def test_reserve_from_the_form_see_it_active_extend_and_release_it(
+        cluster: Cluster, open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    page = open_page()
+    page.sign_in(root_token(c))
+    page.view("reservations")
+    page.page.fill("#reserve-gpus", "2")
+    page.page.fill("#reserve-duration", "30m")
+    key = page.page.inner_text("#reserve-key")
+    assert key.startswith("console-")
+
+    # The preview's answer, every field of it: one a newer server adds (the earliest start)
+    # shows without a change in the page.
+    def add_a_field(route: Any) -> None:
+        if json.loads(route.request.post_data or "{}").get("method") != "capacity.preview":
+            route.continue_()
+            return
+        response = route.fetch()
+        body = response.json()
+        body["result"]["earliestStart"] = "2030-01-02T03:04:05Z"
+        route.fulfill(response=response, json=body)
+
+    page.page.route("**/api/compute/rpc", add_a_field)
+    page.page.click("#reserve-preview")
+    answer = "#reserve-answer"
+    page.page.locator(f"{answer} [data-field=fits]").wait_for()
+    shown = page.fields(answer)
+    assert shown["fits"] == "true" and shown["nodeId"] == c.node and shown["gpus"] == "2"
+    assert shown["earliestStart"] == "2030-01-02T03:04:05Z"
+    page.page.unroute("**/api/compute/rpc")
+
+    page.page.click("#reserve-submit")
+    rsv = page.page.locator("#reserve-created").inner_text()
+    try:
+        assert c.cli("reservations", "get", rsv, "--query", "key") == key
+        assert page.page.inner_text("#reserve-key") != key  # a new key for the next one
+        row(page, rsv, "active").wait_for(timeout=30000)
+
+        end = c.cli("reservations", "get", rsv, "--query", "end")
+        page.page.click(f'#reservations-list [data-action=extend][data-key="extend:{rsv}"]')
+        page.page.fill("#confirm-field-by", "1h")
+        page.page.click("#confirm-ok")
+        page.page.locator("#confirm").wait_for(state="hidden")
+        extended = c.cli("reservations", "get", rsv, "--query", "end")
+        assert extended > end
+        page.page.locator(f'#reservations-list tr[data-reservation="{rsv}"] [data-field=end] '
+                          f'time[datetime="{extended}"]').wait_for()
+
+        page.page.click(f'#reservations-list [data-action=release][data-key="release:{rsv}"]')
+        page.page.click("#confirm-ok")
+        row(page, rsv, "released").wait_for()
+        assert c.state(rsv) == "released"
+    finally:
+        if c.state(rsv) != "released":
+            release(c, rsv)
+
+
+def test_root_cordons_and_uncordons_a_node(cluster: Cluster,
+                                           open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    page = open_page()
+    page.sign_in(root_token(c))
+    page.view("nodes")
+    node = f'#nodes-list [data-node="{c.node}"]'
+    try:
+        page.page.click(f"{node} [data-action=cordon]")
+        page.page.fill("#confirm-field-reason", "swap a fan")
+        page.page.click("#confirm-ok")
+        page.page.locator(f"{node} [data-field=maintenance]", has_text="swap a fan").wait_for()
+        assert c.gpu_capacity()["maintenance"] == 8
+        page.view("pools")
+        page.page.locator(f'[data-pool="{c.pool}"] [data-field="gpu.maintenance"]',
+                          has_text="8").wait_for()
+    finally:
+        page.view("nodes")
+        page.page.click(f"{node} [data-action=uncordon]")
+        page.page.click("#confirm-ok")
+        page.page.locator(f"{node} [data-action=cordon]").wait_for()
+    assert c.gpu_capacity()["maintenance"] == 0
+
+
+# ---------------------------------------------------------------------------- who sees what
+
+
+def test_a_tenant_sees_only_its_own_reservations(cluster: Cluster,
+                                                 open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    c.cli("tenants", "create", "acme")
+    c.cli("pools", "offer", c.pool, "--to", "acme", "--quota", "gpu=4")
+    acme = tenant_operator(c, "acme", "member")
+    theirs = reserve(c, c)
+    ours = reserve(acme, c, gpus=1)
+    try:
+        others = [theirs, c.cli("reservations", "get", theirs, "--query", "allocationId")]
+        page = open_page()
+        page.sign_in(acme.env["BETTER_COMPUTE_TOKEN"])
+        page.view("reservations")
+        row(page, ours).wait_for()
+        page.view("events")
+        page.page.locator(f'#feed li[data-subject="{ours}"]').first.wait_for()
+        page.view("nodes")
+        page.page.locator("#nodes-list .empty").wait_for()
+        markup = page.text()
+        assert ours in markup
+        assert [i for i in others if i in markup] == []
+        tenants = page.page.eval_on_selector_all("#feed li", "els => els.map(e => e.dataset.tenant)")
+        assert set(tenants) == {"acme"}
+    finally:
+        release(acme, ours)
+        release(c, theirs)
+
+
+def test_a_read_only_token_sees_no_action_controls(cluster: Cluster,
+                                                   open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    viewer = tenant_operator(c, "root", "read-only")
+    rsv = reserve(c, c)
+    try:
+        page = open_page()
+        page.sign_in(viewer.env["BETTER_COMPUTE_TOKEN"])
+        page.view("reservations")
+        row(page, rsv).wait_for()  # it sees every reservation, and may change none
+        page.view("nodes")
+        page.page.locator(f'#nodes-list [data-node="{c.node}"]').wait_for()
+        assert page.page.locator("[data-action]").count() == 0
+        assert page.page.locator("#reserve-form").count() == 0
+        for view in ("pools", "nodes", "reservations", "events"):
+            page.view(view)
+            assert page.page.locator("main button:visible").count() == 0, view
+        assert page.page.inner_text("#who-text") == "root · read-only"
+
+        # A token revoked meanwhile signs the tab out at its next call, with the API's word.
+        token_id = viewer.cli("api", "system.whoami", "--query", "tokenId")
+        c.cli("tokens", "revoke", token_id)
+        page.page.locator("#sign-in-error", has_text="unauthenticated").wait_for()
+        assert page.page.locator("#sign-in-form").is_visible()
+        assert page.page.evaluate("sessionStorage.length") == 0
+    finally:
+        release(c, rsv)
+
+
+def test_a_site_named_like_markup_renders_as_text(cluster: Cluster,
+                                                  open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    policy = c.machine.folder.parent / "markup-policy.json"
+    policy.write_text(json.dumps(POLICY))
+    site = c.cli("sites", "create", "--kind", "shared", "--region", "eu-9", "--name", MARKUP,
+                 "--key", "site-markup", "--query", "id")
+    pool = c.cli("pools", "create", "--site", site, "--class", "metal-host", "--gpu-model",
+                 "H100", "--policy-file", str(policy), "--name", MARKUP, "--key", "pool-markup",
+                 "--query", "id")
+    page = open_page()
+    page.sign_in(root_token(c))
+    card = f'[data-pool="{pool}"]'
+    page.page.locator(card).wait_for()
+    assert page.page.inner_text(f"{card} h2") == MARKUP
+    assert page.page.inner_text(f"{card} .site-name") == MARKUP
+    page.view("events")
+    page.page.locator(f'#feed li[data-subject="{site}"]').wait_for()
+    assert MARKUP in page.page.inner_text(f'#feed li[data-subject="{site}"]')
+    assert page.page.locator("img").count() == 0
+    assert not [u for u in page.requested if u.endswith("/x")]
+    assert page.dialogs == []  # no alert ran (checked again for every test at teardown)
+
+
+def focused(page: ConsolePage) -> str:
+    """What has the keyboard focus: its id, else its data-key, else its text."""
+    return str(page.page.evaluate(
+        "(() => { const e = document.activeElement;"
+        " return e.id || e.dataset.key || e.textContent.trim(); })()"))
+
+
+def test_everything_is_reachable_with_the_keyboard(cluster: Cluster,
+                                                   open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    rsv = reserve(c, c)
+    try:
+        page = open_page()
+        page.open()
+        assert focused(page) == "token"  # the page opens with the focus in the token field
+        page.page.keyboard.type(root_token(c))
+        page.page.keyboard.press("Enter")
+        page.page.locator("#live[data-state=live]").wait_for()
+        reached = []
+        for _ in range(12):
+            page.page.keyboard.press("Tab")
+            reached.append(focused(page))
+            if reached[-1] == "Reservations":
+                break
+        assert {"sign-out", "Pools", "Nodes", "Reservations"} <= set(reached), reached
+        page.page.keyboard.press("Enter")
+        row(page, rsv).wait_for()
+        reached = []
+        for _ in range(40):
+            page.page.keyboard.press("Tab")
+            reached.append(focused(page))
+            if reached[-1] == f"release:{rsv}":
+                break
+        assert {"reserve-pool", "reserve-gpus", "reserve-duration", "reserve-start",
+                "reserve-preview", "reserve-submit", f"release:{rsv}"} <= set(reached), reached
+        page.page.keyboard.press("Enter")  # the dialog opens on its button, Escape closes it
+        page.page.locator("#confirm[open]").wait_for()
+        assert focused(page) == "confirm-ok"
+        page.page.keyboard.press("Escape")
+        page.page.locator("#confirm").wait_for(state="hidden")
+        assert focused(page) == f"release:{rsv}"
+        assert c.state(rsv) == "active"
+    finally:
+        release(c, rsv)
+
+
+# ---------------------------------------------------------------------------- looks
+
+
+# How the page looks and reads does not depend on the store: once, on the first backend.
+@pytest.mark.parametrize("cluster", BACKENDS[:1], indirect=True)
+def test_every_view_at_both_widths_screenshots_and_axe(cluster: Cluster,
+                                                       open_page: Callable[..., ConsolePage]
+                                                       ) -> None:
+    """Screenshots into build/console-screenshots (docs/console.md shows copies) and axe-core
+    on every view and the action dialog: no serious or critical violation."""
+    c = cluster
+    rsv = reserve(c, c, gpus=3)
+    violations: dict[str, list[dict[str, Any]]] = {}
+    shots: list[Path] = []
+    try:
+        eventually(lambda: c.state(rsv) == "active", "the reservation is active")
+        for width in (WIDE, NARROW):
+            page = open_page(width)
+            page.open()
+            shots.append(page.shot("sign-in"))
+            violations[f"sign-in@{width}"] = page.axe_violations()
+            page.sign_in(root_token(c))
+            waits = {"pools": f'[data-pool="{c.pool}"]', "nodes": f'[data-node="{c.node}"]',
+                     "reservations": f'tr[data-reservation="{rsv}"][data-state=active]',
+                     "events": f'#feed li[data-subject="{rsv}"]'}
+            for view, selector in waits.items():
+                page.view(view)
+                page.page.locator(selector).first.wait_for()
+                if view == "reservations":
+                    page.page.click("#reserve-preview")
+                    page.page.locator("#reserve-answer [data-field=fits]").wait_for()
+                # The long lists as a person first sees them: one screen.
+                shots.append(page.shot(view, full_page=view in ("pools", "nodes")))
+                violations[f"{view}@{width}"] = page.axe_violations()
+            page.view("reservations")
+            page.page.click(f'[data-key="release:{rsv}"]')
+            page.page.locator("#confirm[open]").wait_for()
+            shots.append(page.shot("release-dialog", full_page=False))
+            violations[f"dialog@{width}"] = page.axe_violations()
+            page.page.click("#confirm-cancel")
+    finally:
+        release(c, rsv)
+    assert {k: v for k, v in violations.items() if v} == {}
+    assert all(p.stat().st_size > 10_000 for p in shots)
