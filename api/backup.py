@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from better_compute.api.store import StoreConfig
+from better_compute.api.store_url import conninfo_without_password
 from better_compute.domain.errors import Conflict, InvalidInput, NotFound
 
 
 def _conninfo(config: StoreConfig) -> str:
     assert config.pg is not None
-    pg = config.pg
-    return (f"host={pg['POSTGRES_HOST']} port={pg['POSTGRES_PORT']} "
-            f"user={pg['POSTGRES_USER']} dbname={pg['POSTGRES_DBNAME']}")
+    return conninfo_without_password(config.pg)
 
 
 def pg_dump_command(config: StoreConfig, out: str) -> str:

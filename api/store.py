@@ -1,8 +1,9 @@
 """Opening the event store: SQLite by default, PostgreSQL when a URL is set.
 
 ``BETTER_COMPUTE_DATABASE_URL=postgresql://user:pw@host:port/db[?schema=NAME]``
-selects PostgreSQL (the ``schema`` query parameter is ours: it puts every table
-of this control plane in that schema, which is how tests isolate runs);
+selects PostgreSQL; libpq reads the URL, every parameter of it (api/store_url.py;
+the ``schema`` query parameter is ours: it puts every table of this control plane
+in that schema, which is how tests isolate runs);
 otherwise the store is ``store.sqlite`` in ``BETTER_COMPUTE_DATA_DIR``
 (default: the user's data dir).
 """
@@ -15,7 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlparse
 
 from eventsourcing.application import Application
 from eventsourcing.persistence import Mapper, TrackingRecorder, Transcoder
@@ -24,10 +24,13 @@ from eventsourcing.utils import Environment
 import better_compute.domain  # noqa: F401  (registers every event topic)
 from better_compute.api.codec import EventMapper, MsgspecTranscoder
 from better_compute.api.pg_recorder import TOPIC as PG_RECORDER_TOPIC
+from better_compute.api.store_url import connect_kwargs, parse_database_url
+from better_compute.api.store_url import describe as describe_pg
 from better_compute.domain.bookings import NodeBookings
-from better_compute.domain.errors import InvalidInput, Unavailable
+from better_compute.domain.errors import Unavailable
 
 APP_NAME = "bc"
+PG_FACTORY_TOPIC = "better_compute.api.pg_factory:ConninfoPostgresFactory"
 
 
 def default_data_dir(env: Mapping[str, str]) -> Path:
@@ -53,16 +56,13 @@ class StoreConfig:
         url = env.get("BETTER_COMPUTE_DATABASE_URL", "").strip()
         if not url:
             return cls("sqlite", data_dir, sqlite_path=data_dir / "store.sqlite")
-        return cls("postgres", data_dir, pg=_parse_pg_url(url))
+        return cls("postgres", data_dir, pg=parse_database_url(url))
 
     def describe(self) -> str:
         if self.backend == "sqlite":
             return f"SQLite {self.sqlite_path}"
         assert self.pg is not None
-        return (
-            f"PostgreSQL {self.pg['POSTGRES_HOST']}:{self.pg['POSTGRES_PORT']}/"
-            f"{self.pg['POSTGRES_DBNAME']} schema {self.pg.get('POSTGRES_SCHEMA') or 'public'}"
-        )
+        return describe_pg(self.pg)
 
     def library_env(self) -> dict[str, str]:
         if self.backend == "sqlite":
@@ -74,7 +74,8 @@ class StoreConfig:
             }
         assert self.pg is not None
         return {
-            "PERSISTENCE_MODULE": "eventsourcing.postgres",
+            # The library's factory, handing libpq the whole URL (api/pg_factory.py).
+            "PERSISTENCE_MODULE": PG_FACTORY_TOPIC,
             "CREATE_TABLE": "y",
             "POSTGRES_POOL_SIZE": "5",
             "POSTGRES_MAX_OVERFLOW": "10",
@@ -86,32 +87,6 @@ class StoreConfig:
             # and a tailing reader then skips events (reference/eventsourcing-facts.md).
             **self.pg,
         }
-
-
-def _parse_pg_url(url: str) -> dict[str, str]:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("postgresql", "postgres"):
-        raise InvalidInput(
-            f"BETTER_COMPUTE_DATABASE_URL {url!r} is not a PostgreSQL URL: write "
-            "postgresql://USER:PASSWORD@HOST:PORT/DBNAME, or unset it to use SQLite"
-        )
-    dbname = unquote(parsed.path.lstrip("/"))
-    if not parsed.hostname or not parsed.username or not dbname:
-        raise InvalidInput(
-            "BETTER_COMPUTE_DATABASE_URL needs a user, a host and a database name: "
-            "postgresql://USER:PASSWORD@HOST:PORT/DBNAME"
-        )
-    params = parse_qs(parsed.query)
-    out = {
-        "POSTGRES_HOST": parsed.hostname,
-        "POSTGRES_PORT": str(parsed.port or 5432),
-        "POSTGRES_USER": unquote(parsed.username),
-        "POSTGRES_PASSWORD": unquote(parsed.password or ""),
-        "POSTGRES_DBNAME": dbname,
-    }
-    if "schema" in params:
-        out["POSTGRES_SCHEMA"] = params["schema"][0]
-    return out
 
 
 class ComputeStore(Application[Any]):
@@ -140,7 +115,7 @@ class ComputeStore(Application[Any]):
 
     @property
     def backend(self) -> str:
-        return "postgres" if self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres" else "sqlite"
+        return "postgres" if self.env.get("PERSISTENCE_MODULE") == PG_FACTORY_TOPIC else "sqlite"
 
     _commit_listeners: tuple[Callable[[int], None], ...] = ()
 
@@ -198,11 +173,8 @@ def setup_lock(config: StoreConfig) -> Iterator[None]:
 
     schema = config.pg.get("POSTGRES_SCHEMA")
     try:
-        conn = psycopg.connect(
-            host=config.pg["POSTGRES_HOST"], port=config.pg["POSTGRES_PORT"],
-            user=config.pg["POSTGRES_USER"], password=config.pg["POSTGRES_PASSWORD"] or None,
-            dbname=config.pg["POSTGRES_DBNAME"], connect_timeout=10, autocommit=True,
-        )
+        conn = psycopg.connect(**{"connect_timeout": 10, **connect_kwargs(config.pg)},
+                               autocommit=True)
     except psycopg.Error as exc:
         raise Unavailable(f"cannot reach PostgreSQL ({config.describe()}): {exc}") from None
     with conn:
