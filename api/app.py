@@ -8,6 +8,7 @@ CapacityLimiter no larger than the store's connection pool.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,8 +21,18 @@ from starlette.routing import Route
 
 import better_compute.api.methods  # noqa: F401  (registers every JSON-RPC method)
 from better_compute.api import console, join_routes, rpc, watch
+from better_compute.api.metrics import ServerMetrics
+from better_compute.api.request_log import (
+    REQUEST_ID_HEADER,
+    RequestRecord,
+    authenticated,
+    log_request,
+    new_request_id,
+    recording,
+)
 from better_compute.api.runtime import Runtime
 from better_compute.domain.access import Principal
+from better_compute.domain.errors import BetterComputeError, PermissionDenied
 
 API_PREFIX = "/api/compute"
 # A lifespan task: ``async def task(state, *, task_status)``, started with tg.start.
@@ -44,6 +55,19 @@ def _bearer(request: Request) -> str | None:
 
 
 async def rpc_endpoint(request: Request) -> Response:
+    """One JSON-RPC request, counted in the metrics and logged (api/request_log.py)."""
+    started = time.perf_counter()
+    record = RequestRecord(new_request_id(request.headers.get(REQUEST_ID_HEADER)))
+    with recording(record):
+        response = await _rpc(request)
+    seconds = time.perf_counter() - started
+    request.app.state.metrics.observe(record, seconds)
+    log_request(record, seconds)
+    response.headers[REQUEST_ID_HEADER] = record.request_id
+    return response
+
+
+async def _rpc(request: Request) -> Response:
     state: ServerState = request.app.state.bc
     body = await request.body()
     if len(body) > MAX_BODY:
@@ -57,7 +81,9 @@ async def rpc_endpoint(request: Request) -> Response:
     service = state.runtime.service
 
     def authenticate() -> Principal:
-        return service.authenticate(token)
+        principal = service.authenticate(token)
+        authenticated(principal)
+        return principal
 
     answer = await anyio.to_thread.run_sync(
         rpc.handle, body, service, authenticate, limiter=state.limiter
@@ -67,6 +93,27 @@ async def rpc_endpoint(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """GET /metrics with any root-tenant token (docs/metrics.md)."""
+    state: ServerState = request.app.state.bc
+    token = _bearer(request)
+
+    def render() -> bytes:
+        principal = state.runtime.service.authenticate(token)
+        if not principal.is_root:
+            raise PermissionDenied(
+                f"/metrics is for the platform's operators: use a token of the root tenant; "
+                f"this one is of tenant {principal.tenant_id}")
+        return bytes(request.app.state.metrics.render())
+
+    try:
+        body = await anyio.to_thread.run_sync(render, limiter=state.limiter)
+    except BetterComputeError as exc:
+        return JSONResponse({"error": {"code": exc.code, "message": exc.message}},
+                            status_code=403 if exc.code == "permission_denied" else 401)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def build_app(runtime: Runtime, *, gateway_url: str | None = None,
@@ -84,6 +131,8 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state = ServerState(runtime, anyio.CapacityLimiter(8), gateway_url)
         app.state.bc = state
+        app.state.metrics.bind(state)
+        state.extra["metrics"] = app.state.metrics
         runtime.service.gateway_url = gateway_url
         if on_startup is not None:
             on_startup(state)
@@ -102,8 +151,11 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
     base = [
         Route(f"{API_PREFIX}/rpc", rpc_endpoint, methods=["POST"]),
         Route(f"{API_PREFIX}/health", health, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
         *join_routes.ROUTES,
         *watch.ROUTES,
         *console.ROUTES,
     ]
-    return Starlette(routes=base + list(routes or []), lifespan=lifespan)
+    app = Starlette(routes=base + list(routes or []), lifespan=lifespan)
+    app.state.metrics = ServerMetrics()
+    return app

@@ -28,7 +28,6 @@ from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 from better_compute.domain.node_rules import (
     ACCEPTANCE_PENDING,
-    HOST_FIELDS,
     acceptance_checks,
     evaluate_acceptance,
 )
@@ -36,7 +35,7 @@ from better_compute.domain.policy import node_sections
 from better_compute.domain.pool import Pool
 from better_compute.domain.quota import QuotaUse, quota_uuid
 from better_compute.domain.reservation import Reservation
-from better_compute.projections.capacity import count_nodes, read_capacity
+from better_compute.projections.capacity import capacity_resources, count_nodes, read_capacity
 
 T = TypeVar("T")
 _ATTEMPTS = 5
@@ -151,14 +150,7 @@ class NodeService:
     def capacity(self, principal: Principal, pool_id: str) -> dict[str, Any]:
         pool = self.service.pool(principal, pool_id)
         self.service.projections.catch_up("capacity")
-        sums = read_capacity(self.service.sql, pool.public_id)
-        resources: dict[str, dict[str, Any]] = {}
-        for resource, row in sums.items():
-            fields = row if resource == "gpu" else {k: row[k] for k in HOST_FIELDS}
-            as_int = resource != "memory"
-            resources[resource] = {k: round(v) if as_int else round(v, 3)
-                                   for k, v in fields.items()}
-        resources["memory"]["unit"] = "GiB"
+        resources = capacity_resources(read_capacity(self.service.sql, pool.public_id))
         return {"poolId": pool.public_id, "gpuModel": pool.gpu_model, "resources": resources,
                 "nodes": count_nodes(self.service.sql, pool.public_id)}
 

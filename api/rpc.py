@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from better_compute.api import request_log
 from better_compute.api.actor import LOCAL, acting_as
 from better_compute.api.schemas import Params, RpcError, RpcRequest, RpcResponse
 from better_compute.api.service import ComputeService
@@ -78,6 +79,7 @@ def decode_params(m: Method, raw: bytes) -> Any:
 
 
 def _error(exc: BaseException) -> RpcError:
+    request_log.store_failed(exc)
     if isinstance(exc, BetterComputeError):
         return RpcError(exc.rpc_code, exc.message, {"code": exc.code, **exc.data})
     incident = uuid.uuid4().hex[:12]
@@ -112,7 +114,10 @@ def handle(
         code = -32700 if "JSON" in str(exc) or "truncated" in str(exc) else -32600
         err = RpcError(code, f"not a JSON-RPC 2.0 request object: {exc}", {"code": "invalid_request"})
         return _ENCODER.encode(RpcResponse(error=err))
-    return _ENCODER.encode(answer(request, service, authenticate))
+    response = answer(request, service, authenticate)
+    request_log.answered(request.method if request.method in METHODS else "unknown",
+                         response.error)
+    return _ENCODER.encode(response)
 
 
 def answer(

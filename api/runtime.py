@@ -15,6 +15,7 @@ from typing import Any
 from eventsourcing.domain import Snapshot
 from eventsourcing.persistence import Notification, StoredEvent
 
+from better_compute.api.server_config import with_file
 from better_compute.api.service import ComputeService
 from better_compute.api.store import (
     ComputeStore,
@@ -80,7 +81,7 @@ class Runtime:
 
     @classmethod
     def open(cls, env: Mapping[str, str] | None = None) -> Runtime:
-        env = dict(os.environ if env is None else env)
+        env = with_file(os.environ if env is None else env)  # BETTER_COMPUTE_CONFIG's file
         config = StoreConfig.from_env(env)
         with setup_lock(config):  # the store's and the projections' tables
             store = open_store(config)

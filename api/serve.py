@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import uvicorn
@@ -19,6 +20,8 @@ from better_compute.api.net import is_loopback
 from better_compute.api.runtime import Runtime
 from better_compute.api.token_use import flush_token_use
 from better_compute.api.watch import stop_streams
+from better_compute.api.wire import logs
+from better_compute.api.wire.daemon import notify
 from better_compute.domain.errors import InvalidInput
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -40,6 +43,8 @@ class ServeOptions:
     gateway_url: str | None = None
     log_level: str = "warning"
     gateway_listen: str | None = None
+    log_format: str = "text"
+    metrics_listen: str | None = None  # loopback HOST:PORT for GET /metrics without a token
 
 
 class _Server(uvicorn.Server):
@@ -53,10 +58,12 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             print(self.ready_line, flush=True)
+            notify("READY=1")  # Type=notify under systemd; nothing otherwise
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn waits for open responses before the lifespan ends: end the
         # /watch streams first (readers reconnect and resume), or it would wait forever.
+        notify("STOPPING=1")
         stop_streams(self.config.app)()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._cut_unanswered_closes)
@@ -119,8 +126,36 @@ def _gateway(options: ServeOptions, gateway_url: str | None) -> tuple[str, Lifes
     return gateway_url, gateway_task(g_host, int(g_port), names)
 
 
+def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
+    """The loopback /metrics listener's lifespan task and its URL (docs/metrics.md)."""
+    from better_compute.api.wire.daemon import parse_listen as parse_address
+    from better_compute.api.wire.daemon import serve_scrape
+
+    try:
+        host, port = parse_address(text, "--metrics-listen")
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    if not is_loopback(host):
+        raise InvalidInput(
+            f"--metrics-listen serves /metrics without a token, so on loopback only; {host} is "
+            "not a loopback address: use 127.0.0.1:PORT for a Prometheus on this host, or "
+            "scrape GET /metrics on the API with a root-tenant token")
+
+    async def run(state: Any, *, task_status: Any) -> None:
+        metrics = state.extra["metrics"]
+
+        async def render() -> bytes:
+            return bytes(await anyio.to_thread.run_sync(metrics.render, limiter=state.limiter))
+
+        await serve_scrape(host, port, render, task_status=task_status)
+
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics", run
+
+
 def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
+    logs.configure(options.log_level, options.log_format)
     host, port = parse_listen(options.listen)
+    metrics = _metrics_listener(options.metrics_listen) if options.metrics_listen else None
     runtime = Runtime.open(env)
     runtime.service.pki()  # refuses early, with the fix, when `init` has not run
     gateway_url = options.gateway_url or runtime.env.get("BETTER_COMPUTE_GATEWAY_URL") or None
@@ -149,12 +184,16 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
         gateway_url, task = _gateway(options, gateway_url)
         tasks.append(task)
         gateway_note = f"; gateway {gateway_url} (mutual TLS)"
+    if metrics is not None:
+        tasks.append(metrics[1])
+        gateway_note += f"; metrics {metrics[0]}"
     app = build_app(runtime, gateway_url=gateway_url, tasks=tasks)
     shown = f"[{host}]" if ":" in host else host
     ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"
              + (f" (certificate for {', '.join(names)})" if names else " (plain HTTP, loopback only)")
              + gateway_note)
     config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
+                            log_config=None,  # our handler and format (logs.configure)
                             access_log=False, lifespan="on", **ssl)  # type: ignore[arg-type]
     server = _Server(config, ready)
     try:

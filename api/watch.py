@@ -438,7 +438,7 @@ async def watch_endpoint(request: Request) -> Response:
     except BetterComputeError as exc:
         return _error_response(exc)
     return StreamingResponse(
-        stream_events(hub, flt, since, state.limiter, check),
+        request.app.state.metrics.stream(stream_events(hub, flt, since, state.limiter, check)),
         media_type="application/x-ndjson",
         headers={"cache-control": "no-store", "x-accel-buffering": "no"},
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 Runner = Callable[[Any, argparse.Namespace], int | None]
@@ -19,9 +19,19 @@ def output_options() -> argparse.ArgumentParser:
     return common
 
 
+def epilog(examples: Sequence[str]) -> str | None:
+    if not examples:
+        return None
+    return "examples:\n" + "".join(f"  {e}\n" for e in examples)
+
+
 def add_verb(group: Any, name: str, run: Runner, help_text: str, *,
-             output: bool = True, **kwargs: Any) -> argparse.ArgumentParser:
+             output: bool = True, examples: Sequence[str] = (),
+             **kwargs: Any) -> argparse.ArgumentParser:
     parents = [output_options()] if output else []
+    if examples:
+        kwargs.update(epilog=epilog(examples),
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser: argparse.ArgumentParser = group.add_parser(
         name, help=help_text, description=help_text, parents=parents, **kwargs
     )

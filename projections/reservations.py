@@ -20,12 +20,13 @@ def _epoch(value: Any) -> float | None:
 
 class Reservations(Projection):
     name = "reservations"
+    version = 2  # 2: counts by tenant, pool and state (bc_rsv_count, read by /metrics)
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
 
     def table_names(self) -> list[str]:
-        return ["bc_rsv"]
+        return ["bc_rsv", "bc_rsv_count"]
 
     def tables(self) -> list[str]:
         return [
@@ -39,23 +40,32 @@ class Reservations(Projection):
             "CREATE INDEX IF NOT EXISTS bc_rsv_tenant ON bc_rsv (tenant_id, created_seq)",
             "CREATE INDEX IF NOT EXISTS bc_rsv_state ON bc_rsv (state, start_at)",
             "CREATE INDEX IF NOT EXISTS bc_rsv_alloc ON bc_rsv (allocation_id)",
+            "CREATE TABLE IF NOT EXISTS bc_rsv_count (tenant_id TEXT NOT NULL, "
+            "pool_id TEXT NOT NULL, state TEXT NOT NULL, n BIGINT NOT NULL, "
+            "PRIMARY KEY (tenant_id, pool_id, state))",
         ]
 
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         if not str(type(event).TOPIC).startswith("reservation."):
             return
         uuid = str(event.originator_id)
+        before: tuple[str, str, str] | None = None
         if event.originator_version == 1:
             aggregate = event.mutate(None)
             created_seq = sequence
         else:
-            sql.execute(cursor, "SELECT snapshot_topic, snapshot, created_seq FROM bc_rsv "
-                        "WHERE uuid = ?", (uuid,))
+            sql.execute(cursor, "SELECT snapshot_topic, snapshot, created_seq, tenant_id, "
+                        "pool_id, state FROM bc_rsv WHERE uuid = ?", (uuid,))
             row = cursor.fetchone()
             if row is None:
                 return
             aggregate = after_event(self.codec, row, event)
             created_seq = int(row["created_seq"])
+            before = (str(row["tenant_id"]), str(row["pool_id"]), str(row["state"]))
+        after = (aggregate.tenant_id, aggregate.pool_id, aggregate.state)
+        if after != before:
+            _count(sql, cursor, before, -1)
+            _count(sql, cursor, after, 1)
         topic, state = self.codec.snapshot(aggregate)
         params = (
             aggregate.public_id, aggregate.tenant_id, aggregate.pool_id, aggregate.node_id,
@@ -79,6 +89,22 @@ class Reservations(Projection):
                 "created_seq = ?, doc = ?, snapshot_topic = ?, snapshot = ? WHERE uuid = ?",
                 params,
             )
+
+
+def _count(sql: Sql, cursor: Any, key: tuple[str, str, str] | None, change: int) -> None:
+    if key is not None:
+        sql.execute(cursor, "INSERT INTO bc_rsv_count (tenant_id, pool_id, state, n) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (tenant_id, pool_id, state) "
+                    "DO UPDATE SET n = bc_rsv_count.n + excluded.n", (*key, change))
+
+
+def count_reservations(sql: Sql) -> list[tuple[str, str, str, int]]:
+    """(tenant, pool, state, how many) for every combination there is one of."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT tenant_id, pool_id, state, n FROM bc_rsv_count WHERE n > 0 "
+                    "ORDER BY tenant_id, pool_id, state")
+        return [(str(r["tenant_id"]), str(r["pool_id"]), str(r["state"]), int(r["n"]))
+                for r in cursor.fetchall()]
 
 
 def list_reservations(sql: Sql, *, tenant_id: str | None = None, pool_id: str | None = None,
