@@ -8,8 +8,10 @@ Two kinds of metric:
 * read at scrape time by a custom collector (:class:`_Collector`) from the same read
   models the API answers from: capacity by pool and state, nodes, reservations, the
   event log head and each projection's lag, and the process's gateway sessions and
-  controller leadership. Capacity and reservations are caught up first, as
-  ``capacity.get`` and ``reservations.list`` do, so a scrape equals their answers.
+  controller leadership. Every projection is caught up first (after its lag is read), as
+  ``capacity.get`` and ``reservations.list`` do, so a scrape equals their answers and a
+  projection's lag is what accumulated since the last scrape or query: it stays small
+  unless the projection cannot keep up or cannot apply an event.
   A scrape is a handful of indexed queries (pools, nodes by pool and state, the
   reservation counts the projection keeps): its cost grows with pools and nodes, never
   with the number of events or reservations.
@@ -51,6 +53,8 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        # First: a scrape that fails counts in store_errors, collected after it.
+        self.registry.register(_Collector(self))
         self.requests = Counter(f"{NS}_rpc_requests", "JSON-RPC requests answered, by method "
                                 "and error code (ok for a result)", ["method", "code"],
                                 registry=self.registry)
@@ -64,7 +68,6 @@ class ServerMetrics:
         self.open_streams = 0
         self.state: Any = None
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
-        self.registry.register(_Collector(self))
 
     def bind(self, state: Any) -> None:
         """The server's state (runtime, watch hub, gateway), once the lifespan starts."""
@@ -149,8 +152,11 @@ def _read(runtime: Any) -> Iterator[Metric]:
         position.add_metric([each.name], each.position)
         lag.add_metric([each.name], each.lag)
     yield from (head, position, lag)
-    for name in ("listings", "capacity", "reservations"):
-        projections.catch_up(name)
+    for each in status:  # as queries do; one that cannot apply shows as a growing lag
+        try:
+            projections.catch_up(each.name)
+        except Exception as exc:
+            log.warning("metrics: projection %s cannot catch up: %s", each.name, exc)
     yield from _pools(projections.sql)
     yield from _nodes(projections.sql)
     reservations = _gauge("reservations", "reservations by tenant, pool and state",

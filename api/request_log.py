@@ -82,6 +82,17 @@ def is_store_error(exc: BaseException) -> bool:
     return any(cls.__module__.startswith(_STORE_ERROR_MODULES) for cls in type(exc).__mro__)
 
 
+class RequestFields(logging.Filter):
+    """Adds the request's id and method to every line logged while answering it (an
+    internal error's traceback, a library's warning), in whichever thread."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current = _current.get()
+        if current is not None and not hasattr(record, "fields"):
+            record.fields = {"request_id": current.request_id, "method": current.method}
+        return True
+
+
 def log_request(record: RequestRecord, seconds: float) -> None:
     if log.isEnabledFor(logging.INFO):
         log.info("rpc %s %s", record.method, record.code, extra={"fields": {

@@ -17,6 +17,7 @@ from better_compute.api import pki
 from better_compute.api.app import LifespanTask, build_app
 from better_compute.api.controllers.runner import run_controllers
 from better_compute.api.net import is_loopback
+from better_compute.api.request_log import RequestFields
 from better_compute.api.runtime import Runtime
 from better_compute.api.token_use import flush_token_use
 from better_compute.api.watch import stop_streams
@@ -153,7 +154,7 @@ def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
 
 
 def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
-    logs.configure(options.log_level, options.log_format)
+    logs.configure(options.log_level, options.log_format, filters=[RequestFields()])
     host, port = parse_listen(options.listen)
     metrics = _metrics_listener(options.metrics_listen) if options.metrics_listen else None
     runtime = Runtime.open(env)

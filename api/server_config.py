@@ -26,7 +26,7 @@ from better_compute.domain.errors import InvalidInput
 
 @dataclass(frozen=True)
 class Setting:
-    key: str  # in the config file, dotted: [store] database_url is store.database_url
+    key: str  # in the config file, dotted: [store] database_url is store.database_url; "" none
     flag: str | None
     env: str | None
     default: str  # as the docs show it
@@ -45,7 +45,7 @@ _DURATION = "seconds or a duration (30, 30s, 10m, 90d)"
 
 CONFIG_ENV = "BETTER_COMPUTE_CONFIG"
 SETTINGS: tuple[Setting, ...] = (
-    Setting("(none)", "--config", CONFIG_ENV, "(none)", "text",
+    Setting("", "--config", CONFIG_ENV, "(none)", "text",
             "the TOML file of these settings; the environment variable also serves the "
             "CLI's in-process commands (init, store verify …)"),
     Setting("listen", "--listen", None, "127.0.0.1:8443", "text",
@@ -63,7 +63,7 @@ SETTINGS: tuple[Setting, ...] = (
             "log level; info logs one line per API request",
             ("critical", "error", "warning", "info", "debug"), fallback="warning"),
     Setting("log.format", "--log-format", None, "text", "choice",
-            "log lines as text or as JSON objects (docs/configuration.md)", ("text", "json"),
+            "log lines as text, or one JSON object a line", ("text", "json"),
             fallback="text"),
     Setting("metrics.listen", "--metrics-listen", None, "(none)", "text",
             "also serve GET /metrics without a token on this loopback HOST:PORT"),
@@ -103,7 +103,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("nodes.acceptance_timeout", None, "BETTER_COMPUTE_NODE_ACCEPTANCE_TIMEOUT", "10m",
             "duration", "acceptance checks not reported within this fail"),
 )
-BY_KEY = {s.key: s for s in SETTINGS if s.flag != "--config"}
+BY_KEY = {s.key: s for s in SETTINGS if s.key}
 
 
 @dataclass(frozen=True)

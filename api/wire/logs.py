@@ -18,7 +18,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 FORMATS = ("text", "json")
@@ -76,12 +76,15 @@ class LineFormatter(logging.Formatter):
                     fields if isinstance(fields, Mapping) else None)
 
 
-def configure(level: str, log_format: str, stream: TextIO | None = None) -> None:
+def configure(level: str, log_format: str, stream: TextIO | None = None,
+              filters: Sequence[logging.Filter] = ()) -> None:
     """Every logger of this process writes lines of ``log_format`` to ``stream`` (stderr)."""
     if log_format not in FORMATS:
         raise ValueError(f"log format {log_format!r} is not one of {', '.join(FORMATS)}")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(LineFormatter(log_format))
+    for each in filters:
+        handler.addFilter(each)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -77,6 +77,9 @@ def _check_reservations(samples: Samples, c: Cluster, tenant: str) -> None:
 
 def _check_bcd(samples: Samples, c: Cluster, holds: Mapping[str, tuple[str, str]]) -> None:
     """``holds``: GPU uuid -> (allocation, reservation) for every held GPU."""
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    missing = sorted({n for n, _ in samples if f"`{n}`" not in documented})
+    assert not missing, f"bcd metrics not in docs/metrics.md: {missing}"
     gpus = series(samples, "bcd_gpu_memory_total_bytes")
     assert len(gpus) == 8 and {g["gpu"] for g in gpus} == {str(i) for i in range(8)}
     for labels in gpus:
