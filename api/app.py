@@ -23,12 +23,12 @@ import better_compute.api.methods  # noqa: F401  (registers every JSON-RPC metho
 from better_compute.api import console, join_routes, rpc, watch
 from better_compute.api.metrics import ServerMetrics
 from better_compute.api.request_log import (
+    CURRENT,
     REQUEST_ID_HEADER,
     RequestRecord,
     authenticated,
     log_request,
     new_request_id,
-    recording,
 )
 from better_compute.api.runtime import Runtime
 from better_compute.domain.access import Principal
@@ -58,8 +58,11 @@ async def rpc_endpoint(request: Request) -> Response:
     """One JSON-RPC request, counted in the metrics and logged (api/request_log.py)."""
     started = time.perf_counter()
     record = RequestRecord(new_request_id(request.headers.get(REQUEST_ID_HEADER)))
-    with recording(record):
+    current = CURRENT.set(record)
+    try:
         response = await _rpc(request)
+    finally:
+        CURRENT.reset(current)
     seconds = time.perf_counter() - started
     request.app.state.metrics.observe(record, seconds)
     log_request(record, seconds)

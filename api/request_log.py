@@ -39,6 +39,8 @@ class RequestRecord:
 
 
 _current: ContextVar[RequestRecord | None] = ContextVar("better_compute_request", default=None)
+# The endpoint sets and resets it directly (a context manager costs microseconds per call).
+CURRENT = _current
 
 
 def new_request_id(given: str | None) -> str:

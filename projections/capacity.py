@@ -369,10 +369,22 @@ def read_all_capacity(sql: Sql, pool_ids: Sequence[str]
     return sums, {pool: _tally(rows) for pool, rows in by_pool.items()}
 
 
-def read_node_summaries(sql: Sql) -> list[tuple[str, str, str, str, bool]]:
-    """(node, pool, provision state, session, cordoned) of every node not removed."""
+def nodes_not_ready(sql: Sql) -> list[tuple[str, str, str]]:
+    """(node, pool, reason) for every node of a pool that cannot take work, once per reason:
+    its provision state when not adopted, its session when not connected, ``cordoned``
+    (also while draining). The cost follows these nodes, not the fleet."""
     with sql.transaction(commit=False) as cursor:
         sql.execute(cursor, f"SELECT id, pool_id, provision_state, session, cordoned FROM "
-                    f"{NODE_TABLE} WHERE provision_state <> 'removed' ORDER BY id")
-        return [(str(r["id"]), str(r["pool_id"]), str(r["provision_state"]), str(r["session"]),
-                 bool(r["cordoned"])) for r in cursor.fetchall()]
+                    f"{NODE_TABLE} WHERE provision_state <> 'removed' AND (provision_state "
+                    "<> 'adopted' OR session <> ? OR cordoned <> 0) ORDER BY id",
+                    (SESSION_CONNECTED,))
+        out = []
+        for r in cursor.fetchall():
+            node, pool = str(r["id"]), str(r["pool_id"])
+            if r["provision_state"] != "adopted":
+                out.append((node, pool, str(r["provision_state"])))
+            if r["session"] != SESSION_CONNECTED:
+                out.append((node, pool, str(r["session"])))
+            if r["cordoned"]:
+                out.append((node, pool, "cordoned"))
+        return out

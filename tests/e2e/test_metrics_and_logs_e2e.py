@@ -62,8 +62,9 @@ def _check_capacity(samples: Samples, c: Cluster) -> None:
              for labels in series(samples, "better_compute_pool_nodes")
              if labels["pool"] == c.pool}
     assert nodes == capacity["nodes"]
-    assert value(samples, "better_compute_node_info", node=c.node, pool=c.pool,
-                 provision_state="adopted", session="connected", cordoned="false") == 1
+    not_ready = [labels["reason"] for labels in series(samples, "better_compute_node_not_ready")
+                 if labels["node"] == c.node]
+    assert not_ready == ["cordoned"]  # adopted and connected, cordoned by the test
 
 
 def _check_reservations(samples: Samples, c: Cluster, tenant: str) -> None:
@@ -126,6 +127,7 @@ def test_a_tutorial_run_through_metrics_and_logs(env: dict[str, str], tmp_path: 
         for rsv in (kept, ended):
             eventually(lambda r=rsv: c.state(r["id"]) == "active", "the reservation is active")
         assert c.cli("release", ended["id"], "--query", "state") == "released"
+        c.cli("nodes", "cordon", c.node, "--reason", "metrics test")
         url = f"http://127.0.0.1:{listener}/metrics"
 
         def settled() -> bool:

@@ -123,3 +123,29 @@ def test_every_metric_is_documented(served: tuple[Http, Runtime, str]) -> None:
     missing = sorted(n for n in names if not n.startswith("process_") and f"`{n}`" not in
                      documented)
     assert not missing, f"metrics not in docs/metrics.md: {missing}"
+
+
+def test_pools_and_nodes_as_capacity_shows_them(served: tuple[Http, Runtime, str]) -> None:
+    from better_compute.api.node_service import NodeService
+    from better_compute.benchmarks.fleet import add_nodes, make_pool
+
+    http, rt, token = served
+    pool, empty = make_pool(rt.service), make_pool(rt.service, key="pool-empty")
+    adopted = add_nodes(rt.service, pool, 2)
+    [adopting] = add_nodes(rt.service, pool, 1, adopted=False)
+    samples = _samples(http, token)
+    for each in (pool, empty):
+        capacity = NodeService(rt.service).capacity(LOCAL_OPERATOR, each)
+        for name, resource in (("better_compute_pool_gpus", "gpu"),
+                               ("better_compute_pool_cpus", "cpu"),
+                               ("better_compute_pool_memory_gibibytes", "memory")):
+            for state, expected in capacity["resources"][resource].items():
+                if state != "unit":
+                    assert samples[(name, (("pool", each), ("state", state)))] == expected
+        for state, expected in capacity["nodes"].items():
+            assert samples[("better_compute_pool_nodes", (("pool", each), ("state", state)))] \
+                == expected
+    not_ready = sorted((dict(labels)["node"], dict(labels)["reason"])
+                       for name, labels in samples if name == "better_compute_node_not_ready")
+    assert not_ready == sorted([(adopting, "adopting"), (adopting, "never"),
+                                *((node, "never") for node in adopted)])
