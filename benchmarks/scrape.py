@@ -3,8 +3,9 @@
     .venv/bin/python -m better_compute.benchmarks.scrape [--nodes 100,1000,10000]
         [--pools 10] [--scrapes 20] [--backend sqlite|postgres] [--pg-url postgresql://…]
 
-For each fleet size, a fresh store with that many adopted 8-GPU nodes spread over
-``--pools`` pools (made as benchmarks/fleet.py makes them), every projection caught up;
+For each fleet size, a fresh store with that many adopted and connected 8-GPU nodes
+spread over ``--pools`` pools (made as benchmarks/fleet.py makes them), one in a hundred
+cordoned, every projection caught up;
 then ``--scrapes`` renders of the server's registry, the work one scrape does (catching
 the projections up finds nothing new, then the read-model queries and the exposition
 text). Reported: p50 and max of one scrape, and the text's size.
@@ -18,20 +19,27 @@ import statistics
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 from better_compute.api.metrics import ServerMetrics
 from better_compute.api.runtime import Runtime
-from better_compute.benchmarks.fleet import add_nodes, make_pool
+from better_compute.benchmarks.fleet import build_node, make_pool
 
 
 def _measure(env: dict[str, str], nodes: int, pools: int, scrapes: int) -> str:
     runtime = Runtime.open(env)
     try:
         pool_ids = [make_pool(runtime.service, key=f"pool-{n}") for n in range(pools)]
-        for n, pool in enumerate(pool_ids):
-            add_nodes(runtime.service, pool, nodes // pools + (n < nodes % pools))
+        fleet = [build_node(pool_ids[n % pools]) for n in range(nodes)]
+        now = datetime.now(UTC)
+        for n, node in enumerate(fleet):
+            node.connect(now, "bench")
+            if n % 100 == 0:  # one node in a hundred needs attention
+                node.cordon("bench", now, None)
+        for start in range(0, len(fleet), 200):
+            runtime.service.store.save(*fleet[start:start + 200])
         runtime.projections.catch_up()
         metrics = ServerMetrics()
         metrics.bind(SimpleNamespace(runtime=runtime, extra={}))
