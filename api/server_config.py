@@ -141,16 +141,16 @@ def _check(setting: Setting, value: Any, where: str) -> Any:
     return value
 
 
-def load_file(path: Path) -> dict[str, Any]:
+def load_file(path: Path, named_by: str = "--config") -> dict[str, Any]:
     """The file's settings by key, checked; InvalidInput names the key and the file."""
     try:
         table = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise InvalidInput(f"--config {path}: no such file") from None
+        raise InvalidInput(f"{named_by} {path}: no such file") from None
     except OSError as exc:
-        raise InvalidInput(f"--config {path}: cannot read it ({exc.strerror})") from None
+        raise InvalidInput(f"{named_by} {path}: cannot read it ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise InvalidInput(f"--config {path} is not TOML: {exc}") from None
+        raise InvalidInput(f"{named_by} {path} is not TOML: {exc}") from None
     values = _flatten(table)
     for key, value in values.items():
         setting = BY_KEY.get(key)
@@ -170,8 +170,9 @@ def _as_env(value: Any) -> str:
 def with_file(env: Mapping[str, str], path: str | None = None) -> dict[str, str]:
     """``env`` with the settings of the config file (``path``, else ``BETTER_COMPUTE_CONFIG``)
     that are environment variables, where the environment does not set them."""
+    named_by = "--config" if path else CONFIG_ENV
     path = path or env.get(CONFIG_ENV) or None
-    return _merged(env, load_file(Path(path)) if path else {}, path)
+    return _merged(env, load_file(Path(path), named_by) if path else {}, path)
 
 
 def _merged(env: Mapping[str, str], file: Mapping[str, Any], path: str | None
@@ -187,8 +188,9 @@ def _merged(env: Mapping[str, str], file: Mapping[str, Any], path: str | None
 
 def resolve(flags: Mapping[str, Any], env: Mapping[str, str], path: str | None) -> ServeConfig:
     """Flag > environment > file > default, for every setting."""
+    named_by = "--config" if path else CONFIG_ENV
     path = path or env.get(CONFIG_ENV) or None
-    file = load_file(Path(path)) if path else {}
+    file = load_file(Path(path), named_by) if path else {}
     merged = _merged(env, file, path)
     values: dict[str, Any] = {}
     for setting in SETTINGS:

@@ -24,8 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from better_compute.agent.gpu.fake import H100_MEMORY_MIB
 from tests.cluster import Cluster, Operator, running_cluster
 from tests.support import cli_inprocess, eventually, free_port
+from tests.watching import Reader
 
-FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": "0.2"}
+FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": "0.2",
+        "BETTER_COMPUTE_WATCH_HEARTBEAT": "0.3"}
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 SECRET_MARKERS = ("biam_", "bcjt_", "bcmk1_", "PRIVATE KEY")
 
@@ -170,6 +172,14 @@ def test_a_tutorial_run_through_metrics_and_logs(env: dict[str, str], tmp_path: 
         assert httpx.get(api, verify=ca, headers={"authorization": f"Bearer {acme_token}"}
                          ).status_code == 403
         assert httpx.get(api, verify=ca).status_code == 401
+
+        # An open /watch stream counts while it is open.
+        reader = Reader(c.server, c.env["BETTER_COMPUTE_TOKEN"], c.env["BETTER_COMPUTE_CA_FILE"])
+        reader.get()  # its first heartbeat: the stream runs
+        assert value(scrape(url), "better_compute_watch_streams") == 1
+        reader.close()
+        eventually(lambda: value(scrape(url), "better_compute_watch_streams") == 0,
+                   "the closed stream is no longer counted")
 
         alloc = c.cli_json("reservations", "get", kept["id"], "--tenant", "acme")
         holds = {device.removeprefix("bcd.dev/gpu="): (alloc["allocationId"], kept["id"])

@@ -106,3 +106,8 @@ def test_a_bad_file_is_refused_naming_the_key(tmp_path: Path, text: str, needle:
 def test_a_missing_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="no such file"):
         resolve(_flags(), {}, str(tmp_path / "nope.toml"))
+
+
+def test_a_missing_file_named_by_the_environment_says_so(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="BETTER_COMPUTE_CONFIG .*: no such file"):
+        with_file({"BETTER_COMPUTE_CONFIG": str(tmp_path / "nope.toml")})
