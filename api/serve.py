@@ -128,19 +128,21 @@ def _gateway(options: ServeOptions, gateway_url: str | None) -> tuple[str, Lifes
 
 
 def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
-    """The loopback /metrics listener's lifespan task and its URL (docs/metrics.md)."""
+    """The loopback /metrics listener's lifespan task and its URL (docs/metrics.md); its
+    socket is bound here, so a port in use stops the server at once with one line."""
+    from better_compute.api.wire.daemon import bind_scrape, serve_scrape
     from better_compute.api.wire.daemon import parse_listen as parse_address
-    from better_compute.api.wire.daemon import serve_scrape
 
     try:
         host, port = parse_address(text, "--metrics-listen")
+        if not is_loopback(host):
+            raise ValueError(
+                f"--metrics-listen serves /metrics without a token, so on loopback only; {host} "
+                "is not a loopback address: use 127.0.0.1:PORT for a Prometheus on this host, "
+                "or scrape GET /metrics on the API with a root-tenant token")
+        sock = bind_scrape(host, port, "--metrics-listen")
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    if not is_loopback(host):
-        raise InvalidInput(
-            f"--metrics-listen serves /metrics without a token, so on loopback only; {host} is "
-            "not a loopback address: use 127.0.0.1:PORT for a Prometheus on this host, or "
-            "scrape GET /metrics on the API with a root-tenant token")
 
     async def run(state: Any, *, task_status: Any) -> None:
         metrics = state.extra["metrics"]
@@ -148,7 +150,7 @@ def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
         async def render() -> bytes:
             return bytes(await anyio.to_thread.run_sync(metrics.render, limiter=state.limiter))
 
-        await serve_scrape(host, port, render, task_status=task_status)
+        await serve_scrape(sock, render, task_status=task_status)
 
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics", run
 

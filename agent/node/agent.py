@@ -11,6 +11,7 @@ backoff). Nothing here drops a hold: holds change only when the applier applies 
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -68,7 +69,7 @@ class NodeOptions:
     backoff: Backoff = field(default_factory=Backoff)
     out: TextIO = field(default_factory=lambda: sys.stdout)
     log_format: str = "text"  # or json (api/wire/logs.py)
-    metrics_listen: tuple[str, int] | None = None  # GET /metrics (agent/node/metrics.py)
+    metrics_socket: socket.socket | None = None  # bound for GET /metrics (agent/node/metrics.py)
 
 
 @dataclass
@@ -331,8 +332,8 @@ class NodeAgent:
         self._toolkit_due()  # what the toolkit unit's GPUs and driver are now
         async with anyio.create_task_group() as group:
             await group.start(serve_status, self)
-            if self.options.metrics_listen is not None:
-                await self._serve_metrics(group, *self.options.metrics_listen)
+            if self.options.metrics_socket is not None:
+                await self._serve_metrics(group, self.options.metrics_socket)
             self.say(f"status on {self.paths.socket}; connecting to {self.settings.gateway.url}")
             group.start_soon(self._monitor)
             group.start_soon(self._applier)
@@ -342,7 +343,7 @@ class NodeAgent:
                              self.kubelet_wanted)  # fmt: skip
             task_status.started()
 
-    async def _serve_metrics(self, group: anyio.abc.TaskGroup, host: str, port: int) -> None:
+    async def _serve_metrics(self, group: anyio.abc.TaskGroup, sock: socket.socket) -> None:
         from better_compute.api.wire.daemon import serve_scrape
 
         from .metrics import registry_for, render
@@ -352,13 +353,10 @@ class NodeAgent:
         async def scrape() -> bytes:
             return render(registry)  # memory only: the agent's last GPU read and its holds
 
-        try:
-            bound = await group.start(serve_scrape, host, port, scrape)
-        except OSError as exc:
-            raise BcdError(f"--metrics-listen {host}:{port}: cannot listen there "
-                           f"({exc.strerror or exc}); pick a free port") from None
+        host, port = sock.getsockname()[:2]
+        await group.start(serve_scrape, sock, scrape)
         shown = f"[{host}]" if ":" in host else host
-        self.say(f"metrics on http://{shown}:{bound}/metrics")
+        self.say(f"metrics on http://{shown}:{port}/metrics")
 
     # -- status ----------------------------------------------------------------
 

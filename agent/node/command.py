@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,7 +25,7 @@ import anyio
 import httpx
 
 from better_compute.api.wire import logs
-from better_compute.api.wire.daemon import notify, parse_listen
+from better_compute.api.wire.daemon import bind_scrape, notify, parse_listen
 
 from ..errors import BcdError
 from ..gpu import GpuSourceError, open_source
@@ -85,6 +86,13 @@ def _metrics_address(text: str | None) -> tuple[str, int] | None:
         raise BcdError(str(exc)) from None
 
 
+def _metrics_socket(address: tuple[str, int] | None) -> socket.socket | None:
+    try:
+        return bind_scrape(*address, "--metrics-listen") if address else None
+    except ValueError as exc:
+        raise BcdError(str(exc)) from None
+
+
 def _log_format(text: str | None) -> str:
     if text not in (None, *logs.FORMATS):
         raise BcdError(f"log format {text!r} ([log] format of config.toml) is not text or json")
@@ -99,6 +107,7 @@ def node_command(config: str | None, *, paths: Paths, env: Mapping[str, str],
     logs.configure("warning", log_format, out)  # libraries' warnings, in the same format
     metrics_at = _metrics_address(metrics_listen or settings.metrics_listen)
     key = settings.load_key()
+    metrics_socket = _metrics_socket(metrics_at)  # bound now: a port in use is one line
     settings.ssl_context()  # refuse a broken identity now, not on every reconnect
     try:
         source = open_source(env.get("BCD_GPU_SOURCE"), host_root=str(paths.root))
@@ -107,7 +116,7 @@ def node_command(config: str | None, *, paths: Paths, env: Mapping[str, str],
     try:
         with _agent_lock(paths):
             options = options or NodeOptions(out=out, log_format=log_format,
-                                             metrics_listen=metrics_at)
+                                             metrics_socket=metrics_socket)
             agent = NodeAgent(settings, paths, source, key, options=options)
             agent.say(f"starting as {settings.identity.node_id} (GPU source {source.name})")
             anyio.run(_until_signal, agent)

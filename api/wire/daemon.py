@@ -84,10 +84,21 @@ async def _answer(client: SocketStream, render: Callable[[], Awaitable[bytes]]) 
             await client.send(answer)
 
 
-async def serve_scrape(host: str, port: int, render: Callable[[], Awaitable[bytes]], *,
+def bind_scrape(host: str, port: int, flag: str) -> socket.socket:
+    """The listening socket, bound now (in the composition root, before anything runs), so
+    a port in use is one clear error; ValueError says which flag and why."""
+    try:
+        return socket.create_server((host, port))
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ValueError(f"{flag} {host}:{port}: cannot listen there ({why}); "
+                         "pick a free port") from None
+
+
+async def serve_scrape(sock: socket.socket, render: Callable[[], Awaitable[bytes]], *,
                        task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``GET /metrics`` until cancelled; ``task_status.started(port)`` once bound."""
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    """Serve ``GET /metrics`` on ``sock`` until cancelled; ``task_status.started(port)``."""
+    listener = await anyio.abc.SocketListener.from_socket(sock)
     bound = listener.extra(anyio.abc.SocketAttribute.local_port)
     async with listener:
         task_status.started(int(bound))

@@ -8,6 +8,7 @@ listener off loopback is refused. `server-unit` prints the unit that runs exactl
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from pathlib import Path
 
@@ -56,6 +57,12 @@ def test_refusals_name_the_setting(tmp_path: Path) -> None:
     assert off_loopback.returncode == 1
     assert "--metrics-listen serves /metrics without a token, so on loopback only" in \
         off_loopback.stderr
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        in_use = run([CLI, "serve", "--metrics-listen", f"127.0.0.1:{port}"], env)
+    assert in_use.returncode == 1
+    assert in_use.stderr.strip() == (f"error: --metrics-listen 127.0.0.1:{port}: cannot listen "
+                                     "there (Address already in use); pick a free port")
     config = tmp_path / "bad.toml"
     config.write_text('[metrics]\nlisen = "127.0.0.1:1"\n')
     typo = run([CLI, "serve", "--config", str(config)], env)

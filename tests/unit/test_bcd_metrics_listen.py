@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from better_compute.agent.errors import BcdError
-from better_compute.agent.node.command import _log_format, _metrics_address
+from better_compute.agent.node.command import _log_format, _metrics_address, _metrics_socket
 
 
 @pytest.mark.parametrize(("text", "address"), [
@@ -28,3 +30,13 @@ def test_log_format_from_config() -> None:
     assert _log_format(None) == "text" and _log_format("json") == "json"
     with pytest.raises(BcdError, match=r"\[log\] format of config.toml"):
         _log_format("xml")
+
+
+def test_a_port_in_use_is_one_clear_error() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(BcdError, match=rf"--metrics-listen 127.0.0.1:{port}: cannot listen "
+                                           r"there \(Address already in use\); pick a free port"):
+            _metrics_socket(("127.0.0.1", port))
+    with _metrics_socket(("127.0.0.1", 0)) as sock:  # type: ignore[union-attr]
+        assert sock.getsockname()[1] > 0

@@ -109,5 +109,5 @@ def test_a_missing_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_missing_file_named_by_the_environment_says_so(tmp_path: Path) -> None:
-    with pytest.raises(InvalidInput, match="BETTER_COMPUTE_CONFIG .*: no such file"):
+    with pytest.raises(InvalidInput, match=r"BETTER_COMPUTE_CONFIG .*: no such file"):
         with_file({"BETTER_COMPUTE_CONFIG": str(tmp_path / "nope.toml")})
