@@ -74,11 +74,16 @@ class Reservations(Projection):
             json.dumps(aggregate.to_doc()), topic, state, uuid,
         )
         if event.originator_version == 1:
+            # An upsert: a new version of this projection applies the log again from 0 over
+            # the rows the previous version left, and each reservation starts afresh here.
+            columns = ("id", "tenant_id", "pool_id", "node_id", "allocation_id", "state",
+                       "start_at", "end_at", "bind_deadline", "created_seq", "doc",
+                       "snapshot_topic", "snapshot")
             sql.execute(
                 cursor,
-                "INSERT INTO bc_rsv (id, tenant_id, pool_id, node_id, allocation_id, state, "
-                "start_at, end_at, bind_deadline, created_seq, doc, snapshot_topic, snapshot, "
-                "uuid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO bc_rsv ({', '.join(columns)}, uuid) VALUES "
+                f"({', '.join('?' for _ in columns)}, ?) ON CONFLICT (uuid) DO UPDATE SET "
+                + ", ".join(f"{c} = excluded.{c}" for c in columns),
                 params,
             )
         else:
