@@ -76,6 +76,8 @@ class Link:
         self.stream = stream
         self.epoch = epoch
         self._lock = anyio.Lock()
+        self.sent: set[int] = set()  # journal entries sent in this session
+        self.nacked: set[int] = set()  # of those, nacked with a code that says to try again
 
     async def send(self, message: Msg) -> None:
         async with self._lock:
@@ -148,13 +150,18 @@ async def _reports(agent: NodeAgent, link: Link) -> None:
 
 
 async def _journal(agent: NodeAgent, link: Link) -> None:
-    sent: set[int] = set()
+    """Send every unsettled entry once per session; one nacked with a retry code (the
+    control plane's store away) again a heartbeat interval later, in the same session."""
     while True:
         wake = agent.journal_added.waiter()
+        if link.nacked:
+            await anyio.sleep(agent.heartbeat_seconds)
+            link.sent -= link.nacked
+            link.nacked.clear()
         for entry in agent.journal.unsettled():
-            if entry.seq not in sent:
+            if entry.seq not in link.sent:
                 await link.send(Journal(epoch=link.epoch, seq=entry.seq, entry=entry.signed))
-                sent.add(entry.seq)
+                link.sent.add(entry.seq)
         await wake.wait()
 
 
@@ -170,6 +177,9 @@ async def _read(agent: NodeAgent, link: Link, reader: BufferedByteReceiveStream)
             agent.say(f"journal entry {message.seq} refused: {message.code}: {message.message}")
             if message.code not in RETRY_CODES:
                 agent.settle(message.seq, f"nacked:{message.code}")
+            elif message.code in ("unavailable", "retry"):
+                link.nacked.add(message.seq)
+                agent.journal_added.fire()
         elif isinstance(message, Renewed):
             await anyio.to_thread.run_sync(agent.on_renewed, message.certificate_pem,
                                            message.not_after)

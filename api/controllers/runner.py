@@ -4,7 +4,11 @@
 every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass
 whenever the process's event hub reads a node.* or reservation.* event and at least every
 ``tick`` seconds (the timers), and checks it still holds the lock before
-each pass. A pass that fails is logged and retried on the next tick.
+each pass. A pass that fails is retried on the next tick (logged once per run
+of failures: a store outage fails every pass until the store is back). On
+PostgreSQL the lock lives on the leader's own connection, so an outage ends
+it: every replica tries again every ``retry`` seconds, and one leads again
+once the store is back.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from better_compute.api.node_presence import Presence
 from better_compute.api.node_service import NodeService
 from better_compute.api.reservation_service import reservations
 from better_compute.api.settings import env_seconds
+from better_compute.api.supervise import Retry
 from better_compute.domain.events import compile_type_filter
 
 log = logging.getLogger("better_compute.controllers")
@@ -66,6 +71,8 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
     timers = ReservationTimers(reservations(runtime.service))
     hub = state.extra.get("watch_hub")
     limiter = anyio.CapacityLimiter(1)
+    passes = {"lifecycle": Retry("a NodeLifecycle pass", log),
+              "timers": Retry("a reservations pass", log)}
     task_status.started()
     try:
         while True:
@@ -76,19 +83,19 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
             state.extra["controllers_leader"] = True
             while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
                 position = hub.head if hub is not None else 0
-                try:
-                    await anyio.to_thread.run_sync(lifecycle.reconcile, limiter=limiter)
-                except Exception:
-                    log.exception("a NodeLifecycle pass failed; retrying on the next tick")
-                try:
-                    await anyio.to_thread.run_sync(timers.tick, limiter=limiter)
-                except Exception:
-                    log.exception("a reservations pass failed; retrying on the next tick")
+                for name, work in (("lifecycle", lifecycle.reconcile), ("timers", timers.tick)):
+                    try:
+                        await anyio.to_thread.run_sync(work, limiter=limiter)
+                    except Exception as exc:  # retried on the next tick
+                        passes[name].failed(exc)
+                    else:
+                        passes[name].succeeded()
                 if hub is not None:
                     await hub.wait_beyond(position, tick, _WAKE_ON)
                 else:
                     await anyio.sleep(tick)
             state.extra["controllers_leader"] = False
+            lifecycle.lost_sight()
             log.warning("lost the controllers' lock; trying to take it again")
     finally:
         with anyio.CancelScope(shield=True):
