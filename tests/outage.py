@@ -150,6 +150,17 @@ class Load:
         raise AssertionError(f"no {method} call sent after the mark succeeded within "
                              f"{timeout:.0f}s: {self.summary(after)}")
 
+    def wait_for_error(self, method: str, after: float, timeout: float) -> Outcome:
+        """The first call of ``method`` sent after ``after`` that failed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for outcome in self.since(after):
+                if outcome.method == method and outcome.error is not None:
+                    return outcome
+            time.sleep(0.05)
+        raise AssertionError(f"no {method} call sent after the mark failed within "
+                             f"{timeout:.0f}s: {self.summary(after)}")
+
     def summary(self, after: float = 0.0) -> str:
         counts: dict[str, int] = {}
         for o in self.since(after):

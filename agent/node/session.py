@@ -9,7 +9,8 @@ network drops), waits a backoff with jitter, and connects again, forever. Each s
   telemetry every ``report_every`` heartbeats, and at once when the GPUs' health changes
   or a desired state was applied), and every journal entry not yet settled, in order;
 * applies each DesiredState of its epoch (messages of another epoch are stale: ignored);
-* settles journal entries on Ack, and on Nack unless the code says to retry;
+* settles journal entries on Ack, and on Nack unless the code says to retry (then sends
+  the entry again a heartbeat interval later: the control plane's store was away);
 * renews the node certificate for the same key when less than a third of its lifetime is
   left (agent/node/renewal.py): a Renew at the session's start and on each check, the
   Renewed certificate written for the next connection, a ``renew_*`` refusal logged and

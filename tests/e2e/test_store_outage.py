@@ -1,35 +1,40 @@
 """The store goes away and comes back: `serve`, its gateway, a watcher and an agent ride it out.
 
 Real processes throughout: `better-compute serve --gateway-listen`, `bcd node` on the fake
-GPU source, `better-compute events watch`, and a steady load of JSON-RPC calls over HTTPS.
+GPU source, `better-compute events watch`, and a steady load of JSON-RPC calls over HTTPS
+(one writer creating sites, one reader asking system.whoami).
 
 * PostgreSQL: the test's own cluster (scripts/pg), stopped for 15 s and started again, then
   stopped for 60 s and started again (a fast shutdown: what a restart or a failover does).
-* SQLite: the data dir is a small tmpfs in the server's own mount namespace (``unshare``),
-  filled up with a file, so the store's writes fail with ENOSPC exactly as on a full disk,
-  then freed.
+* SQLite: a full disk. The server runs in a mount namespace of its own (``unshare``, no
+  root needed) whose data dir is a small tmpfs holding the store; the test fills that
+  tmpfs with a file, so the store's writes fail with ENOSPC exactly as on a full disk
+  (SQLITE_FULL), then deletes the file.
 
-What must hold: during the outage every call is answered within ``CALL_BOUND`` seconds with
-the stable code ``unavailable`` (never ``internal``, never a hang) while /health stays 200 and
-/ready says 503 with a reason; within ``RECOVERY`` seconds of the store's return calls succeed
-and /ready is 200, with nothing restarted by hand; the watcher's output is exactly the log
-(no gap, no duplicate); the agent's session is up and the node was never marked unreachable;
+What must hold: during the outage every call is answered within ``CALL_BOUND`` seconds, ok
+or with the stable code ``unavailable`` (never ``internal``, never a hang), /health stays
+200 and /ready answers 503 with the reason; on a full disk reads keep working; within
+``RECOVERY`` seconds of the store's return calls succeed and /ready is 200, with nothing
+restarted by hand, and every later call succeeds; the watcher printed exactly the log (no
+gap, no duplicate); the agent's session is up and its node was never marked unreachable;
 every acknowledged write is in the store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import queue
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from tests.cluster import Cluster, Machine, Operator, running_cluster
-from tests.outage import Load, Postgres, probe, throwaway_postgres
+from tests.outage import Load, probe, throwaway_postgres
 from tests.support import (
     CLI,
     Server,
@@ -38,10 +43,9 @@ from tests.support import (
     eventually,
     free_port,
     initialize,
-    open_runtime,
     wait_for_line,
 )
-from tests.watching import CliWatcher, log_sequences
+from tests.watching import CliWatcher
 
 FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_NODE_UNREACHABLE_AFTER": "3",
         "BETTER_COMPUTE_CONTROLLER_TICK": "0.2", "BETTER_COMPUTE_WATCH_HEARTBEAT": "1"}
@@ -53,6 +57,10 @@ def _ca(c: Cluster) -> str:
     return c.env["BETTER_COMPUTE_CA_FILE"]
 
 
+def _ready(c: Cluster) -> tuple[int, dict[str, object]]:
+    return probe(c.server.url, _ca(c), "/ready")
+
+
 def _adopted_node(c: Cluster) -> str:
     node = c.join()
     c.start_agent(epoch=1)
@@ -60,69 +68,97 @@ def _adopted_node(c: Cluster) -> str:
     return node
 
 
-def _assert_answered_unavailable(load: Load, start: float, end: float, allowed: set[str]
-                                 ) -> list[Any]:
-    """Every call sent in [start, end) answered in time, each ok or with an allowed code."""
-    calls = load.between(start, end)
-    assert calls, "the load sent nothing during the outage"
-    slow = [(o.method, round(o.took, 1), o.error) for o in calls if o.took > CALL_BOUND]
-    assert not slow, f"calls answered after more than {CALL_BOUND}s: {slow[:5]}"
-    wrong = [(o.method, o.error) for o in calls if o.error is not None and o.error not in allowed]
-    assert not wrong, f"calls answered with other than {allowed}: {wrong[:5]}"
-    return calls
+def _log_sequences(c: Cluster, since: int = 0) -> list[int]:
+    """The sequence of every event after ``since``, as the server's log holds them."""
+    lines = c.cli("events", "list", "--since", str(since)).splitlines()
+    return [json.loads(line)["sequence"] for line in lines if line.strip()]
 
 
-def _ride_out_postgres_outage(c: Cluster, pg: Postgres, load: Load, seconds: float
-                              ) -> tuple[float, float]:
-    """Stop PostgreSQL for ``seconds``, start it again; returns when it stopped and when
-    everything had recovered."""
+def _ride_out(c: Cluster, load: Load, seconds: float, stop: Callable[[], None],
+              start: Callable[[], None], *, reads_work: bool) -> tuple[float, float]:
+    """Take the store away for ``seconds`` and give it back; returns when it went and when
+    everything had recovered. ``reads_work``: reads keep succeeding meanwhile (a full disk)."""
     load.wait_for_success("sites.create", time.monotonic(), 30)
     stopped = time.monotonic()
-    pg.pause()
-    # While it is down: liveness holds, readiness says why not, the CLI says what to do.
-    eventually(lambda: probe(c.server.url, _ca(c), "/ready")[0] == 503,
-               "/ready answers 503", timeout=CALL_BOUND)
-    status, body = probe(c.server.url, _ca(c), "/ready")
+    stop()
+    # While it is away: liveness holds, readiness says why not, writes answer unavailable.
+    eventually(lambda: _ready(c)[0] == 503, "/ready answers 503", timeout=CALL_BOUND)
+    status, body = _ready(c)
     assert status == 503 and body["status"] == "unavailable", body
-    assert "store" in body["checks"] and body["checks"]["store"] != "ok", body
+    assert isinstance(body["checks"], dict) and body["checks"]["store"] != "ok", body
+    assert "reason" in body, body
     assert probe(c.server.url, _ca(c), "/health") == (200, {"status": "ok"})
-    code, _, err = cli_inprocess(["sites", "list"], c.env)
-    assert code == 1 and "unreachable" in err and "retry" in err, err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
+    failed = load.wait_for_error("sites.create", stopped, CALL_BOUND)
+    assert failed.error == "unavailable", failed
+    if reads_work:
+        load.wait_for_success("system.whoami", time.monotonic(), CALL_BOUND)
+    code, _, err = cli_inprocess(["sites", "create", "--kind", "shared", "--region", "eu-1"],
+                                 c.env)
+    assert code == 1 and err.startswith("error: the event store is unavailable"), err
+    assert "retry" in err and err.count("\n") == 1, err
     time.sleep(max(0.0, stopped + seconds - time.monotonic()))  # the outage itself
-    pg.resume()
+    start()
     back = time.monotonic()
-    eventually(lambda: probe(c.server.url, _ca(c), "/ready")[0] == 200,
+    eventually(lambda: _ready(c)[0] == 200,
                f"/ready answers 200 within {RECOVERY}s of the store's return", timeout=RECOVERY)
     load.wait_for_success("sites.create", back, RECOVERY - (time.monotonic() - back))
     load.wait_for_success("system.whoami", back, RECOVERY - (time.monotonic() - back))
     recovered = time.monotonic()
-    calls = _assert_answered_unavailable(load, stopped + 1, back, {"unavailable"})
-    assert any(o.error == "unavailable" for o in calls), load.summary(stopped)
+    during = load.between(stopped, back)
+    print(f"outage of {seconds:.0f}s: recovered {recovered - back:.1f}s after the store's "
+          f"return; slowest answer meanwhile {max(o.took for o in during):.2f}s; "
+          f"{load.summary(stopped)}")
+    slow = [(o.method, round(o.took, 1), o.error) for o in during if o.took > CALL_BOUND]
+    assert not slow, f"calls answered after more than {CALL_BOUND}s: {slow[:5]}"
+    wrong = [(o.method, o.error) for o in during if o.error not in (None, "unavailable")]
+    assert not wrong, f"calls answered with other than ok or unavailable: {wrong[:5]}"
+    if reads_work:
+        assert all(o.error is None for o in during if o.method == "system.whoami"), \
+            load.summary(stopped)
     return stopped, recovered
 
 
-def _check_after(c: Cluster, load: Load, watcher: CliWatcher, node: str, since: int,
-                 steady_from: float) -> None:
-    """Calls succeed again, the watcher printed the log exactly, the agent is still there."""
-    late = load.since(steady_from)
-    assert late and all(o.error is None for o in late), load.summary(steady_from)
-    runtime = open_runtime(c.store_env)
-    try:
-        sequences = log_sequences(runtime, since)
-        sites = {s["id"] for s in c.cli_json("sites", "list")}
-    finally:
-        runtime.close()
+def _check_after(c: Cluster, load: Load, watcher: CliWatcher, node: str, since: int) -> None:
+    """Every acknowledged write is in the store, the watcher printed exactly the log, and
+    the agent is still in session (its node never marked unreachable)."""
+    sites = {s["id"] for s in c.cli_json("sites", "list")}
     lost = load.acknowledged_sites() - sites
     assert not lost, f"{len(lost)} acknowledged writes are not in the store: {sorted(lost)[:5]}"
+    sequences = _log_sequences(c, since)
     printed = watcher.events(len(sequences), timeout=30)
     assert [e["sequence"] for e in printed] == sequences  # in order, no gap, no duplicate
-    assert watcher.no_more_events(within=1.0)
+    with contextlib.suppress(queue.Empty):
+        extra = watcher.lines.get(timeout=1.0)
+        raise AssertionError(f"the watcher printed more than the log ({sequences[-3:]}): "
+                             f"{extra!r}; {''.join(watcher.stderr)[-2000:]}")
     session = c.cli_json("nodes", "get", node, "--query", "session")
     assert session["state"] == "connected", session
     status = json.loads(c.bcd("status", "--json").stdout)
     assert status["session"]["state"] == "connected", status["session"]
     assert "node.unreachable" not in c.events(node), c.events(node)
+
+
+def _run_outages(c: Cluster, outages: list[tuple[float, Callable[[], None], Callable[[], None]]],
+                 *, reads_work: bool) -> None:
+    node = _adopted_node(c)
+    since = (_log_sequences(c) or [0])[-1]
+    watcher = CliWatcher(c.env, "--since", str(since))
+    try:
+        with Load(c.server.url, c.env["BETTER_COMPUTE_TOKEN"], _ca(c)) as load:
+            recovered = 0.0
+            for seconds, stop, start in outages:
+                stopped, back = _ride_out(c, load, seconds, stop, start, reads_work=reads_work)
+                if recovered:  # between two outages, every call succeeded
+                    calm = load.between(recovered, stopped)
+                    assert all(o.error is None for o in calm), load.summary(recovered)
+                recovered = back
+            # Once recovered, it stays recovered: every later call succeeds.
+            load.wait_for_success("sites.create", recovered + 1, 30)
+        late = load.since(recovered)
+        assert late and all(o.error is None for o in late), load.summary(recovered)
+        _check_after(c, load, watcher, node, since)
+    finally:
+        watcher.stop(signal.SIGTERM)
 
 
 def test_serve_rides_out_a_15s_then_a_60s_postgresql_outage(tmp_path: Path) -> None:
@@ -132,26 +168,69 @@ def test_serve_rides_out_a_15s_then_a_60s_postgresql_outage(tmp_path: Path) -> N
         env = {"BETTER_COMPUTE_DATA_DIR": str(data), "PATH": os.environ.get("PATH", ""),
                "BETTER_COMPUTE_DATABASE_URL": pg.url}
         with running_cluster(env, tmp_path, FAST) as c:
-            node = _adopted_node(c)
-            since = _head(c)
-            watcher = CliWatcher(c.env, "--since", str(since))
-            token = c.env["BETTER_COMPUTE_TOKEN"]
-            try:
-                with Load(c.server.url, token, _ca(c)) as load:
-                    _, first = _ride_out_postgres_outage(c, pg, load, 15)
-                    stopped, second = _ride_out_postgres_outage(c, pg, load, 60)
-                    # Once recovered, it stays recovered: every later call succeeds.
-                    load.wait_for_success("sites.create", second, 30)
-                    between = load.between(first, stopped)
-                    assert all(o.error is None for o in between), load.summary(first)
-                _check_after(c, load, watcher, node, since, second)
-            finally:
-                watcher.stop(signal.SIGTERM)
+            _run_outages(c, [(15, pg.pause, pg.resume), (60, pg.pause, pg.resume)],
+                         reads_work=False)
 
 
-def _head(c: Cluster) -> int:
-    runtime = open_runtime(c.store_env)
+# ------------------------------------------------------------------ SQLite: a full disk
+
+DISK = "32m"  # the tmpfs the server's store lives on
+
+
+@contextlib.contextmanager
+def _serve_on_small_disk(seed: dict[str, str], disk: Path) -> Iterator[Server]:
+    """`serve --gateway-listen` in its own mount namespace, its data dir a tmpfs of ``DISK``
+    holding a copy of the seed store (``unshare --map-root-user``: no root needed)."""
+    port = free_port()
+    script = ('mount -t tmpfs -o size="$1",mode=0700 bc-outage "$2" && cp -a "$3/." "$2/" '
+              '&& shift 3 && exec "$@"')
+    argv = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh",
+            DISK, str(disk), seed["BETTER_COMPUTE_DATA_DIR"],
+            CLI, "serve", "--listen", f"127.0.0.1:{port}",
+            "--gateway-listen", f"127.0.0.1:{free_port()}"]
+    env = {**seed, **FAST, "BETTER_COMPUTE_DATA_DIR": str(disk)}
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    server = Server(process, f"https://127.0.0.1:{port}", port)
     try:
-        return int(runtime.store.recorder.max_notification_id() or 0)
+        wait_for_line(process, "serving ")
+        yield server
     finally:
-        runtime.close()
+        server.kill(signal.SIGTERM if process.poll() is None else signal.SIGKILL)
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until the file system has no block left (ENOSPC)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        for size in (1 << 20, 1 << 12, 1):
+            chunk = bytes(size)
+            try:
+                while True:
+                    os.write(fd, chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+
+
+def test_serve_rides_out_a_full_disk_under_its_sqlite_store(tmp_path: Path) -> None:
+    seed_dir, disk = tmp_path / "seed", tmp_path / "disk"
+    seed_dir.mkdir()
+    disk.mkdir()
+    seed = {"BETTER_COMPUTE_DATA_DIR": str(seed_dir), "PATH": os.environ.get("PATH", "")}
+    token = initialize(seed)
+    with _serve_on_small_disk(seed, disk) as server:
+        # The disk as the server sees it, through its mount namespace (a file, not the
+        # store: SQLite resolves the /proc link and would open the empty folder outside).
+        inside = Path(f"/proc/{server.process.pid}/root") / disk.relative_to("/")
+        operator = Operator(client_env(seed, server, token))
+        pool = operator.create_pool(tmp_path)
+        machine = Machine(tmp_path / "SN-7701")
+        c = Cluster(operator.env, {**seed, "BETTER_COMPUTE_DATA_DIR": str(disk)}, server,
+                    machine, pool)
+        filler = inside / "filler"
+        try:
+            _run_outages(c, [(8, lambda: _fill(filler), filler.unlink)], reads_work=True)
+        finally:
+            machine.stop()
