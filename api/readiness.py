@@ -35,9 +35,7 @@ def _check_store(runtime: Any) -> str:
         with sql.transaction(commit=False) as cursor:
             cursor.execute("SELECT 1")
         if store.guard.write_failure is not None:
-            # A write failed (SQLite: a full or read-only disk): ready once one succeeds.
-            with sql.transaction(commit=True) as cursor:
-                sql.lock(cursor, "better-compute ready probe")
+            sql.probe_write()  # a write failed (a full disk): ready once one succeeds
     except Exception as exc:
         reason = outage_reason(exc)
         if reason is None:

@@ -152,7 +152,7 @@ class ComputeStore(Application[Any]):
         return "postgres" if self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres" else "sqlite"
 
     _commit_listeners: tuple[Callable[[int], None], ...] = ()
-    guard: StoreGuard = StoreGuard()  # replaced by open_store (api/outage.py)
+    guard: StoreGuard  # every connection goes through it (api/outage.py); set by open_store
 
     def add_commit_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(last_sequence)`` after each save of this process commits.
@@ -287,6 +287,12 @@ class SqlRunner:
                 "INSERT INTO bc_locks(name, n) VALUES (?, 1) "
                 "ON CONFLICT(name) DO UPDATE SET n = n + 1", (name,)
             )
+
+    def probe_write(self) -> None:
+        """Commit one tiny write (SQLite: a row of the lock table); raises while the store
+        refuses writes (a full disk). Clears the guard's failed write when it succeeds."""
+        with self.transaction(commit=True) as cursor:
+            self.lock(cursor, "better-compute write probe")
 
     def tracking_recorder(self) -> TrackingRecorder:
         if self.postgres:

@@ -8,8 +8,8 @@ serves.
 
 ``Retry`` is the backoff of a loop that keeps trying one thing (a flush, a follower):
 the delay grows from ``first`` to ``cap``; the first failure of a run of failures is
-logged (one line for a store outage, a traceback for anything else), the others are
-not, and the first success after them says how long it took.
+logged (one line for a store outage, a traceback for anything else), the others only
+when they fail differently, and the first success after them says how long it took.
 """
 
 from __future__ import annotations
@@ -37,17 +37,21 @@ class Retry:
         self.cap = cap
         self.failures = 0
         self._since = 0.0
+        self._last = ""
 
     def failed(self, exc: BaseException) -> float:
         """Count one failure; returns the delay before the next attempt."""
+        reason = outage_reason(exc)
+        kind = reason or f"{type(exc).__name__}: {exc}"
         if self.failures == 0:
             self._since = time.monotonic()
-            reason = outage_reason(exc)
+        if self.failures == 0 or kind != self._last:
             if reason is not None:
                 self.log.warning("%s failed (the event store is unavailable: %s); retrying",
                                  self.what, reason)
             else:
                 self.log.error("%s failed; retrying", self.what, exc_info=exc)
+        self._last = kind
         delay = min(self.cap, self.first * 2 ** min(self.failures, 20))
         self.failures += 1
         return delay

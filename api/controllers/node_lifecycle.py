@@ -12,11 +12,12 @@ node states this controller reads), then for every node with a session:
   minutes) without a verdict: ``node.acceptance.failed`` with reason
   ``timeout`` (sticky like any failure: nodes.adopt starts the next attempt).
 
-A pass that fails (the store away), or leadership lost (its lock lives on a
-PostgreSQL connection), makes the controller blind: the gateways may not have
-written heartbeats meanwhile, so silence before the next pass that succeeds
-does not count, and no node is marked unreachable until ``unreachable_after``
-has passed since then.
+A pass that fails (the store away), leadership lost (its lock lives on a
+PostgreSQL connection), or a store that refuses writes while reads work (SQLite
+on a full disk) makes the controller blind: the gateways may not have written
+heartbeats meanwhile, so silence before the next pass that succeeds (with
+writes going through) does not count, and no node is marked unreachable until
+``unreachable_after`` has passed since then.
 
 The verdict on an attempt comes from the node's signed journal through the
 gateway, not from here; a failed attempt stays failed until nodes.adopt.
@@ -86,6 +87,11 @@ class NodeLifecycle:
     def _reconcile(self) -> PassReport:
         report = PassReport()
         service = self.nodes.service
+        if service.store.guard.write_failure is not None:
+            # Reads work, writes fail (SQLite on a full disk): the gateway's heartbeats are
+            # not written either. Blind until a write goes through again.
+            self.lost_sight()
+            service.sql.probe_write()
         service.projections.catch_up("capacity")
         self._time_out_attempts(report)
         states = read_node_states(

@@ -170,6 +170,8 @@ def test_serve_rides_out_a_15s_then_a_60s_postgresql_outage(tmp_path: Path) -> N
         with running_cluster(env, tmp_path, FAST) as c:
             _run_outages(c, [(15, pg.pause, pg.resume), (60, pg.pause, pg.resume)],
                          reads_work=False)
+            c.server.kill(signal.SIGTERM)
+            print("STDERR", c.server.process.stderr.read())
 
 
 # ------------------------------------------------------------------ SQLite: a full disk
@@ -234,3 +236,5 @@ def test_serve_rides_out_a_full_disk_under_its_sqlite_store(tmp_path: Path) -> N
             _run_outages(c, [(8, lambda: _fill(filler), filler.unlink)], reads_work=True)
         finally:
             machine.stop()
+            server.kill(signal.SIGTERM)
+            print("STDERR", server.process.stderr.read())
