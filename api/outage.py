@@ -248,8 +248,11 @@ def postgres_guard(datastore: Any) -> StoreGuard:
               if k in ("dbname", "host", "port", "user", "password")}
 
     def probe() -> None:
-        with psycopg.connect(**params, connect_timeout=PROBE_CONNECT_TIMEOUT,
-                             autocommit=True) as conn:
+        # Bounded on both ends: the connection (libpq), the query (the server), a peer
+        # that stops acknowledging (the kernel).
+        with psycopg.connect(**params, connect_timeout=PROBE_CONNECT_TIMEOUT, autocommit=True,
+                             options=f"-c statement_timeout={PROBE_CONNECT_TIMEOUT * 1000}",
+                             tcp_user_timeout=PROBE_CONNECT_TIMEOUT * 1000) as conn:
             conn.execute("SELECT 1")
 
     return StoreGuard(probe, pool.check)
