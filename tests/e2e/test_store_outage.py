@@ -28,9 +28,8 @@ import json
 import os
 import queue
 import signal
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,14 +38,12 @@ from typing import Any
 from tests.cluster import Cluster, Machine, Operator, running_cluster
 from tests.outage import Load, probe, throwaway_postgres
 from tests.support import (
-    CLI,
-    Server,
     cli_inprocess,
     client_env,
     eventually,
     free_port,
     initialize,
-    wait_for_line,
+    serve,
 )
 from tests.watching import CliWatcher
 
@@ -216,26 +213,14 @@ def test_serve_rides_out_a_15s_then_a_60s_postgresql_outage(tmp_path: Path) -> N
 DISK = "32m"  # the tmpfs the server's store lives on
 
 
-@contextlib.contextmanager
-def _serve_on_small_disk(seed: dict[str, str], disk: Path) -> Iterator[Server]:
-    """`serve --gateway-listen` in its own mount namespace, its data dir a tmpfs of ``DISK``
-    holding a copy of the seed store (``unshare --map-root-user``: no root needed)."""
-    port = free_port()
+def _on_small_disk(seed: dict[str, str], disk: Path) -> list[str]:
+    """A command that runs a server in its own mount namespace, its data dir ``disk`` a tmpfs
+    of ``DISK`` holding a copy of the seed store (``unshare --map-root-user``: no root
+    needed)."""
     script = ('mount -t tmpfs -o size="$1",mode=0700 bc-outage "$2" && cp -a "$3/." "$2/" '
               '&& shift 3 && exec "$@"')
-    argv = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh",
-            DISK, str(disk), seed["BETTER_COMPUTE_DATA_DIR"],
-            CLI, "serve", "--listen", f"127.0.0.1:{port}",
-            "--gateway-listen", f"127.0.0.1:{free_port()}"]
-    env = {**seed, **FAST, "BETTER_COMPUTE_DATA_DIR": str(disk)}
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-    server = Server(process, f"https://127.0.0.1:{port}", port)
-    try:
-        wait_for_line(process, "serving ")
-        yield server
-    finally:
-        server.kill(signal.SIGTERM if process.poll() is None else signal.SIGKILL)
+    return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh",
+            DISK, str(disk), seed["BETTER_COMPUTE_DATA_DIR"]]
 
 
 def _fill(path: Path) -> None:
@@ -259,7 +244,9 @@ def test_serve_rides_out_a_full_disk_under_its_sqlite_store(tmp_path: Path) -> N
     disk.mkdir()
     seed = {"BETTER_COMPUTE_DATA_DIR": str(seed_dir), "PATH": os.environ.get("PATH", "")}
     token = initialize(seed)
-    with _serve_on_small_disk(seed, disk) as server:
+    server_env = {**seed, **FAST, "BETTER_COMPUTE_DATA_DIR": str(disk)}
+    with serve(server_env, "--gateway-listen", f"127.0.0.1:{free_port()}",
+               wrap=_on_small_disk(seed, disk)) as server:
         # The disk as the server sees it, through its mount namespace (a file, not the
         # store: SQLite resolves the /proc link and would open the empty folder outside).
         inside = Path(f"/proc/{server.process.pid}/root") / disk.relative_to("/")
