@@ -139,6 +139,14 @@ def _connection_lost(exc: BaseException) -> bool:
     return False
 
 
+def _waited_for_the_pool(exc: BaseException) -> bool:
+    """No pooled connection came free in time (the library would wait again, ten times)."""
+    import psycopg_pool
+
+    return any(isinstance(e, psycopg_pool.PoolTimeout | ConnectionUnavailableError)
+               for e in _causes(exc))
+
+
 class StoreGuard:
     """Fails store calls fast while PostgreSQL is down; remembers SQLite's failed writes.
 
@@ -230,8 +238,11 @@ def install_guard(datastore: Any, guard: StoreGuard) -> None:
             with original(*args, **kwargs) as conn:
                 yield conn
         except Exception as exc:
-            if guard.failed(exc, writing=writing) and guard.down_reason is not None:
-                raise unavailable(guard.down_reason) from exc
+            if guard.failed(exc, writing=writing):
+                if guard.down_reason is not None:
+                    raise unavailable(guard.down_reason) from exc
+                if _waited_for_the_pool(exc):  # not retried: one wait of the pool at most
+                    raise unavailable(outage_reason(exc) or "no connection") from exc
             raise
         if writing:
             guard.wrote()
