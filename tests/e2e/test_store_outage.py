@@ -171,6 +171,11 @@ def _check_after(rig: Rig, since: int) -> None:
     status = json.loads(c.bcd("status", "--json").stdout)
     assert status["session"]["state"] == "connected", status["session"]
     assert "node.unreachable" not in c.events(rig.node), c.events(rig.node)
+    # The gateway takes new sessions too: bcd restarted connects with the next epoch.
+    for agent in c.machine.agents:
+        agent.kill()
+        agent.wait(timeout=30)
+    c.start_agent(epoch=2)
 
 
 def _run_outages(c: Cluster, outages: list[tuple[float, Callable[[], None], Callable[[], None]]],
