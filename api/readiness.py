@@ -7,12 +7,15 @@ a write again) and, where this process runs the agents' gateway, the gateway lis
 puts it back on 200; nothing needs a restart, the server recovers on its own.
 
 The answer names the component and a short reason, never host names or driver
-messages (the probe is anonymous); the server's log has the details.
+messages (the probe is anonymous); the server's log has the details. The store is
+checked by one request at a time and the answer reused for ``CACHE_SECONDS``, so
+a flood of probes costs one query a second and cannot make the check time out.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import anyio
@@ -24,8 +27,9 @@ from better_compute.api.outage import outage_reason
 log = logging.getLogger("better_compute.ready")
 
 READY_TIMEOUT = 5.0  # seconds the store check may take before it counts as a failure
+CACHE_SECONDS = 1.0  # an answer of the store check serves the probes of this long
 OK = "ok"
-_LIMITER_KEY = "ready_limiter"
+_KEY = "readiness"
 
 
 def _check_store(runtime: Any) -> str:
@@ -47,12 +51,31 @@ def _check_store(runtime: Any) -> str:
     return OK
 
 
-async def _store(state: Any) -> str:
-    limiter = state.extra.setdefault(_LIMITER_KEY, anyio.CapacityLimiter(1))
-    with anyio.move_on_after(READY_TIMEOUT):
-        return await anyio.to_thread.run_sync(_check_store, state.runtime, limiter=limiter,
-                                              abandon_on_cancel=True)
-    return f"the event store did not answer within {READY_TIMEOUT:.0f}s"
+class _StoreCheck:
+    """One check at a time; its answer reused for CACHE_SECONDS."""
+
+    def __init__(self) -> None:
+        self.answer = OK
+        self.at = float("-inf")
+        self.running: anyio.Event | None = None
+
+    async def __call__(self, runtime: Any) -> str:
+        if time.monotonic() - self.at < CACHE_SECONDS:
+            return self.answer
+        if self.running is not None:
+            await self.running.wait()
+            return self.answer
+        self.running = anyio.Event()
+        try:
+            answer = f"the event store did not answer within {READY_TIMEOUT:.0f}s"
+            with anyio.move_on_after(READY_TIMEOUT):
+                answer = await anyio.to_thread.run_sync(_check_store, runtime,
+                                                        abandon_on_cancel=True)
+            self.answer, self.at = answer, time.monotonic()
+        finally:
+            self.running.set()
+            self.running = None
+        return self.answer
 
 
 def _gateway(state: Any) -> str | None:
@@ -65,7 +88,8 @@ def _gateway(state: Any) -> str | None:
 
 async def ready(request: Request) -> Response:
     state = request.app.state.bc
-    checks = {"store": await _store(state)}
+    check = state.extra.setdefault(_KEY, _StoreCheck())
+    checks = {"store": await check(state.runtime)}
     gateway = _gateway(state)
     if gateway is not None:
         checks["gateway"] = gateway
