@@ -19,8 +19,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import better_compute.api.methods  # noqa: F401  (registers every JSON-RPC method)
-from better_compute.api import console, join_routes, rpc, watch
+from better_compute.api import console, join_routes, readiness, rpc, watch
 from better_compute.api.runtime import Runtime
+from better_compute.api.supervise import supervised
 from better_compute.domain.access import Principal
 
 API_PREFIX = "/api/compute"
@@ -77,7 +78,9 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
 
     ``tasks`` run for the life of the server in the lifespan's task group
     (the gateway, the controllers): each is started with ``tg.start(task,
-    state)`` once the event hub runs, and cancelled at shutdown.
+    state)`` once the event hub runs, supervised (restarted with backoff when it
+    fails, api/supervise.py), and cancelled at shutdown. The store is closed
+    only when the lifespan ends.
     """
 
     @contextlib.asynccontextmanager
@@ -91,7 +94,7 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
             # The /watch follower of this process, then the lifespan tasks that use it.
             async with watch.running_hub(state), anyio.create_task_group() as tg:
                 for task in tasks:
-                    await tg.start(task, state)
+                    await tg.start(supervised, task, state)
                 try:
                     yield
                 finally:
@@ -102,6 +105,7 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
     base = [
         Route(f"{API_PREFIX}/rpc", rpc_endpoint, methods=["POST"]),
         Route(f"{API_PREFIX}/health", health, methods=["GET"]),
+        Route(f"{API_PREFIX}/ready", readiness.ready, methods=["GET"]),
         *join_routes.ROUTES,
         *watch.ROUTES,
         *console.ROUTES,

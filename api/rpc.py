@@ -2,8 +2,9 @@
 
 Methods register here with their params Struct; params are decoded only once
 the method is known. Project errors map to JSON-RPC errors in ONE place
-(``_error``); anything else is a bug, logged with an incident id, and the peer
-sees no traceback.
+(``_error``); so do the store's errors that mean an outage (api/outage.py:
+``unavailable``, with a message that says to retry); anything else is a bug,
+logged with an incident id, and the peer sees no traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import msgspec
 
 from better_compute.api.actor import LOCAL, acting_as
+from better_compute.api.outage import outage_error
 from better_compute.api.schemas import Params, RpcError, RpcRequest, RpcResponse
 from better_compute.api.service import ComputeService
 from better_compute.domain.access import Principal
@@ -78,6 +80,8 @@ def decode_params(m: Method, raw: bytes) -> Any:
 
 
 def _error(exc: BaseException) -> RpcError:
+    if not isinstance(exc, BetterComputeError):
+        exc = outage_error(exc) or exc
     if isinstance(exc, BetterComputeError):
         return RpcError(exc.rpc_code, exc.message, {"code": exc.code, **exc.data})
     incident = uuid.uuid4().hex[:12]

@@ -23,11 +23,19 @@ from eventsourcing.utils import Environment
 
 import better_compute.domain  # noqa: F401  (registers every event topic)
 from better_compute.api.codec import EventMapper, MsgspecTranscoder
+from better_compute.api.outage import StoreGuard, install_guard, postgres_guard
 from better_compute.api.pg_recorder import TOPIC as PG_RECORDER_TOPIC
 from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.errors import InvalidInput, Unavailable
 
 APP_NAME = "bc"
+POOL_WAIT = 5  # seconds a call waits for a pooled PostgreSQL connection
+# The pool retries a lost connection with a growing delay (1, 2, 4 … s) for this long, then
+# forgets it and connects afresh when a call needs one: so once PostgreSQL is back, a
+# connection is made at once, not at the end of a backoff grown long during the outage.
+POOL_RECONNECT_TIMEOUT = 3.0
+CONNECT_TIMEOUT = 5  # seconds libpq waits for a new connection (default: for ever)
+TCP_USER_TIMEOUT_MS = 15_000  # a peer that acknowledges nothing for this long is gone
 
 
 def default_data_dir(env: Mapping[str, str]) -> Path:
@@ -78,7 +86,8 @@ class StoreConfig:
             "CREATE_TABLE": "y",
             "POSTGRES_POOL_SIZE": "5",
             "POSTGRES_MAX_OVERFLOW": "10",
-            "POSTGRES_CONNECT_TIMEOUT": "10",
+            # The library passes this to the pool as its wait for a free connection.
+            "POSTGRES_CONNECT_TIMEOUT": str(POOL_WAIT),
             "POSTGRES_LOCK_TIMEOUT": "10",
             # Saves through one function that locks, notifies and inserts (api/pg_recorder.py).
             "APPLICATION_RECORDER_TOPIC": PG_RECORDER_TOPIC,
@@ -143,6 +152,7 @@ class ComputeStore(Application[Any]):
         return "postgres" if self.env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres" else "sqlite"
 
     _commit_listeners: tuple[Callable[[int], None], ...] = ()
+    guard: StoreGuard  # every connection goes through it (api/outage.py); set by open_store
 
     def add_commit_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(last_sequence)`` after each save of this process commits.
@@ -168,12 +178,30 @@ def open_store(config: StoreConfig) -> ComputeStore:
         assert config.sqlite_path is not None
         config.sqlite_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
-        return ComputeStore(env=config.library_env())
+        store = ComputeStore(env=config.library_env())
     except Exception as exc:  # the library raises OperationalError / OSError subclasses
         raise Unavailable(
             f"cannot open the event store ({config.describe()}): {exc}. Check "
             "BETTER_COMPUTE_DATABASE_URL or BETTER_COMPUTE_DATA_DIR"
         ) from None
+    datastore = store.recorder.datastore  # type: ignore[attr-defined]
+    if store.backend == "postgres":
+        _tune_pool(datastore.pool)
+        store.guard = postgres_guard(datastore)
+    else:
+        store.guard = StoreGuard()
+    install_guard(datastore, store.guard)
+    return store
+
+
+def _tune_pool(pool: Any) -> None:
+    """Bound every wait of the library's psycopg pool (it exposes none of these settings).
+
+    The pool is never closed while the store is in use: after an outage it reconnects.
+    """
+    pool.reconnect_timeout = POOL_RECONNECT_TIMEOUT
+    pool.kwargs = {**(pool.kwargs or {}), "connect_timeout": CONNECT_TIMEOUT,
+                   "tcp_user_timeout": TCP_USER_TIMEOUT_MS}
 
 
 SETUP_LOCK_TIMEOUT = "60s"
@@ -259,6 +287,12 @@ class SqlRunner:
                 "INSERT INTO bc_locks(name, n) VALUES (?, 1) "
                 "ON CONFLICT(name) DO UPDATE SET n = n + 1", (name,)
             )
+
+    def probe_write(self) -> None:
+        """Commit one tiny write (SQLite: a row of the lock table); raises while the store
+        refuses writes (a full disk). Clears the guard's failed write when it succeeds."""
+        with self.transaction(commit=True) as cursor:
+            self.lock(cursor, "better-compute write probe")
 
     def tracking_recorder(self) -> TrackingRecorder:
         if self.postgres:

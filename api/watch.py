@@ -60,7 +60,9 @@ from better_compute.api.eventlog import (
     LogEntry,
     filter_for,
 )
+from better_compute.api.outage import unavailable_on_outage
 from better_compute.api.settings import env_seconds
+from better_compute.api.supervise import Retry
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, InvalidInput
 
@@ -69,7 +71,6 @@ log = logging.getLogger("better_compute.watch")
 WATCH_PATH = "/api/compute/events/watch"
 MAX_LINES_PER_WRITE = 1000
 PG_SAFETY_READ = 1.0  # seconds between reads when no commit was notified (PostgreSQL)
-_RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 AUDIT_PARAMS = ("actor", "subject", "from", "to")  # as events.list takes them
 
@@ -166,28 +167,27 @@ class WatchHub:
     # ------------------------------------------------------- follower thread
 
     def _follow(self) -> None:
-        attempt = 0
+        """Follow until ``stop``; a failed read (the store away) is retried every 0.1-2 s,
+        from the last event read: streams resume with no gap once the store is back."""
+        retry = Retry("following the event log", log)
         while not self._stop.is_set():
             try:
                 if self.store.backend == "postgres":
-                    self._follow_postgres()
+                    self._follow_postgres(retry)
                 else:
-                    self._follow_sqlite()
-                attempt = 0
+                    self._follow_sqlite(retry)
             except anyio.RunFinishedError:
                 return
-            except Exception:
-                delay = _RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)]
-                log.exception("following the event log failed; retrying in %.1fs", delay)
-                attempt += 1
-                self._stop.wait(delay)
+            except Exception as exc:
+                self._stop.wait(retry.failed(exc))
 
-    def _follow_sqlite(self) -> None:
+    def _follow_sqlite(self, retry: Retry) -> None:
         assert self.sqlite_path is not None
         connection = sqlite3.connect(str(self.sqlite_path), check_same_thread=False)
         try:
             version = None
             self._drain()
+            retry.succeeded()
             while not self._stop.is_set():
                 woken = self._wake.wait(self.poll_interval)
                 self._wake.clear()
@@ -198,8 +198,9 @@ class WatchHub:
         finally:
             connection.close()
 
-    def _follow_postgres(self) -> None:
+    def _follow_postgres(self, retry: Retry) -> None:
         self._drain()
+        retry.succeeded()
         while not self._stop.is_set():
             self._wake.wait(PG_SAFETY_READ)
             self._wake.clear()
@@ -225,21 +226,18 @@ class WatchHub:
         from psycopg.sql import SQL, Identifier
 
         recorder = self.store.recorder
-        attempt = 0
+        retry = Retry("listening for commits", log)
         while not self._stop.is_set():
             try:
                 with recorder.datastore.get_connection() as conn:
                     conn.execute(SQL("LISTEN {0}").format(Identifier(recorder.channel_name)))
                     self._wake.set()  # whatever was committed while nobody listened
-                    attempt = 0
+                    retry.succeeded()
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
                             self._wake.set()
-            except Exception:
-                delay = _RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)]
-                log.exception("listening for commits failed; retrying in %.1fs", delay)
-                attempt += 1
-                self._stop.wait(delay)
+            except Exception as exc:
+                self._stop.wait(retry.failed(exc))
 
     # -------------------------------------------------------- event loop side
 
@@ -434,7 +432,8 @@ async def watch_endpoint(request: Request) -> Response:
         return flt, since, check
 
     try:
-        flt, since, check = await anyio.to_thread.run_sync(admit, limiter=state.limiter)
+        with unavailable_on_outage():
+            flt, since, check = await anyio.to_thread.run_sync(admit, limiter=state.limiter)
     except BetterComputeError as exc:
         return _error_response(exc)
     return StreamingResponse(

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,10 +145,14 @@ def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float = 
 
 @contextlib.contextmanager
 def serve(env: Mapping[str, str], *extra: str, port: int | None = None,
-          tls: bool = True) -> Iterator[Server]:
-    """A real `better-compute serve` process on loopback, TLS by default."""
+          tls: bool = True, wrap: Sequence[str] = ()) -> Iterator[Server]:
+    """A real `better-compute serve` process on loopback, TLS by default.
+
+    ``wrap``: a command that runs it (``unshare … sh -c '…; exec "$@"' sh``), so that the
+    process is the server itself.
+    """
     port = port or free_port()
-    argv = [CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra]
+    argv = [*wrap, CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra]
     if not tls:
         argv.append("--insecure-loopback")
     process = subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -5,7 +5,11 @@ every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass
 whenever the process's event hub reads a node.* or reservation.* event and at least every
 ``tick`` seconds (the timers), and checks it still holds the lock before
 each pass. Each pass also records the API tokens whose end has passed
-(``token.expired``, api/tokens.py). A pass that fails is logged and retried on the next tick.
+(``token.expired``, api/tokens.py). A pass that fails is retried on the next tick (logged once per run
+of failures: a store outage fails every pass until the store is back). On
+PostgreSQL the lock lives on the leader's own connection, so an outage ends
+it: every replica tries again every ``retry`` seconds, and one leads again
+once the store is back.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from better_compute.api.node_presence import Presence
 from better_compute.api.node_service import NodeService
 from better_compute.api.reservation_service import reservations
 from better_compute.api.settings import env_seconds
+from better_compute.api.supervise import Retry
 from better_compute.api.tokens import TokenExpiry, TokenService
 from better_compute.domain.events import compile_type_filter
 
@@ -75,6 +80,9 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
     expiry = TokenExpiry(TokenService(runtime.service))
     hub = state.extra.get("watch_hub")
     limiter = anyio.CapacityLimiter(1)
+    passes = {"lifecycle": Retry("a NodeLifecycle pass", log),
+              "timers": Retry("a reservations pass", log),
+              "tokens": Retry("a tokens pass", log)}
     task_status.started()
     try:
         while True:
@@ -85,26 +93,22 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
             state.extra["controllers_leader"] = True
             while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
                 position = hub.head if hub is not None else 0
-                try:
-                    await anyio.to_thread.run_sync(as_actor(CONTROLLER_NODES, lifecycle.reconcile),
-                                                   limiter=limiter)
-                except Exception:
-                    log.exception("a NodeLifecycle pass failed; retrying on the next tick")
-                try:
-                    await anyio.to_thread.run_sync(
-                        as_actor(CONTROLLER_RESERVATIONS, timers.tick), limiter=limiter)
-                except Exception:
-                    log.exception("a reservations pass failed; retrying on the next tick")
-                try:
-                    await anyio.to_thread.run_sync(as_actor(CONTROLLER_TOKENS, expiry.tick),
-                                                   limiter=limiter)
-                except Exception:
-                    log.exception("a tokens pass failed; retrying on the next tick")
+                for name, actor, work in (
+                        ("lifecycle", CONTROLLER_NODES, lifecycle.reconcile),
+                        ("timers", CONTROLLER_RESERVATIONS, timers.tick),
+                        ("tokens", CONTROLLER_TOKENS, expiry.tick)):
+                    try:
+                        await anyio.to_thread.run_sync(as_actor(actor, work), limiter=limiter)
+                    except Exception as exc:  # retried on the next tick
+                        passes[name].failed(exc)
+                    else:
+                        passes[name].succeeded()
                 if hub is not None:
                     await hub.wait_beyond(position, tick, _WAKE_ON)
                 else:
                     await anyio.sleep(tick)
             state.extra["controllers_leader"] = False
+            lifecycle.lost_sight()
             log.warning("lost the controllers' lock; trying to take it again")
     finally:
         with anyio.CancelScope(shield=True):
