@@ -22,6 +22,7 @@ from better_compute.api.node_presence import Reports
 from better_compute.api.service import ComputeService
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import Conflict, InvalidInput, NotFound
+from better_compute.domain.gpus import gpu_is_healthy
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 from better_compute.domain.node_rules import (
@@ -262,7 +263,7 @@ class NodeService:
                 if not isinstance(uuid_, str):
                     continue
                 reasons = [str(r) for r in gpu.get("healthReasons") or []]
-                healthy = bool(gpu.get("healthy", True)) and not reasons
+                healthy = gpu_is_healthy(gpu)
                 if node.set_gpu_health(uuid_, healthy, reasons, now):
                     changed += 1
             return changed
