@@ -19,6 +19,12 @@ the GPU has no NVLink peers), ``index`` (number), ``healthy`` (true/false).
 Strings compare case-sensitively with ``==``/``!=``; ``<`` and friends take
 numbers only. A comparison with an attribute the GPU does not report is false.
 Parse errors name the position and say how to fix the expression.
+
+Bounds (docs/security.md): at most ``MAX_LENGTH`` characters, parentheses and
+``not`` nested at most ``MAX_DEPTH`` deep, number literals of at most
+``MAX_NUMBER_CHARS`` characters. Tokenizing is one left-to-right pass over
+the text (each match starts where the last ended; nothing copies the rest of
+the text), so parsing takes time linear in the length.
 """
 
 from __future__ import annotations
@@ -50,7 +56,11 @@ _TOKEN_RE = re.compile(
     )""",
     re.VERBOSE,
 )
+_SPACE_RE = re.compile(r"\s*")
 _KEYWORDS = {"and", "or", "not", "in", "true", "false"}
+MAX_LENGTH = 4096
+MAX_DEPTH = 32
+MAX_NUMBER_CHARS = 20
 
 Predicate = Callable[[Mapping[str, Any]], bool]
 
@@ -84,32 +94,37 @@ def _error(text: str, pos: int, problem: str, hint: str) -> InvalidInput:
 def _tokenize(text: str) -> list[_Token]:
     tokens: list[_Token] = []
     pos = 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
+    size = len(text)
+    while True:
+        start = _SPACE_RE.match(text, pos)
+        pos = start.end() if start is not None else pos
+        if pos >= size:
             break
         match = _TOKEN_RE.match(text, pos)
         if match is None or match.end() == pos:
-            bad = pos + (len(text[pos:]) - len(text[pos:].lstrip()))
-            if text[bad] in "'\"":
-                raise _error(text, bad, "a string is not closed", f"end it with {text[bad]}")
+            if text[pos] in "'\"":
+                raise _error(text, pos, "a string is not closed", f"end it with {text[pos]}")
             raise _error(
-                text, bad, f"unexpected character {text[bad]!r}",
+                text, pos, f"unexpected character {text[pos]!r}",
                 "use attributes, comparisons (== != < <= > >=), and/or/not, parentheses, "
                 "numbers and quoted strings",
             )
         kind = match.lastgroup or ""
         raw = match.group(kind)
-        start = match.start(kind)
+        start_at = match.start(kind)
         value: Any = None
         if kind == "number":
+            if len(raw) > MAX_NUMBER_CHARS:
+                raise _error(text, start_at, f"a number of {len(raw)} characters",
+                             f"write numbers of at most {MAX_NUMBER_CHARS} characters")
             value = float(raw) if "." in raw else int(raw)
         elif kind == "string":
             value = raw[1:-1]
         elif kind == "word" and raw in ("true", "false"):
             value = raw == "true"
-        tokens.append(_Token(kind, raw, start, value))
+        tokens.append(_Token(kind, raw, start_at, value))
         pos = match.end()
-    tokens.append(_Token("end", "", len(text)))
+    tokens.append(_Token("end", "", size))
     return tokens
 
 
@@ -118,6 +133,14 @@ class _Parser:
         self.text = text
         self.tokens = _tokenize(text)
         self.i = 0
+        self.depth = 0
+
+    def nest(self, tok: _Token) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _error(self.text, tok.pos, f"parentheses and not nest more than {MAX_DEPTH} "
+                         "levels deep", "write the condition with fewer levels (and / or "
+                         "chains need no parentheses)")
 
     @property
     def tok(self) -> _Token:
@@ -160,20 +183,22 @@ class _Parser:
 
     def parse_not(self) -> Predicate:
         if self.is_word("not"):
-            self.take()
+            self.nest(self.take())
             inner = self.parse_not()
+            self.depth -= 1
             return lambda attrs: not inner(attrs)
         return self.parse_primary()
 
     def parse_primary(self) -> Predicate:
         tok = self.tok
         if tok.kind == "punct" and tok.text == "(":
-            self.take()
+            self.nest(self.take())
             inner = self.parse_or()
             if not (self.tok.kind == "punct" and self.tok.text == ")"):
                 raise _error(self.text, self.tok.pos, "missing ')'",
                              "close every '(' with a ')'")
             self.take()
+            self.depth -= 1
             return inner
         return self.parse_comparison()
 
@@ -258,4 +283,10 @@ def _compare(text: str, op: _Token, attribute: str, value: Any) -> Predicate:
 
 def parse_selector(text: str) -> Selector:
     """Parse ``text`` once; raises InvalidInput naming the position and the fix."""
+    if len(text) > MAX_LENGTH:
+        raise InvalidInput(
+            f"--selector of {len(text)} characters is too long: write a selector of at most "
+            f"{MAX_LENGTH} characters (list values with `in [...]`)",
+            data={"length": len(text), "max": MAX_LENGTH},
+        )
     return Selector(text, _Parser(text).parse())
