@@ -32,19 +32,15 @@ from better_compute.domain.node_rules import (
     evaluate_acceptance,
 )
 from better_compute.domain.pool import Pool
+from better_compute.domain.text import MAX_REASON, check_text
 from better_compute.projections.capacity import count_nodes, read_capacity
 
 T = TypeVar("T")
 _ATTEMPTS = 5
-_MAX_REASON = 500
 
 
 def _reason(text: str | None, what: str) -> str:
-    reason = (text or "").strip()
-    if len(reason) > _MAX_REASON:
-        raise InvalidInput(f"the {what} reason is {len(reason)} characters: keep it under "
-                           f"{_MAX_REASON}")
-    return reason
+    return check_text((text or "").strip(), f"the {what} reason", MAX_REASON)
 
 
 class NodeService:

@@ -52,6 +52,7 @@ from better_compute.projections.reservations import list_reservations
 MAX_GPUS = 1024
 MIN_DURATION = timedelta(minutes=1)
 MAX_DURATION = timedelta(days=366)
+MAX_START_AHEAD = timedelta(days=366)
 PLACEMENT_DEADLINE_S = 30.0  # how long a create keeps placing again after conflicts
 
 
@@ -117,7 +118,7 @@ class ReservationService(ReservationBinding):
         length = parse_duration(duration, flag="--for")
         if not MIN_DURATION <= length <= MAX_DURATION:
             raise InvalidInput(f"--for {duration} is out of range: reserve for 1m to 366d")
-        begin = parse_start(start, now) if start else now
+        begin = parse_start(start, now, latest=MAX_START_AHEAD) if start else now
         begin = max(begin, now)  # a start in the past means now
         return begin, begin + length
 

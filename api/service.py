@@ -34,6 +34,7 @@ from better_compute.domain.policy import parse_policy, policy_to_dict
 from better_compute.domain.pool import NODE_CLASSES, Pool, parse_quota
 from better_compute.domain.site import SITE_KINDS, Site
 from better_compute.domain.tenant import Tenant, tenant_uuid
+from better_compute.domain.text import MAX_REGION, check_name, check_text
 from better_compute.domain.token import TOKEN_PREFIX, ApiToken, token_hash, token_uuid
 from better_compute.projections.listings import query_listing
 
@@ -99,6 +100,8 @@ class ComputeService:
 
     def _scope(self, principal: Principal, tenant_id: str | None) -> str:
         """The tenant a call acts on: the caller's own unless a root caller names another."""
+        if tenant_id:
+            check_tenant_id(tenant_id)
         tenant = tenant_id or principal.tenant_id
         if not principal.can_see_tenant(tenant):
             raise PermissionDenied(
@@ -109,6 +112,7 @@ class ComputeService:
         return tenant
 
     def _tenant(self, tenant_id: str) -> Tenant:
+        check_tenant_id(tenant_id)
         tenant = self._get(Tenant, tenant_uuid(tenant_id))
         if tenant is None:
             raise NotFound(
@@ -189,6 +193,7 @@ class ComputeService:
     def tenants_create(self, principal: Principal, tenant_id: str, name: str | None) -> dict[str, Any]:
         principal.require_root_admin("create tenants")
         check_tenant_id(tenant_id)
+        check_name(name)
         name = name or tenant_id
         existing = self._get(Tenant, tenant_uuid(tenant_id))
         if existing is not None:
@@ -203,6 +208,7 @@ class ComputeService:
         return tenant.to_doc()
 
     def tenants_get(self, principal: Principal, tenant_id: str) -> dict[str, Any]:
+        check_tenant_id(tenant_id)
         if not principal.can_see_tenant(tenant_id):
             raise NotFound(f"no tenant {tenant_id!r}")
         return self._tenant(tenant_id).to_doc()
@@ -220,6 +226,7 @@ class ComputeService:
         tenant = self._scope(principal, tenant_id)
         principal.require_admin_of(tenant, "create tokens")
         role_enum = Role.parse(role)
+        check_name(name)
         if role == "root-admin" and tenant != ROOT_TENANT:
             raise InvalidInput(
                 f"root-admin exists only on the root tenant; for tenant {tenant} use --role admin"
@@ -259,6 +266,8 @@ class ComputeService:
                 f"this token belongs to tenant {principal.tenant_id}"
             )
         principal.require_root_admin("create sites")
+        check_text(region, "--region", MAX_REGION, example="eu-1")
+        check_name(name)
         if not region or not region.replace("-", "").replace("_", "").isalnum():
             raise InvalidInput(
                 f"--region {region!r} is not a region name: use letters, digits and dashes "
@@ -313,6 +322,7 @@ class ComputeService:
             raise InvalidInput(
                 f"--class {node_class!r} is not a pool class: use {', '.join(NODE_CLASSES)}"
             )
+        check_name(name)
         family = parse_gpu_model(gpu_model)
         checked = policy_to_dict(parse_policy(policy, source="the pool policy"))
         if key:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -44,7 +44,7 @@ class StoreConfig:
     backend: str  # "sqlite" | "postgres"
     data_dir: Path
     sqlite_path: Path | None = None
-    pg: dict[str, str] | None = None
+    pg: dict[str, str] | None = field(default=None, repr=False)  # holds the password
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StoreConfig:
@@ -54,6 +54,10 @@ class StoreConfig:
         if not url:
             return cls("sqlite", data_dir, sqlite_path=data_dir / "store.sqlite")
         return cls("postgres", data_dir, pg=_parse_pg_url(url))
+
+    @property
+    def password(self) -> str | None:
+        return (self.pg or {}).get("POSTGRES_PASSWORD") or None
 
     def describe(self) -> str:
         if self.backend == "sqlite":
@@ -88,23 +92,51 @@ class StoreConfig:
         }
 
 
+def redact_url(url: str) -> str:
+    """``url`` with its password (and anything that may be one) replaced by ***."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***" if "@" in url or ":" in url else url
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in userinfo else url
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` (an error message from a library, say) with ``secret`` replaced by ***."""
+    return text.replace(secret, "***") if secret else text
+
+
+_PG_URL_FORM = "postgresql://USER:PASSWORD@HOST:PORT/DBNAME"
+
+
 def _parse_pg_url(url: str) -> dict[str, str]:
-    parsed = urlparse(url)
+    shown = redact_url(url)
+    try:
+        parsed = urlparse(url)
+        port = parsed.port
+    except ValueError:  # a port that is not a number, a broken [IPv6] host
+        raise InvalidInput(
+            f"BETTER_COMPUTE_DATABASE_URL {shown!r} is not a valid URL (its port is not a "
+            f"number, or a [ of an IPv6 host is not closed): write {_PG_URL_FORM}"
+        ) from None
     if parsed.scheme not in ("postgresql", "postgres"):
         raise InvalidInput(
-            f"BETTER_COMPUTE_DATABASE_URL {url!r} is not a PostgreSQL URL: write "
-            "postgresql://USER:PASSWORD@HOST:PORT/DBNAME, or unset it to use SQLite"
+            f"BETTER_COMPUTE_DATABASE_URL {shown!r} is not a PostgreSQL URL: write "
+            f"{_PG_URL_FORM}, or unset it to use SQLite"
         )
     dbname = unquote(parsed.path.lstrip("/"))
     if not parsed.hostname or not parsed.username or not dbname:
         raise InvalidInput(
-            "BETTER_COMPUTE_DATABASE_URL needs a user, a host and a database name: "
-            "postgresql://USER:PASSWORD@HOST:PORT/DBNAME"
+            f"BETTER_COMPUTE_DATABASE_URL {shown!r} needs a user, a host and a database name: "
+            f"{_PG_URL_FORM}"
         )
     params = parse_qs(parsed.query)
     out = {
         "POSTGRES_HOST": parsed.hostname,
-        "POSTGRES_PORT": str(parsed.port or 5432),
+        "POSTGRES_PORT": str(port or 5432),
         "POSTGRES_USER": unquote(parsed.username),
         "POSTGRES_PASSWORD": unquote(parsed.password or ""),
         "POSTGRES_DBNAME": dbname,
@@ -171,7 +203,8 @@ def open_store(config: StoreConfig) -> ComputeStore:
         return ComputeStore(env=config.library_env())
     except Exception as exc:  # the library raises OperationalError / OSError subclasses
         raise Unavailable(
-            f"cannot open the event store ({config.describe()}): {exc}. Check "
+            f"cannot open the event store ({config.describe()}): "
+            f"{redact(str(exc), config.password)}. Check "
             "BETTER_COMPUTE_DATABASE_URL or BETTER_COMPUTE_DATA_DIR"
         ) from None
 
@@ -204,7 +237,8 @@ def setup_lock(config: StoreConfig) -> Iterator[None]:
             dbname=config.pg["POSTGRES_DBNAME"], connect_timeout=10, autocommit=True,
         )
     except psycopg.Error as exc:
-        raise Unavailable(f"cannot reach PostgreSQL ({config.describe()}): {exc}") from None
+        raise Unavailable(f"cannot reach PostgreSQL ({config.describe()}): "
+                          f"{redact(str(exc), config.password)}") from None
     with conn:
         try:
             conn.execute(f"SET lock_timeout = '{SETUP_LOCK_TIMEOUT}'")
@@ -215,7 +249,8 @@ def setup_lock(config: StoreConfig) -> Iterator[None]:
                     sql.Identifier(schema)))
         except psycopg.Error as exc:
             raise Unavailable(
-                f"cannot set up the event store ({config.describe()}): {exc}. Processes that "
+                f"cannot set up the event store ({config.describe()}): "
+                f"{redact(str(exc), config.password)}. Processes that "
                 f"open one store set it up one at a time, each waiting up to "
                 f"{SETUP_LOCK_TIMEOUT}: if another one is stuck, stop it and try again"
             ) from None

@@ -15,7 +15,9 @@ rebuilds the same class from it. ``rpc_code`` is the JSON-RPC 2.0 number.
     ├── NoCapacity            nothing fits now                 (no_capacity)
     ├── Expired               a log position or token expired  (expired)
     ├── NotInitialized        the store has no PKI/root yet    (not_initialized)
-    └── Unavailable           a dependency is down             (unavailable)
+    ├── Unavailable           a dependency is down             (unavailable)
+    ├── RateLimited           too many calls of one token      (rate_limited)
+    └── FellBehind            a stream's reader fell behind    (fell_behind)
 """
 
 from __future__ import annotations
@@ -88,6 +90,20 @@ class NotInitialized(BetterComputeError):
 class Unavailable(BetterComputeError):
     code = "unavailable"
     rpc_code = -32014
+
+
+class RateLimited(BetterComputeError):
+    """One token (or one anonymous client) has too many calls running: retry shortly."""
+
+    code = "rate_limited"
+    rpc_code = -32015
+
+
+class FellBehind(BetterComputeError):
+    """A /watch reader fell further behind than the server buffers: resume with --since."""
+
+    code = "fell_behind"
+    rpc_code = -32016
 
 
 def _all_subclasses(cls: type[BetterComputeError]) -> list[type[BetterComputeError]]:

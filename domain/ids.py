@@ -19,8 +19,8 @@ NAMESPACE = uuid.UUID("5b0e0c2e-6f6c-4a35-9a55-6b1c0a3d7e11")
 
 PREFIXES = ("site", "pool", "node", "rsv", "alloc", "jt", "tok")
 
-_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$")
-_TENANT_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}\Z")
+_TENANT_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}\Z")
 
 
 def public_id(prefix: str, value: uuid.UUID) -> str:

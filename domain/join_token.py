@@ -42,9 +42,9 @@ MAX_TTL = timedelta(hours=24)
 MAX_USES = 10_000
 EXPECT_KINDS = ("serial", "mac", "uuid")
 
-_SECRET_RE = re.compile(r"^bcjt_([a-z2-7]{26})\.([A-Za-z0-9_-]{32,128})$")
-_MAC_RE = re.compile(r"^[0-9a-f]{2}([:-]?)[0-9a-f]{2}(\1[0-9a-f]{2}){4}$")
-_SERIAL_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}$")
+_SECRET_RE = re.compile(r"^bcjt_([a-z2-7]{26})\.([A-Za-z0-9_-]{32,128})\Z")
+_MAC_RE = re.compile(r"^[0-9a-f]{2}([:-]?)[0-9a-f]{2}(\1[0-9a-f]{2}){4}\Z")
+_SERIAL_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}\Z")
 
 UNKNOWN_TOKEN = (
     "the join token is unknown or malformed: copy the whole bcjt_… secret that "
