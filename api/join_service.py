@@ -79,7 +79,7 @@ class JoinService:
             check_key(key)
         fp = fingerprint({"pool": pool.public_id, "ttl": int(lifetime.total_seconds()),
                           "maxUses": uses, "expect": expect})
-        token_uuid = JoinToken.new_uuid(pool.tenant_id, key)
+        token_uuid = self.service.new_id(pool.tenant_id, "jointoken", key)
         if key:
             existing = self.service._get(JoinToken, token_uuid)
             if existing is not None:

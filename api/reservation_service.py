@@ -44,7 +44,6 @@ from better_compute.domain.reservation import (
     STATES,
     Reservation,
     new_allocation_id,
-    reservation_uuid,
 )
 from better_compute.domain.selectors import parse_selector
 from better_compute.projections.reservations import list_reservations
@@ -138,7 +137,7 @@ class ReservationService(ReservationBinding):
                   "product": request.product, "selector": selector or None,
                   "nvlink": request.nvlink, "start": start or None}
         fp = fingerprint(params)
-        uuid = reservation_uuid(tenant, key)
+        uuid = self.service.new_id(tenant, "reservation", key)
         if key:
             existing = self.get(Reservation, uuid)
             if existing is not None:

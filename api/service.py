@@ -28,7 +28,7 @@ from better_compute.domain.errors import (
     Unauthenticated,
 )
 from better_compute.domain.gpus import parse_gpu_model
-from better_compute.domain.ids import check_key, check_tenant_id, parse_id
+from better_compute.domain.ids import NAMESPACE, check_key, check_tenant_id, keyed_or_new, parse_id
 from better_compute.domain.pki import PKI_ID, PkiBundle
 from better_compute.domain.policy import parse_policy, policy_to_dict
 from better_compute.domain.pool import NODE_CLASSES, Pool, parse_quota
@@ -60,6 +60,7 @@ class ComputeService:
         self.master_key_text: Callable[[], str] | None = None
         # The agents' gateway as `serve` publishes it (None in the CLI's in-process mode).
         self.gateway_url: str | None = None
+        self._id_namespace: UUID | None = None
 
     # ----------------------------------------------------------------- helpers
 
@@ -129,6 +130,17 @@ class ComputeService:
 
     def is_initialized(self) -> bool:
         return self._get(PkiBundle, PKI_ID) is not None
+
+    def new_id(self, tenant_id: str, kind: str, key: str | None) -> UUID:
+        """A create's aggregate id: from its idempotency key in this installation's
+        namespace (domain/ids.py), or random without a key."""
+        return keyed_or_new(tenant_id, kind, key, self.id_namespace() if key else NAMESPACE)
+
+    def id_namespace(self) -> UUID:
+        """This installation's namespace for keyed ids (read once: it never changes)."""
+        if self._id_namespace is None:
+            self._id_namespace = self.pki().id_namespace
+        return self._id_namespace
 
     def pki(self) -> PkiBundle:
         bundle = self._get(PkiBundle, PKI_ID)
@@ -277,9 +289,10 @@ class ComputeService:
             check_key(key)
         tenant = principal.tenant_id
         params = {"kind": kind, "region": region, "name": name or ""}
+        uuid = self.new_id(tenant, "site", key)
         site = self._create(
             Site,
-            lambda: Site(tenant_id=tenant, kind=kind, region=region, name=name or "", key=key,
+            lambda: Site.with_id(uuid, tenant_id=tenant, kind=kind, region=region, name=name or "", key=key,
                          fingerprint=fingerprint(params)),
             key=key, fp=fingerprint(params), what="site",
         )
@@ -330,9 +343,10 @@ class ComputeService:
         params = {"site": site.public_id, "class": node_class, "gpuModel": family,
                   "policy": checked, "name": name or ""}
         fp = fingerprint(params)
+        uuid = self.new_id(principal.tenant_id, "pool", key)
         pool = self._create(
             Pool,
-            lambda: Pool(tenant_id=principal.tenant_id, site_id=site.public_id,
+            lambda: Pool.with_id(uuid, tenant_id=principal.tenant_id, site_id=site.public_id,
                          node_class=node_class, gpu_model=family, policy=checked,
                          name=name or "", key=key, fingerprint=fp),
             key=key, fp=fp, what="pool",

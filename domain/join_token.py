@@ -34,7 +34,7 @@ from better_compute.domain.errors import (
     PermissionDenied,
     Unauthenticated,
 )
-from better_compute.domain.ids import keyed_uuid, new_uuid, parse_id, public_id
+from better_compute.domain.ids import NAMESPACE, keyed_or_new, parse_id, public_id
 
 JOIN_TOKEN_PREFIX = "bcjt_"
 MIN_TTL = timedelta(minutes=1)
@@ -228,8 +228,8 @@ class JoinToken(TenantOwned):
         self.ended_at: datetime | None = None
 
     @staticmethod
-    def new_uuid(tenant_id: str, key: str | None) -> UUID:
-        return keyed_uuid(tenant_id, "jointoken", key) if key else new_uuid()
+    def new_uuid(tenant_id: str, key: str | None, namespace: UUID = NAMESPACE) -> UUID:
+        return keyed_or_new(tenant_id, "jointoken", key, namespace)
 
     @classmethod
     def mint(

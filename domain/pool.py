@@ -64,6 +64,12 @@ class Pool(TenantOwned):
     def create_id(tenant_id: str, key: str | None, **_: Any) -> UUID:
         return keyed_uuid(tenant_id, "pool", key) if key else new_uuid()
 
+    @classmethod
+    def with_id(cls, id: UUID, **fields: Any) -> Pool:
+        """A new pool with the given aggregate id (the service's, in the installation's
+        namespace, domain/ids.py) instead of ``create_id``'s."""
+        return cls._create(cls.Created, id=id, **fields)  # type: ignore[attr-defined]
+
     def offer(self, to_tenant: str, quota: dict[str, int]) -> bool:
         """Offer the pool to a tenant (or change its quota). False when nothing changes."""
         if to_tenant == self.tenant_id:
