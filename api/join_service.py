@@ -162,6 +162,8 @@ class JoinService:
                 with contextlib.suppress(IntegrityError):
                     self.service.store.save(token)
             raise refusal
+        key_pin = pki.spki_pin(csr.public_key())
+        token.check_fresh(key_pin, request.nonce)  # a replayed request: before anything else
         hw = request.hardware
         hardware_key = check_binding(token.expect, hw.serial, hw.product_uuid, hw.macs)
         if self.service._get(Pool, parse_id("pool", token.pool_id)) is None:
@@ -176,11 +178,11 @@ class JoinService:
             site_id=token.site_id, join_token_id=token.public_id, role=NODE_ROLE,
             hardware_key=hardware_key, hardware=_hardware_doc(hw),
             gpus=[msgspec.to_builtins(g) for g in hw.gpus],
-            key_pin=pki.spki_pin(csr.public_key()),
+            key_pin=key_pin,
             certificate_serial=format(cert.serial_number, "x"), certificate_not_after=not_after,
             bcd_version=request.bcd_version,
         )
-        token.use(node_id, hardware_key, now)
+        token.use(node_id, hardware_key, now, key_pin=key_pin, nonce=request.nonce)
         try:
             self.service.store.save(token, node)
         except IntegrityError:

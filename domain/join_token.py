@@ -11,6 +11,11 @@ identifiers (``--expect-serial``, ``--expect-mac``, ``--expect-uuid``).
 ``joinToken.expired`` is recorded lazily: by the first join attempted after
 the token's end (that attempt is still refused and spends nothing). Until
 then, reads compute the state from the clock (:func:`effective_state`).
+
+Replays: each use records the SPKI pin of the node key and the SHA-256 of the
+request's nonce (``joinToken.used``), and the token refuses a request with a
+key or a nonce it has seen (``Conflict``), so a captured sealed request posted
+again joins nothing, however many uses the token has left.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ UNKNOWN_TOKEN = (
 
 def join_token_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def nonce_digest(nonce: str) -> str:
+    return hashlib.sha256(nonce.encode()).hexdigest()
 
 
 def make_secret(token_uuid: UUID, random_part: str) -> str:
@@ -285,18 +294,37 @@ class JoinToken(TenantOwned):
         self.state = "expired"
         self.ended_at = expired_at
 
-    def use(self, node_id: str, hardware_key: str, now: datetime) -> None:
+    def check_fresh(self, key_pin: str, nonce: str) -> None:
+        """Refuse a join request this token has seen: the same node key or the same nonce."""
+        if key_pin in getattr(self, "key_pins", []) or (
+                nonce_digest(nonce) in getattr(self, "nonce_digests", [])):
+            raise Conflict(
+                f"this join request was already used with join token {self.public_id} (its "
+                "node key or nonce was seen before): a replayed request joins nothing. bcd "
+                "makes a new key and nonce for every join: run bcd join again"
+            )
+
+    def use(self, node_id: str, hardware_key: str, now: datetime, key_pin: str | None = None,
+            nonce: str | None = None) -> None:
         refusal = self.refusal(now)
         if refusal is not None:
             raise refusal
-        self._used(node_id=node_id, hardware_key=hardware_key, used_at=now)
+        if key_pin is not None and nonce is not None:
+            self.check_fresh(key_pin, nonce)
+        self._used(node_id=node_id, hardware_key=hardware_key, used_at=now, key_pin=key_pin,
+                   nonce_sha256=nonce_digest(nonce) if nonce is not None else None)
         if self.uses >= self.max_uses:
             self._exhausted(exhausted_at=now)
 
     @event("Used", topic="joinToken.used")
-    def _used(self, node_id: str, hardware_key: str, used_at: datetime) -> None:
+    def _used(self, node_id: str, hardware_key: str, used_at: datetime,
+              key_pin: str | None = None, nonce_sha256: str | None = None) -> None:
+        # key_pin and nonce_sha256: None in uses recorded before replays were checked.
         self.uses += 1
         self.node_ids = [*self.node_ids, node_id]
+        self.key_pins = [*getattr(self, "key_pins", []), *([key_pin] if key_pin else [])]
+        self.nonce_digests = [*getattr(self, "nonce_digests", []),
+                              *([nonce_sha256] if nonce_sha256 else [])]
 
     @event("Exhausted", topic="joinToken.exhausted")
     def _exhausted(self, exhausted_at: datetime) -> None:
