@@ -9,7 +9,9 @@ otherwise the store is ``store.sqlite`` in ``BETTER_COMPUTE_DATA_DIR``
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -194,11 +196,34 @@ class ComputeStore(Application[Any]):
         return SqlRunner(self)
 
 
+def private_sqlite_files(path: Path) -> None:
+    """The data dir 0700 and the store's files 0600, whoever created them (issue #10).
+
+    The dir is tightened when it exists with looser modes; ``store.sqlite`` is
+    created 0600 before SQLite opens it, and SQLite creates its ``-wal`` and
+    ``-shm`` files with the database file's mode. Files another user owns are
+    left as they are (the open then fails or succeeds on its own).
+    """
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _tighten(folder, 0o700)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.name}-journal"):
+        _tighten(folder / name, 0o600)
+
+
+def _tighten(path: Path, mode: int) -> None:
+    with contextlib.suppress(FileNotFoundError, PermissionError):
+        if stat.S_IMODE(path.lstat().st_mode) & ~mode and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 def open_store(config: StoreConfig) -> ComputeStore:
     """The store of ``config``; on PostgreSQL, call it inside ``setup_lock(config)``."""
     if config.backend == "sqlite":
         assert config.sqlite_path is not None
-        config.sqlite_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_sqlite_files(config.sqlite_path)
     try:
         return ComputeStore(env=config.library_env())
     except Exception as exc:  # the library raises OperationalError / OSError subclasses
