@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from anyio.testing import wait_all_tasks_blocked
+from anyio import wait_all_tasks_blocked
 
 from better_compute.api.http_limits import Admission
 from better_compute.domain.errors import RateLimited
