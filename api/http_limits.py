@@ -4,6 +4,8 @@
   is refused (HTTP 413) before a byte is read; a body without one (chunked) or
   with a false one is read chunk by chunk and cut off (413) as soon as it
   passes the cap. So a request never holds more than 1 MiB and one chunk.
+  Every refusal made before the body is read closes the connection, so the
+  rest of an unwanted body is never received.
 - The content type is ``application/json`` (parameters such as a charset
   allowed); anything else, or none, is HTTP 415.
 - Calls per token (``Admission``): the store's worker threads are shared by
@@ -48,9 +50,14 @@ def _rpc_error(status: int, message: str, *, rpc_code: int = -32600,
     )
 
 
+# A refusal sent before the body was read closes the connection after it: otherwise the
+# server would go on receiving (and decrypting) an unwanted body to reach the next request.
+_CLOSE = {"connection": "close"}
+
+
 def too_large() -> Response:
     return _rpc_error(413, "request body over 1 MiB: send one JSON-RPC request of at most "
-                           "1 MiB (1,048,576 bytes)")
+                           "1 MiB (1,048,576 bytes)", headers=_CLOSE)
 
 
 def refuse_headers(request: Request) -> Response | None:
@@ -58,14 +65,15 @@ def refuse_headers(request: Request) -> Response | None:
     length = request.headers.get("content-length")
     if length is not None:
         if not length.strip().isdigit():
-            return _rpc_error(400, f"Content-Length {length[:40]!r} is not a number of bytes")
+            return _rpc_error(400, f"Content-Length {length[:40]!r} is not a number of bytes",
+                              headers=_CLOSE)
         if int(length) > MAX_BODY:
             return too_large()
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media not in JSON_TYPES:
         shown = repr(media[:60]) if media else "no content type"
         return _rpc_error(415, f"the body must be JSON-RPC with Content-Type: application/json; "
-                               f"this request has {shown}")
+                               f"this request has {shown}", headers=_CLOSE)
     return None
 
 

@@ -46,6 +46,8 @@ ATTRIBUTES: dict[str, str] = {
     "healthy": "bool",
 }
 _OPS = ("==", "!=", "<=", ">=", "<", ">")
+# One match per token, each starting where the last one ended: ``end`` at the end of the
+# text, ``bad`` for any character that starts no token.
 _TOKEN_RE = re.compile(
     r"""\s*(?:
         (?P<number>\d+(?:\.\d+)?)
@@ -53,19 +55,20 @@ _TOKEN_RE = re.compile(
       | (?P<op>==|!=|<=|>=|<|>)
       | (?P<punct>[()\[\],])
       | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
+      | (?P<end>\Z)
+      | (?P<bad>.)
     )""",
-    re.VERBOSE,
+    re.VERBOSE | re.DOTALL,
 )
-_SPACE_RE = re.compile(r"\s*")
 _KEYWORDS = {"and", "or", "not", "in", "true", "false"}
-MAX_LENGTH = 4096
+MAX_LENGTH = 1024
 MAX_DEPTH = 32
 MAX_NUMBER_CHARS = 20
 
 Predicate = Callable[[Mapping[str, Any]], bool]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Token:
     kind: str  # number | string | op | punct | word | end
     text: str
@@ -94,37 +97,36 @@ def _error(text: str, pos: int, problem: str, hint: str) -> InvalidInput:
 def _tokenize(text: str) -> list[_Token]:
     tokens: list[_Token] = []
     pos = 0
-    size = len(text)
+    match = _TOKEN_RE.match
     while True:
-        start = _SPACE_RE.match(text, pos)
-        pos = start.end() if start is not None else pos
-        if pos >= size:
+        found = match(text, pos)
+        assert found is not None  # ``bad`` matches any character, ``end`` the end
+        kind = found.lastgroup or ""
+        start = found.start(kind)
+        if kind == "end":
             break
-        match = _TOKEN_RE.match(text, pos)
-        if match is None or match.end() == pos:
-            if text[pos] in "'\"":
-                raise _error(text, pos, "a string is not closed", f"end it with {text[pos]}")
+        raw = found.group(kind)
+        if kind == "bad":
+            if raw in "'\"":
+                raise _error(text, start, "a string is not closed", f"end it with {raw}")
             raise _error(
-                text, pos, f"unexpected character {text[pos]!r}",
+                text, start, f"unexpected character {raw!r}",
                 "use attributes, comparisons (== != < <= > >=), and/or/not, parentheses, "
                 "numbers and quoted strings",
             )
-        kind = match.lastgroup or ""
-        raw = match.group(kind)
-        start_at = match.start(kind)
         value: Any = None
         if kind == "number":
             if len(raw) > MAX_NUMBER_CHARS:
-                raise _error(text, start_at, f"a number of {len(raw)} characters",
+                raise _error(text, start, f"a number of {len(raw)} characters",
                              f"write numbers of at most {MAX_NUMBER_CHARS} characters")
             value = float(raw) if "." in raw else int(raw)
         elif kind == "string":
             value = raw[1:-1]
         elif kind == "word" and raw in ("true", "false"):
             value = raw == "true"
-        tokens.append(_Token(kind, raw, start_at, value))
-        pos = match.end()
-    tokens.append(_Token("end", "", size))
+        tokens.append(_Token(kind, raw, start, value))
+        pos = found.end()
+    tokens.append(_Token("end", "", len(text)))
     return tokens
 
 

@@ -56,6 +56,7 @@ def test_a_content_length_over_1_mib_is_refused_before_reading(world: World) -> 
                               "content-length": str(300 * MiB)}, _forever(b" " * 65536))
     assert got.status == 413
     assert got.chunks_read == 0
+    assert got.headers["connection"] == "close"  # the rest of the body is never received
     assert json.loads(got.body)["error"]["data"]["code"] == "invalid_request"
 
 
@@ -65,6 +66,7 @@ def test_a_streamed_body_is_cut_off_once_past_1_mib(world: World) -> None:
                               "transfer-encoding": "chunked"}, _forever(b" " * 65536))
     assert got.status == 413
     assert got.chunks_read <= MiB // 65536 + 1, got.chunks_read
+    assert got.headers["connection"] == "close"
     assert "1 MiB" in json.loads(got.body)["error"]["message"]
     assert world.head() == before
 
