@@ -4,8 +4,10 @@
   is refused (HTTP 413) before a byte is read; a body without one (chunked) or
   with a false one is read chunk by chunk and cut off (413) as soon as it
   passes the cap. So a request never holds more than 1 MiB and one chunk.
-  Every refusal made before the body is read closes the connection, so the
-  rest of an unwanted body is never received.
+  Every refusal made before the body is read closes the connection, and
+  ``protocol_class`` aborts it one second later if the body is still coming
+  (a TLS close otherwise goes on reading, and decrypting, whatever the client
+  sends for up to 30 s while it waits for the client's close_notify).
 - The content type is ``application/json`` (parameters such as a charset
   allowed); anything else, or none, is HTTP 415.
 - Calls per token (``Admission``): the store's worker threads are shared by
@@ -36,6 +38,7 @@ from starlette.responses import JSONResponse, Response
 from better_compute.domain.errors import RateLimited
 
 MAX_BODY = 1 << 20
+ABORT_UNREAD_BODY_AFTER = 1.0  # seconds a refused request's body may go on arriving
 QUEUE_PER_CALLER = 16
 JSON_TYPES = ("application/json",)
 
@@ -152,3 +155,27 @@ class Admission:
             gate.users -= 1
             if gate.users == 0:
                 del self._gates[key]
+
+
+def protocol_class() -> Any:
+    """uvicorn's HTTP/1.1 protocol (httptools) that ends a connection whose request body
+    is still arriving ``ABORT_UNREAD_BODY_AFTER`` seconds after its response completed
+    and closed the connection; "auto" where httptools is not installed."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # pragma: no cover - httptools is a dependency
+        return "auto"
+
+    class BoundedHttpProtocol(HttpToolsProtocol):
+        def on_response_complete(self) -> None:
+            cycle = self.cycle
+            super().on_response_complete()
+            if self.transport.is_closing() and cycle is not None and cycle.more_body:
+                self.loop.call_later(ABORT_UNREAD_BODY_AFTER, _abort, self.transport)
+
+    return BoundedHttpProtocol
+
+
+def _abort(transport: Any) -> None:
+    with contextlib.suppress(Exception):  # already gone: nothing to end
+        transport.abort()
