@@ -45,6 +45,8 @@ from typing import Any
 
 import httpx
 
+from better_compute.benchmarks.reservations import _drop  # a PostgreSQL schema goes too
+
 CLI = str(Path(sys.executable).parent / "better-compute")
 MB = 1_000_000
 
@@ -281,19 +283,18 @@ def _whoami_probe(url: str, ca_file: str, token: str) -> None:
 # ------------------------------------------------------------------------- main
 
 
-def _setup(env: dict[str, str]) -> tuple[dict[str, str], str]:
+def populate(env: dict[str, str]) -> tuple[dict[str, str], str]:
+    """On an initialized store: tenant acme with an admin and a read-only token, and a pool
+    offered to it. Returns those tokens (``admin``, ``reader``) and the pool's id."""
     from better_compute.api.runtime import Runtime
     from better_compute.domain.access import LOCAL_OPERATOR
 
-    done = subprocess.run([CLI, "init"], env=env, capture_output=True, text=True, check=True)
-    tokens = {"root": done.stdout.strip().splitlines()[-1]}
     runtime = Runtime.open(env)
     try:
         service = runtime.service
         service.tenants_create(LOCAL_OPERATOR, "acme", None)
-        tokens["admin"] = service.tokens_create(LOCAL_OPERATOR, "acme", "admin", None)["token"]
-        tokens["reader"] = service.tokens_create(LOCAL_OPERATOR, "acme", "read-only",
-                                                 None)["token"]
+        tokens = {role: service.tokens_create(LOCAL_OPERATOR, "acme", name, None)["token"]
+                  for role, name in (("admin", "admin"), ("reader", "read-only"))}
         site = service.sites_create(LOCAL_OPERATOR, "shared", "eu-1", None, None)["id"]
         pool = service.pools_create(
             LOCAL_OPERATOR, site, "metal-host", "H100",
@@ -325,7 +326,10 @@ def main(argv: list[str] | None = None) -> int:
             if not args.pg_url:
                 raise SystemExit("--backend postgres needs --pg-url (or BC_TEST_PG_URL)")
             env["BETTER_COMPUTE_DATABASE_URL"] = f"{args.pg_url}?schema=h_{uuid.uuid4().hex[:12]}"
-        tokens, pool = _setup(env)
+        done = subprocess.run([CLI, "init"], env=env, capture_output=True, text=True,
+                              check=True)
+        tokens, pool = populate(env)
+        tokens["root"] = done.stdout.strip().splitlines()[-1]
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -343,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.terminate()
             server.wait(timeout=30)
+            _drop(env)
     summary = report.summary()
     print(f"backend {args.backend}; scenario {vars(scenario)}; load average before {load}, "
           f"after {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")

@@ -114,6 +114,11 @@ def _all_subclasses(cls: type[BetterComputeError]) -> list[type[BetterComputeErr
     return out
 
 
+def error_codes() -> set[str]:
+    """Every stable code of the tree (what ``data.code`` of an error can be)."""
+    return {cls.code for cls in [BetterComputeError, *_all_subclasses(BetterComputeError)]}
+
+
 def error_from_code(code: str, message: str, data: dict[str, Any] | None = None) -> BetterComputeError:
     """Rebuild the error class named by a wire ``code`` (unknown codes stay generic)."""
     for cls in [BetterComputeError, *_all_subclasses(BetterComputeError)]:

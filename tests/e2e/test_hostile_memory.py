@@ -14,31 +14,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from better_compute.benchmarks.hostile import Scenario, Target, anonymous_post, attack
-from better_compute.domain.access import LOCAL_OPERATOR
-from tests.support import initialize, open_runtime, serve
+from better_compute.benchmarks.hostile import (
+    Scenario,
+    Target,
+    anonymous_post,
+    attack,
+    populate,
+)
+from tests.support import initialize, serve
 
 RSS_BOUND_MB = 300
 
 
 def test_the_server_stays_under_300_mb_under_hostile_load(env: dict[str, str]) -> None:
     root = initialize(env)
-    runtime = open_runtime(env)
-    try:
-        service = runtime.service
-        service.tenants_create(LOCAL_OPERATOR, "acme", None)
-        tokens = {
-            "root": root,
-            "admin": service.tokens_create(LOCAL_OPERATOR, "acme", "admin", None)["token"],
-            "reader": service.tokens_create(LOCAL_OPERATOR, "acme", "read-only", None)["token"],
-        }
-        site = service.sites_create(LOCAL_OPERATOR, "shared", "eu-1", None, None)["id"]
-        pool = service.pools_create(
-            LOCAL_OPERATOR, site, "metal-host", "H100",
-            {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}, None, None)["id"]
-        service.pools_offer(LOCAL_OPERATOR, pool, "acme", {"gpu": 8})
-    finally:
-        runtime.close()
+    tokens, pool = populate(env)
+    tokens["root"] = root
     ca_file = str(Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem")
     with serve(env) as server:
         target = Target(server.url, server.process.pid, ca_file, tokens, pool)

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from better_compute.api import rpc
-from better_compute.domain.errors import BetterComputeError
+from better_compute.domain.errors import error_codes
 from tests.fuzzing import params_for
 from tests.hostile import ROLES, App, World, build_world
 
@@ -33,17 +33,7 @@ EXAMPLES = int(os.environ.get("BC_FUZZ_EXAMPLES", "8"))
 PROTOCOL_CODES = {"invalid_request", "method_not_found"}
 
 
-def _stable_codes() -> set[str]:
-    codes = {BetterComputeError.code} | PROTOCOL_CODES
-    stack: list[type[BetterComputeError]] = [BetterComputeError]
-    while stack:
-        for sub in stack.pop().__subclasses__():
-            codes.add(sub.code)
-            stack.append(sub)
-    return codes
-
-
-STABLE = _stable_codes()
+STABLE = error_codes() | PROTOCOL_CODES
 
 
 @pytest.fixture
