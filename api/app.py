@@ -36,7 +36,7 @@ class ServerState:
     limiter: anyio.CapacityLimiter
     gateway_url: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    # Calls per token (api/http_limits.py): half of the limiter's workers at most.
+    # Calls per token (api/http_limits.py): a quarter of the limiter's workers at most.
     admission: http_limits.Admission = field(init=False)
 
     def __post_init__(self) -> None:

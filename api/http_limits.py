@@ -12,12 +12,14 @@
   allowed); anything else, or none, is HTTP 415.
 - Calls per token (``Admission``): the store's worker threads are shared by
   every caller (the server's CapacityLimiter). One token, or one anonymous
-  client address, runs at most half of them at once; its further calls wait
-  their turn in order, up to ``QUEUE_PER_CALLER`` of them, and beyond that
-  are refused at once with ``rate_limited`` (HTTP 429, ``Retry-After: 1``).
-  So one caller, however many calls it sends in parallel, leaves the other
-  half of the workers to everybody else, and holds a bounded amount of memory
-  while it waits.
+  client address, runs at most a quarter of them at once; its further calls
+  wait their turn in order, up to ``QUEUE_PER_CALLER`` of them, and beyond
+  that are refused at once with ``rate_limited`` (HTTP 429, ``Retry-After:
+  1``). So one caller, however many calls it sends in parallel, leaves most
+  workers (and most of the interpreter's time: the workers share one GIL) to
+  everybody else, and holds a bounded amount of memory while it waits. A
+  quarter, not a half: with 10 parallel maximal selectors from one token,
+  root's whoami p99 went from 326 to 146 ms (docs/performance.md).
 
 The table of every bound is in docs/security.md ("Bounds").
 """
@@ -132,8 +134,8 @@ class Admission:
 
     @classmethod
     def for_limiter(cls, limiter: anyio.CapacityLimiter) -> Admission:
-        """Half of the shared workers per caller (at least one)."""
-        return cls(int(limiter.total_tokens) // 2)
+        """A quarter of the shared workers per caller (at least one)."""
+        return cls(int(limiter.total_tokens) // 4)
 
     @contextlib.asynccontextmanager
     async def slot(self, key: str) -> AsyncIterator[None]:

@@ -16,7 +16,8 @@ runs at once (issue #10's acceptance):
   ``--name-mb`` MB (each a body just under the 1 MiB cap);
 - ``--selectors`` threads sending ``capacity.preview`` with a selector of the
   maximal length (domain/selectors.py MAX_LENGTH), over and over, as acme's read-only token;
-- ``--events`` sites created by root meanwhile (events the watchers do not read);
+- ``--events`` sites created meanwhile by another root administrator's token (events
+  the watchers do not read);
 - root's ``system.whoami`` in a loop on one kept-alive connection, from a
   separate process (so the attackers' threads do not delay its own timing).
 
@@ -70,7 +71,7 @@ class Target:
     url: str  # https://127.0.0.1:PORT
     pid: int
     ca_file: str
-    tokens: dict[str, str]  # root, admin (acme), reader (acme read-only)
+    tokens: dict[str, str]  # root, writer (root admin), admin (acme), reader (acme read-only)
     pool: str
 
 
@@ -214,7 +215,7 @@ def attack(target: Target, scenario: Scenario) -> Report:
     def events(part: range) -> None:
         with client() as http:
             for i in part:
-                note("events", _rpc(http, target.tokens["root"], "sites.create",
+                note("events", _rpc(http, target.tokens["writer"], "sites.create",
                                     {"kind": "shared", "region": "eu-1",
                                      "name": f"site {i} " + "s" * 180}))
 
@@ -284,8 +285,10 @@ def _whoami_probe(url: str, ca_file: str, token: str) -> None:
 
 
 def populate(env: dict[str, str]) -> tuple[dict[str, str], str]:
-    """On an initialized store: tenant acme with an admin and a read-only token, and a pool
-    offered to it. Returns those tokens (``admin``, ``reader``) and the pool's id."""
+    """On an initialized store: tenant acme with an admin and a read-only token, another
+    root administrator's token (``writer``: it writes the events, so that root's whoami
+    never waits behind its own token's calls), and a pool offered to acme. Returns those
+    tokens (``admin``, ``reader``, ``writer``) and the pool's id."""
     from better_compute.api.runtime import Runtime
     from better_compute.domain.access import LOCAL_OPERATOR
 
@@ -293,8 +296,10 @@ def populate(env: dict[str, str]) -> tuple[dict[str, str], str]:
     try:
         service = runtime.service
         service.tenants_create(LOCAL_OPERATOR, "acme", None)
-        tokens = {role: service.tokens_create(LOCAL_OPERATOR, "acme", name, None)["token"]
-                  for role, name in (("admin", "admin"), ("reader", "read-only"))}
+        tokens = {role: service.tokens_create(LOCAL_OPERATOR, tenant, name, None)["token"]
+                  for role, tenant, name in (("admin", "acme", "admin"),
+                                             ("reader", "acme", "read-only"),
+                                             ("writer", "root", "admin"))}
         site = service.sites_create(LOCAL_OPERATOR, "shared", "eu-1", None, None)["id"]
         pool = service.pools_create(
             LOCAL_OPERATOR, site, "metal-host", "H100",

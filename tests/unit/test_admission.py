@@ -1,6 +1,6 @@
 """Calls per token (api/http_limits.py): one caller never takes every store worker.
 
-One token (or one anonymous address) runs at most half of the shared workers
+One token (or one anonymous address) runs at most a quarter of the shared workers
 at once; its next calls wait in order up to a bound, then get ``rate_limited``
 at once. Another caller is admitted meanwhile without waiting.
 """
@@ -18,7 +18,7 @@ from better_compute.domain.errors import RateLimited
 def test_one_caller_runs_half_the_workers_and_queues_a_bounded_number() -> None:
     async def main() -> None:
         admission = Admission.for_limiter(anyio.CapacityLimiter(8))
-        assert admission.per_caller == 4
+        assert admission.per_caller == 2
         admission = Admission(per_caller=2, queue=3)
         release = anyio.Event()
         running: list[int] = []
