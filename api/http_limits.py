@@ -94,11 +94,11 @@ async def read_body(request: Request, limit: int = MAX_BODY) -> bytes | None:
     return b"".join(chunks)
 
 
-def caller_key(request: Request, token: str | None) -> str:
+def caller_key(request: Request | None, token: str | None) -> str:
     """Whose turn a call takes: its bearer token's (hashed), or its client address's."""
     if token:
         return "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
-    client = request.client.host if request.client else "unknown"
+    client = request.client.host if request is not None and request.client else "unknown"
     return "anonymous:" + client
 
 

@@ -11,8 +11,10 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 
+from better_compute.api import http_limits
 from tests.hostile import App, World, build_world, code_of, raw_post
 
 MiB = 1 << 20
@@ -173,6 +175,41 @@ def test_deep_params_are_refused(app: App, world: World, params: dict[str, Any])
     refused(app, world, "pools.create", "root",
             {"siteId": world.ids["site"], "class": "metal-host", "gpuModel": "H100",
              "policy": policy}, code="invalid_input")
+
+
+# ------------------------------------------------- item 2: calls of one token at once
+
+
+def test_a_token_with_too_many_calls_is_rate_limited_and_others_are_not(
+        app: App, world: World) -> None:
+    admission = app.app.state.bc.admission
+    key = http_limits.caller_key(None, world.tokens["reader"])
+    release = app.portal.call(anyio.Event)
+    full = admission.per_caller + admission.queue
+
+    async def hold() -> None:
+        async with admission.slot(key):
+            await release.wait()
+
+    for _ in range(full):  # the token's running and waiting calls, all taken
+        app.portal.start_task_soon(hold)
+    app.portal.call(_until, lambda: admission._gates[key].users == full)
+    body = json.dumps({"jsonrpc": "2.0", "id": 42, "method": "system.whoami"}).encode()
+    refused = app.post(body, world.tokens["reader"])
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json()["id"] == 42
+    assert refused.json()["error"]["data"]["code"] == "rate_limited"
+    assert "retry" in refused.json()["error"]["message"]
+    assert app.call("system.whoami", world.tokens["root"])["result"]["tenantId"] == "root"
+    app.portal.call(release.set)
+    app.portal.call(_until, lambda: key not in admission._gates)
+    assert app.call("system.whoami", world.tokens["reader"])["result"]["role"] == "read-only"
+
+
+async def _until(condition: Any) -> None:
+    with anyio.fail_after(20):
+        while not condition():
+            await anyio.sleep(0.01)
 
 
 # --------------------------------------------------------------- item 9: smaller
