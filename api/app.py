@@ -19,15 +19,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import better_compute.api.methods  # noqa: F401  (registers every JSON-RPC method)
-from better_compute.api import console, join_routes, readiness, rpc, watch
+from better_compute.api import console, http_limits, join_routes, readiness, rpc, watch
 from better_compute.api.runtime import Runtime
 from better_compute.api.supervise import supervised
 from better_compute.domain.access import Principal
+from better_compute.domain.errors import RateLimited
 
 API_PREFIX = "/api/compute"
 # A lifespan task: ``async def task(state, *, task_status)``, started with tg.start.
 LifespanTask = Callable[..., Awaitable[Any]]
-MAX_BODY = 1 << 20
+MAX_BODY = http_limits.MAX_BODY
 
 
 @dataclass
@@ -36,6 +37,11 @@ class ServerState:
     limiter: anyio.CapacityLimiter
     gateway_url: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Calls per token (api/http_limits.py): a quarter of the limiter's workers at most.
+    admission: http_limits.Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = http_limits.Admission.for_limiter(self.limiter)
 
 
 def _bearer(request: Request) -> str | None:
@@ -46,23 +52,27 @@ def _bearer(request: Request) -> str | None:
 
 async def rpc_endpoint(request: Request) -> Response:
     state: ServerState = request.app.state.bc
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        return JSONResponse(
-            {"jsonrpc": "2.0", "id": None, "error": {
-                "code": -32600, "message": "request body over 1 MiB",
-                "data": {"code": "invalid_request"}}},
-            status_code=413,
-        )
+    refusal = http_limits.refuse_headers(request)  # size and content type, before reading
+    if refusal is not None:
+        return refusal
+    body = await http_limits.read_body(request)
+    if body is None:
+        return http_limits.too_large()
     token = _bearer(request)
     service = state.runtime.service
 
     def authenticate() -> Principal:
         return service.authenticate(token)
 
-    answer = await anyio.to_thread.run_sync(
-        rpc.handle, body, service, authenticate, limiter=state.limiter
-    )
+    try:
+        async with state.admission.slot(http_limits.caller_key(request, token)):
+            answer = await anyio.to_thread.run_sync(
+                rpc.handle, body, service, authenticate, limiter=state.limiter
+            )
+    except RateLimited as exc:
+        return http_limits.rate_limited(exc, body)
+    if not answer:  # a notification: JSON-RPC answers nothing
+        return Response(status_code=204)
     return Response(answer, media_type="application/json")
 
 

@@ -27,7 +27,7 @@ from better_compute.api.wire.join import WellKnown
 from better_compute.domain.errors import BetterComputeError
 
 PREFIX = "/api/compute"
-DOWNLOAD_NAME_RE = re.compile(r"^bcd_[0-9A-Za-z][0-9A-Za-z.+~-]{0,63}_linux_(amd64|arm64)$")
+DOWNLOAD_NAME_RE = re.compile(r"^bcd_[0-9A-Za-z][0-9A-Za-z.+~-]{0,63}_linux_(amd64|arm64)\Z")
 
 
 def well_known_document(public: dict[str, str], api_url: str | None,

@@ -46,7 +46,6 @@ from better_compute.domain.reservation import (
     STATES,
     Reservation,
     new_allocation_id,
-    reservation_uuid,
 )
 from better_compute.domain.selectors import parse_selector
 from better_compute.projections.reservations import list_reservations
@@ -54,6 +53,7 @@ from better_compute.projections.reservations import list_reservations
 MAX_GPUS = 1024
 MIN_DURATION = timedelta(minutes=1)
 MAX_DURATION = timedelta(days=366)
+MAX_START_AHEAD = timedelta(days=366)
 PLACEMENT_DEADLINE_S = 30.0  # how long a create keeps placing again after conflicts
 
 
@@ -129,7 +129,7 @@ class ReservationService(ReservationBinding):
         length = parse_duration(duration, flag="--for")
         if not MIN_DURATION <= length <= MAX_DURATION:
             raise InvalidInput(f"--for {duration} is out of range: reserve for 1m to 366d")
-        begin = parse_start(start, now) if start else now
+        begin = parse_start(start, now, latest=MAX_START_AHEAD) if start else now
         begin = max(begin, now)  # a start in the past means now
         return begin, begin + length
 
@@ -152,7 +152,7 @@ class ReservationService(ReservationBinding):
                   "nvlink": request.nvlink, "start": start or None}
         params |= {"kubernetes": True} if kubernetes else {}  # old keys keep their print
         fp = fingerprint(params)
-        uuid = reservation_uuid(tenant, key)
+        uuid = self.service.new_id(tenant, "reservation", key)
         if key:
             existing = self.get(Reservation, uuid)
             if existing is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import uvicorn
 
-from better_compute.api import pki
+from better_compute.api import http_limits, pki
 from better_compute.api.app import LifespanTask, build_app
 from better_compute.api.controllers.runner import run_controllers
 from better_compute.api.net import is_loopback
@@ -171,7 +171,8 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
              + (f" (certificate for {', '.join(names)})" if names else " (plain HTTP, loopback only)")
              + gateway_note)
     config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
-                            access_log=False, lifespan="on", **ssl)  # type: ignore[arg-type]
+                            access_log=False, lifespan="on", http=http_limits.protocol_class(),
+                            **ssl)  # type: ignore[arg-type]
     server = _Server(config, ready)
     try:
         server.run()

@@ -9,10 +9,12 @@ otherwise the store is ``store.sqlite`` in ``BETTER_COMPUTE_DATA_DIR``
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -52,7 +54,7 @@ class StoreConfig:
     backend: str  # "sqlite" | "postgres"
     data_dir: Path
     sqlite_path: Path | None = None
-    pg: dict[str, str] | None = None
+    pg: dict[str, str] | None = field(default=None, repr=False)  # holds the password
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StoreConfig:
@@ -62,6 +64,10 @@ class StoreConfig:
         if not url:
             return cls("sqlite", data_dir, sqlite_path=data_dir / "store.sqlite")
         return cls("postgres", data_dir, pg=_parse_pg_url(url))
+
+    @property
+    def password(self) -> str | None:
+        return (self.pg or {}).get("POSTGRES_PASSWORD") or None
 
     def describe(self) -> str:
         if self.backend == "sqlite":
@@ -97,23 +103,51 @@ class StoreConfig:
         }
 
 
+def redact_url(url: str) -> str:
+    """``url`` with its password (and anything that may be one) replaced by ***."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***" if "@" in url or ":" in url else url
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in userinfo else url
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` (an error message from a library, say) with ``secret`` replaced by ***."""
+    return text.replace(secret, "***") if secret else text
+
+
+_PG_URL_FORM = "postgresql://USER:PASSWORD@HOST:PORT/DBNAME"
+
+
 def _parse_pg_url(url: str) -> dict[str, str]:
-    parsed = urlparse(url)
+    shown = redact_url(url)
+    try:
+        parsed = urlparse(url)
+        port = parsed.port
+    except ValueError:  # a port that is not a number, a broken [IPv6] host
+        raise InvalidInput(
+            f"BETTER_COMPUTE_DATABASE_URL {shown!r} is not a valid URL (its port is not a "
+            f"number, or a [ of an IPv6 host is not closed): write {_PG_URL_FORM}"
+        ) from None
     if parsed.scheme not in ("postgresql", "postgres"):
         raise InvalidInput(
-            f"BETTER_COMPUTE_DATABASE_URL {url!r} is not a PostgreSQL URL: write "
-            "postgresql://USER:PASSWORD@HOST:PORT/DBNAME, or unset it to use SQLite"
+            f"BETTER_COMPUTE_DATABASE_URL {shown!r} is not a PostgreSQL URL: write "
+            f"{_PG_URL_FORM}, or unset it to use SQLite"
         )
     dbname = unquote(parsed.path.lstrip("/"))
     if not parsed.hostname or not parsed.username or not dbname:
         raise InvalidInput(
-            "BETTER_COMPUTE_DATABASE_URL needs a user, a host and a database name: "
-            "postgresql://USER:PASSWORD@HOST:PORT/DBNAME"
+            f"BETTER_COMPUTE_DATABASE_URL {shown!r} needs a user, a host and a database name: "
+            f"{_PG_URL_FORM}"
         )
     params = parse_qs(parsed.query)
     out = {
         "POSTGRES_HOST": parsed.hostname,
-        "POSTGRES_PORT": str(parsed.port or 5432),
+        "POSTGRES_PORT": str(port or 5432),
         "POSTGRES_USER": unquote(parsed.username),
         "POSTGRES_PASSWORD": unquote(parsed.password or ""),
         "POSTGRES_DBNAME": dbname,
@@ -172,16 +206,40 @@ class ComputeStore(Application[Any]):
         return SqlRunner(self)
 
 
+def private_sqlite_files(path: Path) -> None:
+    """The data dir 0700 and the store's files 0600, whoever created them (issue #10).
+
+    The dir is tightened when it exists with looser modes; ``store.sqlite`` is
+    created 0600 before SQLite opens it, and SQLite creates its ``-wal`` and
+    ``-shm`` files with the database file's mode. Files another user owns are
+    left as they are (the open then fails or succeeds on its own).
+    """
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _tighten(folder, 0o700)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.name}-journal"):
+        _tighten(folder / name, 0o600)
+
+
+def _tighten(path: Path, mode: int) -> None:
+    with contextlib.suppress(FileNotFoundError, PermissionError):
+        if stat.S_IMODE(path.lstat().st_mode) & ~mode and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 def open_store(config: StoreConfig) -> ComputeStore:
     """The store of ``config``; on PostgreSQL, call it inside ``setup_lock(config)``."""
     if config.backend == "sqlite":
         assert config.sqlite_path is not None
-        config.sqlite_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_sqlite_files(config.sqlite_path)
     try:
         store = ComputeStore(env=config.library_env())
     except Exception as exc:  # the library raises OperationalError / OSError subclasses
         raise Unavailable(
-            f"cannot open the event store ({config.describe()}): {exc}. Check "
+            f"cannot open the event store ({config.describe()}): "
+            f"{redact(str(exc), config.password)}. Check "
             "BETTER_COMPUTE_DATABASE_URL or BETTER_COMPUTE_DATA_DIR"
         ) from None
     datastore = store.recorder.datastore  # type: ignore[attr-defined]
@@ -232,7 +290,8 @@ def setup_lock(config: StoreConfig) -> Iterator[None]:
             dbname=config.pg["POSTGRES_DBNAME"], connect_timeout=10, autocommit=True,
         )
     except psycopg.Error as exc:
-        raise Unavailable(f"cannot reach PostgreSQL ({config.describe()}): {exc}") from None
+        raise Unavailable(f"cannot reach PostgreSQL ({config.describe()}): "
+                          f"{redact(str(exc), config.password)}") from None
     with conn:
         try:
             conn.execute(f"SET lock_timeout = '{SETUP_LOCK_TIMEOUT}'")
@@ -243,7 +302,8 @@ def setup_lock(config: StoreConfig) -> Iterator[None]:
                     sql.Identifier(schema)))
         except psycopg.Error as exc:
             raise Unavailable(
-                f"cannot set up the event store ({config.describe()}): {exc}. Processes that "
+                f"cannot set up the event store ({config.describe()}): "
+                f"{redact(str(exc), config.password)}. Processes that "
                 f"open one store set it up one at a time, each waiting up to "
                 f"{SETUP_LOCK_TIMEOUT}: if another one is stuck, stop it and try again"
             ) from None

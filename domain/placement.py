@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from better_compute.domain.errors import NoCapacity
-from better_compute.domain.gpus import gpu_family
+from better_compute.domain.gpus import gpu_family, gpu_is_healthy
 from better_compute.domain.selectors import Selector
 
 
@@ -47,7 +47,7 @@ def gpu_attributes(gpu: Mapping[str, Any]) -> dict[str, Any]:
         "name": name or None,
         "nvlinkDomain": gpu.get("nvlinkDomain"),
         "index": gpu.get("index"),
-        "healthy": bool(gpu.get("healthy", True)),
+        "healthy": gpu_is_healthy(gpu),
     }
 
 

@@ -27,7 +27,7 @@ from eventsourcing.domain import event
 
 from better_compute.domain.base import TenantOwned, iso
 from better_compute.domain.errors import Conflict
-from better_compute.domain.ids import keyed_uuid, new_uuid, public_id
+from better_compute.domain.ids import NAMESPACE, keyed_or_new, new_uuid, public_id
 
 PLACED = "placed"
 BINDING = "binding"
@@ -47,8 +47,8 @@ def new_allocation_id() -> str:
     return public_id("alloc", new_uuid())
 
 
-def reservation_uuid(tenant_id: str, key: str | None) -> UUID:
-    return keyed_uuid(tenant_id, "reservation", key) if key else new_uuid()
+def reservation_uuid(tenant_id: str, key: str | None, namespace: UUID = NAMESPACE) -> UUID:
+    return keyed_or_new(tenant_id, "reservation", key, namespace)
 
 
 class Reservation(TenantOwned):

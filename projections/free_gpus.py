@@ -54,8 +54,6 @@ def node_gpus(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if "memoryMiB" not in doc and "memoryMib" in doc:
             doc["memoryMiB"] = doc["memoryMib"]
         doc.setdefault("index", position)
-        if doc.get("healthReasons"):
-            doc["healthy"] = False
         out.append({"uuid": str(doc.get("uuid")), "index": int(doc["index"]),
                     "attributes": gpu_attributes(doc)})
     return out

@@ -39,6 +39,7 @@ from better_compute.api.wire.gateway import (
     encode,
 )
 from better_compute.domain.errors import BetterComputeError, InvalidInput, Unavailable
+from better_compute.domain.gpus import gpu_is_healthy
 from better_compute.domain.node import Node
 from better_compute.domain.node_rules import SESSION_UNREACHABLE
 
@@ -66,7 +67,7 @@ def _health(gpus: list[dict[str, Any]]) -> dict[str, tuple[bool, tuple[str, ...]
     for g in gpus:
         if isinstance(g, dict) and isinstance(g.get("uuid"), str):
             reasons = tuple(str(r) for r in g.get("healthReasons") or [])
-            out[g["uuid"]] = (bool(g.get("healthy", True)) and not reasons, reasons)
+            out[g["uuid"]] = (gpu_is_healthy(g), reasons)
     return out
 
 

@@ -24,9 +24,9 @@ from better_compute.cli.registry import add_group, add_verb
 from better_compute.domain.errors import Conflict, InvalidInput
 
 ARCHES = ("amd64", "arm64")
-_VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+~-]{0,63}$")
-_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
-_PIN_RE = re.compile(r"^sha256/[A-Za-z0-9+/]{43}=$")
+_VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+~-]{0,63}\Z")
+_HEX_RE = re.compile(r"^[0-9a-f]{64}\Z")
+_PIN_RE = re.compile(r"^sha256/[A-Za-z0-9+/]{43}=\Z")
 _URL_UNSAFE = re.compile(r"[\s\"'\\`$]")
 
 BCD_UNIT = """\
