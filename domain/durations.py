@@ -78,7 +78,7 @@ def parse_instant(text: str, now: datetime, *, flag: str = "--from") -> datetime
         return now
     if text.startswith("-"):
         return now - parse_duration(text[1:], flag=flag)
-    if re.match(r"^\d{4}-\d{2}-\d{2}$", text):
+    if re.match(r"^\d{4}-\d{2}-\d{2}\Z", text):
         try:
             return datetime.fromisoformat(text + "T00:00:00+00:00")
         except ValueError:
