@@ -73,6 +73,7 @@ class Machine:
     folder: Path
     serial: str = "SN-7701"
     agents: list[subprocess.Popen[str]] = field(default_factory=list)
+    command: list[str] = field(default_factory=lambda: [BCD])  # how bcd is run (the single file)
 
     def __post_init__(self) -> None:
         self.root = self.folder / "root"
@@ -83,7 +84,7 @@ class Machine:
                     "BCD_ROOT": str(self.root), "BCD_GPU_SOURCE": f"fake:{self.gpu_file}"}
 
     def bcd(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return run([BCD, *argv], self.env, cwd=self.folder, input="")
+        return run([*self.command, *argv], self.env, cwd=self.folder, input="")
 
     def join(self, operator: Operator, server: Server, pool: str) -> str:
         """A join token for this serial, then `bcd join` with the pins; returns the node id."""
@@ -100,7 +101,7 @@ class Machine:
 
     def start_agent(self, epoch: int = 1) -> subprocess.Popen[str]:
         """`bcd node`, once its session with the gateway is up at ``epoch``."""
-        agent = subprocess.Popen([BCD, "node", "--config", "/etc/bcd/config.toml"],
+        agent = subprocess.Popen([*self.command, "node", "--config", "/etc/bcd/config.toml"],
                                  env=self.env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, cwd=self.folder)
         self.agents.append(agent)
