@@ -22,6 +22,7 @@ import msgspec
 
 from better_compute.cli.client import HttpClient
 from better_compute.cli.registry import add_group, add_verb
+from better_compute.cli.signals import interruptible
 from better_compute.domain.errors import (
     BetterComputeError,
     InvalidInput,
@@ -167,6 +168,7 @@ def events_watch(ctx: Any, a: argparse.Namespace) -> int:
         from better_compute.domain.events import compile_type_filter
 
         compile_type_filter(types.split(","))  # a bad glob is refused before connecting
+    interruptible()
     try:
         if ctx.env.get("BETTER_COMPUTE_URL", "").strip():
             watch_http(ctx.env, a.since, types, sys.stdout, sys.stderr)
