@@ -11,10 +11,10 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .errors import BcdError, UsageError
 from .paths import Paths
-from .version import bcd_version
 
 _NO_POSITIONAL = (
     "bcd join takes no positional arguments: the join token is never an argument (arguments "
@@ -23,11 +23,25 @@ _NO_POSITIONAL = (
 )
 
 
+class _Version(argparse.Action):
+    """--version, looked up only when asked for (importlib.metadata is slow to load)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from .version import bcd_version
+
+        print(f"bcd {bcd_version()}")
+        parser.exit(0)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bcd", description="The better-compute node agent. Host paths live under BCD_ROOT "
         "(default /); BCD_GPU_SOURCE=nvml|nvidia-smi|fake:FILE picks the GPU source.")
-    parser.add_argument("--version", action="version", version=f"bcd {bcd_version()}")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     join = sub.add_parser(
@@ -87,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return node_command(args.config, paths=paths, env=env)
     if args.command == "status":
-        from .node.command import status_command
+        from .node.status_client import status_command
 
         return status_command(paths=paths, as_json=args.json, socket=args.socket)
     raise UsageError(f"bcd {args.command} is not a bcd command")

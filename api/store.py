@@ -21,7 +21,7 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import Mapper, TrackingRecorder, Transcoder
 from eventsourcing.utils import Environment
 
-import better_compute.domain  # noqa: F401  (registers every event topic)
+import better_compute.domain.aggregates  # noqa: F401  (registers every event topic)
 from better_compute.api.codec import EventMapper, MsgspecTranscoder
 from better_compute.api.pg_recorder import TOPIC as PG_RECORDER_TOPIC
 from better_compute.domain.bookings import NodeBookings

@@ -21,7 +21,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 if TYPE_CHECKING:
     from .agent import NodeAgent
 
-STATUS_PATH = "/v1/status"
+from .status_client import STATUS_PATH
+
 _MAX_HEAD = 8192
 
 
