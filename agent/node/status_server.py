@@ -18,10 +18,10 @@ import msgspec
 from anyio.abc import SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from .status_client import STATUS_PATH
+
 if TYPE_CHECKING:
     from .agent import NodeAgent
-
-from .status_client import STATUS_PATH
 
 _MAX_HEAD = 8192
 
