@@ -48,5 +48,6 @@ def add_group(sub: Any, name: str, help_text: str, *, examples: Sequence[str] = 
     parser = sub.add_parser(name, help=help_text, description=help_text,
                             epilog=epilog(examples),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_output_flags(parser)  # global: `nodes -o json list` works too
     parser.set_defaults(run=None, group_parser=parser)
     return parser.add_subparsers(title="commands", metavar="COMMAND")

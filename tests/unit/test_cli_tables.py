@@ -17,7 +17,6 @@ from better_compute.cli.tables import CAPACITY, EVENTS, NODES, RESERVATIONS, spa
 from better_compute.domain.errors import InvalidInput
 from better_compute.domain.ids import public_id
 
-NOW = datetime.now(UTC)
 WIDTH = 120
 
 
@@ -29,7 +28,8 @@ class Terminal(io.StringIO):
 
 
 def iso(delta: timedelta) -> str:
-    return (NOW + delta).isoformat().replace("+00:00", "Z")
+    """A time from now (now when called: the tables read the clock when they render)."""
+    return (datetime.now(UTC) + delta).isoformat().replace("+00:00", "Z")
 
 
 def ident(prefix: str) -> str:
@@ -50,14 +50,20 @@ def node(i: int, **extra: Any) -> dict[str, Any]:
 
 
 NODE_DOCS = [node(i) for i in range(3)]
-RESERVATION_DOCS = [
-    {"id": ident("rsv"), "tenantId": "acme", "poolId": POOL, "state": state, "gpuCount": n,
-     "nodeId": NODE_DOCS[i]["id"], "allocationId": ident("alloc"), "key": f"k{i}",
-     "start": iso(timedelta(seconds=start)), "end": iso(timedelta(seconds=end)),
-     "endedAt": None}  # times half a minute off the minute: the test's own seconds don't matter
-    for i, (state, n, start, end) in enumerate([("active", 4, -330, 6930),
-                                                ("placed", 8, 7230, 14430),
-                                                ("cancelled", 2, 1830, 9030)])]
+RSV_IDS = [ident("rsv") for _ in range(3)]
+
+
+def reservation_docs() -> list[dict[str, Any]]:
+    # Times half a minute off the minute: the seconds the test itself takes do not matter.
+    plans = [("active", 4, -330, 6930), ("placed", 8, 7230, 14430), ("cancelled", 2, 1830, 9030)]
+    return [{"id": RSV_IDS[i], "tenantId": "acme", "poolId": POOL, "state": state,
+             "gpuCount": n, "nodeId": NODE_DOCS[i]["id"], "allocationId": f"alloc_{i}",
+             "key": f"k{i}", "start": iso(timedelta(seconds=start)),
+             "end": iso(timedelta(seconds=end)), "endedAt": None}
+            for i, (state, n, start, end) in enumerate(plans)]
+
+
+RESERVATION_DOCS = reservation_docs()
 CAPACITY_DOC = {
     "poolId": POOL, "gpuModel": "H100",
     "resources": {
@@ -106,7 +112,7 @@ def test_node_rows_say_state_gpus_held_session_and_age() -> None:
 
 
 def test_reservations_show_the_pool_only_when_it_varies_and_times_from_now() -> None:
-    text = table(RESERVATION_DOCS, RESERVATIONS)
+    text = table(reservation_docs(), RESERVATIONS)
     header = text.splitlines()[0].split()
     assert header == ["ID", "GPUS", "STATE", "NODE", "START", "END"]  # one pool: no POOL
     assert "5m ago" in text and "in 1h55m" in text and "in 2h" in text
