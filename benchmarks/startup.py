@@ -121,16 +121,14 @@ def _cluster(folder: Path) -> Iterator[tuple[dict[str, str], dict[str, str]]]:
                 process.wait()
 
 
-def _median_ms(argv: list[str], env: dict[str, str], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=60, check=False)
-        times.append((time.perf_counter() - started) * 1000)
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} exited {done.returncode}")
-    return statistics.median(times)
+def _time_ms(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          timeout=60, check=False)
+    elapsed = (time.perf_counter() - started) * 1000
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}")
+    return elapsed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,9 +145,14 @@ def main(argv: list[str] | None = None) -> int:
             "bcd status --json": ([BCD, "status", "--json"], node),
         }
         for command, env in commands.values():  # warm the page cache and the .pyc files
-            _median_ms(command, env, 1)
+            _time_ms(command, env)
         load_before = os.getloadavg()
-        medians = {name: _median_ms(c, env, args.runs) for name, (c, env) in commands.items()}
+        # Round-robin, so a busy spell on this shared machine weighs on every command alike.
+        samples: dict[str, list[float]] = {name: [] for name in commands}
+        for _ in range(args.runs):
+            for name, (command, env) in commands.items():
+                samples[name].append(_time_ms(command, env))
+        medians = {name: statistics.median(times) for name, times in samples.items()}
         load_after = os.getloadavg()
     floor = medians["python -c pass"]
     print(f"start-up medians of {args.runs} runs (load average "

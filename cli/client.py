@@ -61,10 +61,17 @@ def api_base(url: str) -> str:
     return base
 
 
-def tls_context(env: Mapping[str, str]) -> ssl.SSLContext:
-    """The system's trust store plus the PEM bundle named by BETTER_COMPUTE_CA_FILE."""
-    context = ssl.create_default_context()
+def tls_context(env: Mapping[str, str], *, system_store: bool = True) -> ssl.SSLContext:
+    """The system's trust store plus the PEM bundle named by BETTER_COMPUTE_CA_FILE.
+
+    ``system_store=False`` leaves the system's store out (parsing it is most of a context's
+    cost): HttpClient tries the named bundle alone first, then both on a verification error.
+    """
     ca_file = env.get("BETTER_COMPUTE_CA_FILE")
+    if system_store or not ca_file:
+        context = ssl.create_default_context()
+    else:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, checks the host name
     if ca_file:
         try:
             context.load_verify_locations(cafile=ca_file)
@@ -90,7 +97,10 @@ class HttpClient:
         parsed = urlparse(self.base)
         self._https = parsed.scheme == "https"
         self._host, self._port, self._path = parsed.hostname or "", parsed.port, parsed.path
-        self._context = tls_context(env) if self._https else None
+        self._env = env
+        # The named CA alone first: the system's store only if the server's chain needs it.
+        self._context = tls_context(env, system_store=False) if self._https else None
+        self._system_store = not env.get("BETTER_COMPUTE_CA_FILE")
         self._headers = {"user-agent": "better-compute-cli", "content-type": "application/json",
                          "accept": "application/json"}
         if token:
@@ -121,8 +131,20 @@ class HttpClient:
         body = json.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method,
                            "params": params or {}}, separators=(",", ":"))
         try:
-            conn = self._connection()
-            conn.request("POST", self._path + "/rpc", body=body.encode(), headers=self._headers)
+            try:
+                conn = self._connection()
+                conn.request("POST", self._path + "/rpc", body=body.encode(),
+                             headers=self._headers)
+            except ssl.SSLCertVerificationError:
+                if self._system_store:
+                    raise
+                # Not signed by the named CA: the handshake failed before anything was sent,
+                # so trying again with the system's store as well is safe.
+                self.close()
+                self._context, self._system_store = tls_context(self._env), True
+                conn = self._connection()
+                conn.request("POST", self._path + "/rpc", body=body.encode(),
+                             headers=self._headers)
             response = conn.getresponse()
             content = response.read()
             self._used = time.monotonic()

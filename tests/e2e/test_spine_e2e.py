@@ -51,7 +51,8 @@ def test_reserve_bind_use_release(cluster: Cluster) -> None:
         assert "idempotency key" in err
         placed = json.loads(out)
         rsv, alloc = placed["id"], placed["allocationId"]
-        eventually(lambda: c.state(rsv) == "active", "the reservation is active")
+        # reserve waits (--wait, default 20 s) until bcd bound the hold: it answers `active`.
+        assert placed["state"] == "active" and placed["binding"]["nodeId"] == c.node
         binding = c.cli_json("reservations", "get", rsv, "--query", "binding")
         assert binding["nodeId"] == c.node
         assert binding["cgroupParent"] == f"bcd-alloc-{alloc}.slice"
