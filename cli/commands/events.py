@@ -87,7 +87,8 @@ class Resumer:
         return True
 
 
-def _stream_lines(client: StreamClient, resumer: Resumer, types: str | None
+def _stream_lines(client: StreamClient, resumer: Resumer, types: str | None,
+                  connected: Callable[[], None] = lambda: None
                   ) -> Iterator[tuple[str, dict[str, Any]]]:
     params: dict[str, Any] = {}
     if resumer.position is not None:
@@ -98,6 +99,7 @@ def _stream_lines(client: StreamClient, resumer: Resumer, types: str | None
         if response.status_code != 200:
             response.read()
             _raise_http_error(client.base, response)
+        connected()
         for line in response.iter_lines():
             if not line.strip():
                 continue
@@ -138,10 +140,17 @@ def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
     client = StreamClient(url, token, env, timeout=READ_TIMEOUT)
     resumer = Resumer(since)
     delay = RETRY_FIRST
+
+    def connected() -> None:
+        where = (f"after sequence {resumer.position}" if resumer.position is not None
+                 else "from now on")
+        print(f"events watch: following {client.base}/events/watch {where}", file=err,
+              flush=True)
+
     try:
         while True:
             try:
-                for line, doc in _stream_lines(client, resumer, types):
+                for line, doc in _stream_lines(client, resumer, types, connected):
                     delay = RETRY_FIRST
                     if resumer.accept(doc) and (shown := show(line, doc)) is not None:
                         _write(out, [shown])

@@ -91,7 +91,7 @@ def test_expired_is_final_with_a_clear_message(env: dict[str, str]) -> None:
     with serve(watch_env(env)) as server:
         done = run([CLI, "events", "watch", "--since", "999999"],
                    client_env(env, server, token), timeout=60)
-    assert done.returncode == 9 and done.stderr.startswith("error [expired]: ")
+    assert done.returncode == 9 and "\nerror [expired]: " in "\n" + done.stderr
     assert "beyond the head" in done.stderr and "--since 0" in done.stderr
     assert "Traceback" not in done.stderr
 
