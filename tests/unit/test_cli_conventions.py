@@ -3,8 +3,6 @@ examples in every help, `error [code]: …` with an exit status per error class.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import subprocess
 import sys
 import uuid
@@ -15,22 +13,12 @@ import pytest
 from better_compute.agent.main import main as bcd_main
 from better_compute.cli import exit_codes
 from better_compute.cli.commands.completion import script
-from better_compute.cli.main import build_parser, main
+from better_compute.cli.main import build_parser
 from better_compute.domain import errors
 from better_compute.domain.ids import public_id
-from tests.unit.test_cli_help import command_paths
+from tests.unit.test_cli_help import command_paths, run
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(argv: list[str], entry=main) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = entry(argv)
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_version_on_both_programs() -> None:
