@@ -97,3 +97,9 @@ def test_zsh_and_fish_scripts_parse(shell: str, check: list[str], tmp_path: Path
     except FileNotFoundError:
         return  # that shell is not installed here: the content checks above still ran
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["join"], ["doctor"], ["node"], ["status"]])
+def test_every_bcd_command_has_examples_in_its_help(argv: list[str]) -> None:
+    code, out, _ = run([*argv, "--help"], bcd_main)
+    assert code == 0 and "examples:\n  " in out and "bcd " in out.split("examples:")[1]
