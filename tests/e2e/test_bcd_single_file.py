@@ -53,6 +53,7 @@ def bare_python(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.timeout(900)  # the build, when this test is the fixture's first user
 def test_the_build_is_one_verifiable_file(built: tuple[Path, str]) -> None:
     bcd, digest = built
     assert bcd.name == f"bcd_0.1.0_linux_{'arm64' if os.uname().machine == 'aarch64' else 'amd64'}"
@@ -74,6 +75,7 @@ def cluster(tmp_path: Path, built: tuple[Path, str]) -> Iterator[Cluster]:
         yield c
 
 
+@pytest.mark.timeout(900)  # the build (first use of the fixture) and the whole node path
 def test_the_shipped_bcd_runs_the_whole_node_path_on_a_bare_python(
         cluster: Cluster, built: tuple[Path, str], tmp_path: Path) -> None:
     c = cluster
@@ -136,6 +138,7 @@ def test_the_shipped_bcd_runs_the_whole_node_path_on_a_bare_python(
         assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
 
 
+@pytest.mark.timeout(900)
 def test_bcd_on_a_bare_python_names_a_missing_join_cleanly(
         built: tuple[Path, str], tmp_path: Path) -> None:
     """The shipped file's own errors are one line, never an import traceback."""

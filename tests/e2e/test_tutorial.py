@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from tests.support import free_port, wait_for_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,6 +132,7 @@ class Walk:
         return outputs
 
 
+@pytest.mark.timeout(1200)  # the whole walk, bcd's build included, on a loaded machine
 def test_the_readme_and_the_tutorial_run_as_written(tmp_path: Path) -> None:
     readme = sh_blocks(ROOT / "README.md", "First steps")
     tutorial = sh_blocks(ROOT / "docs" / "tutorial.md")
