@@ -76,8 +76,9 @@ def test_reserve_bind_use_release(cluster: Cluster) -> None:
         assert (gpu["allocated"], gpu["available"]) == (4, 4)
 
         assert c.cli("release", rsv, "--query", "state") == "released"
-        eventually(lambda: not c.spec_path(alloc).exists(), "bcd removed the hold's CDI spec")
-        assert not env_file.exists()
+        # bcd removes the spec, then the env file: two steps, so both are awaited.
+        eventually(lambda: not c.spec_path(alloc).exists() and not env_file.exists(),
+                   "bcd removed the hold's CDI spec and env file")
         eventually(lambda: c.gpu_capacity()["available"] == 8, "available goes back up")
         types = [e["type"] for e in watch.until("reservation.released")
                  if e["type"].startswith("reservation.")]
