@@ -74,7 +74,22 @@ def wait_until_settled(ctx: Any, doc: dict[str, Any], wait: float) -> tuple[dict
     """The reservation once settled (or at the deadline), and the exit status to end with."""
     if wait <= 0 or settled(doc) or not ctx.env.get("BETTER_COMPUTE_URL", "").strip():
         return doc, exit_codes.OK
-    interruptible()
+    with interruptible():
+        doc = _poll(ctx, doc, wait)
+    if not settled(doc):
+        print(f"{doc['id']} is still {doc.get('state')} after {wait:g}s (--wait); follow it "
+              f"with `better-compute reservations get {doc['id']} --query state`",
+              file=sys.stderr)
+    elif doc.get("state") == "failed":
+        failure = doc.get("failure") or {}
+        print(f"error [reservation_failed]: {doc['id']} failed: "
+              f"{failure.get('message') or failure.get('reason') or 'see its events'}",
+              file=sys.stderr)
+        return doc, exit_codes.ERROR
+    return doc, exit_codes.OK
+
+
+def _poll(ctx: Any, doc: dict[str, Any], wait: float) -> dict[str, Any]:
     started = time.monotonic()
     deadline = started + wait
     spinner = _Spinner(sys.stderr)
@@ -92,14 +107,4 @@ def wait_until_settled(ctx: Any, doc: dict[str, Any], wait: float) -> tuple[dict
                 next_poll = time.monotonic() + poll
     finally:
         spinner.clear()
-    if not settled(doc):
-        print(f"{doc['id']} is still {doc.get('state')} after {wait:g}s (--wait); follow it "
-              f"with `better-compute reservations get {doc['id']} --query state`",
-              file=sys.stderr)
-    elif doc.get("state") == "failed":
-        failure = doc.get("failure") or {}
-        print(f"error [reservation_failed]: {doc['id']} failed: "
-              f"{failure.get('message') or failure.get('reason') or 'see its events'}",
-              file=sys.stderr)
-        return doc, exit_codes.ERROR
-    return doc, exit_codes.OK
+    return doc

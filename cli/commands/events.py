@@ -207,13 +207,13 @@ def events_watch(ctx: Any, a: argparse.Namespace) -> int:
         compile_type_filter(types.split(","))  # a bad glob is refused before connecting
     from better_compute.cli.signals import interruptible
 
-    interruptible()
     show = printer(ctx.output, a.subject, sys.stdout, ctx.env)
     try:
-        if ctx.env.get("BETTER_COMPUTE_URL", "").strip():
-            watch_http(ctx.env, a.since, types, sys.stdout, sys.stderr, show)
-        else:
-            watch_local(ctx.env, a.since, types, sys.stdout, show)
+        with interruptible():
+            if ctx.env.get("BETTER_COMPUTE_URL", "").strip():
+                watch_http(ctx.env, a.since, types, sys.stdout, sys.stderr, show)
+            else:
+                watch_local(ctx.env, a.since, types, sys.stdout, show)
     except BrokenPipeError:  # the reader went away (| head): a normal end
         return 0
     return 0

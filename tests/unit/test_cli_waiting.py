@@ -90,3 +90,12 @@ def test_events_print_readable_lines_on_a_terminal_json_when_piped_and_by_subjec
     assert printer(None, None, io.StringIO(), {})(line, event) == line  # piped: JSON
     assert printer("json", None, Tty(), {})(line, event) == line
     assert printer("json", "rsv_2", Tty(), {})(line, event) is None  # another subject
+
+
+def test_the_signal_handlers_come_back_after_the_wait() -> None:
+    """The CLI also runs in-process (tests, tools): a command must not keep its handlers."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    wait(Server("binding", "active"), doc("placed"))
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
