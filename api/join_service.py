@@ -29,7 +29,7 @@ from eventsourcing.persistence import IntegrityError
 from better_compute.api import pki
 from better_compute.api.actor import acting_as
 from better_compute.api.service import ComputeService
-from better_compute.api.wire.join import HardwareFacts, JoinRequest, JoinResponse
+from better_compute.api.wire.join import HardwareFacts, HardwareGpu, JoinRequest, JoinResponse
 from better_compute.domain.access import Principal
 from better_compute.domain.base import fingerprint, iso
 from better_compute.domain.errors import (
@@ -189,7 +189,7 @@ class JoinService:
         facts: dict[str, Any] = {
             "pool_id": token.pool_id, "site_id": token.site_id,
             "join_token_id": token.public_id, "hardware": _hardware_doc(hw),
-            "gpus": [msgspec.to_builtins(g) for g in hw.gpus],
+            "gpus": [_gpu_doc(g) for g in hw.gpus],
             "key_pin": key_pin,
             "certificate_serial": format(cert.serial_number, "x"),
             "certificate_not_after": not_after, "bcd_version": request.bcd_version,
@@ -282,7 +282,14 @@ def _load_csr(text: str) -> x509.CertificateSigningRequest:
         ) from None
 
 
+def _gpu_doc(gpu: HardwareGpu) -> dict[str, Any]:
+    doc = msgspec.to_builtins(gpu)
+    doc.pop("memoryMib", None)  # the old spelling, only ever read (api/wire/join.py)
+    return dict(doc)
+
+
 def _hardware_doc(hw: HardwareFacts) -> dict[str, Any]:
     doc = msgspec.to_builtins(hw)
     doc.pop("gpus", None)
+    doc.pop("memoryGib", None)  # the old spelling, only ever read (api/wire/join.py)
     return dict(doc)

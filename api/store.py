@@ -23,7 +23,7 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import Mapper, TrackingRecorder, Transcoder
 from eventsourcing.utils import Environment
 
-import better_compute.domain  # noqa: F401  (registers every event topic)
+import better_compute.domain.aggregates  # noqa: F401  (registers every event topic)
 from better_compute.api.codec import EventMapper, MsgspecTranscoder
 from better_compute.api.outage import StoreGuard, install_guard, postgres_guard
 from better_compute.api.pg_recorder import TOPIC as PG_RECORDER_TOPIC
@@ -273,10 +273,17 @@ def setup_lock(config: StoreConfig) -> Iterator[None]:
     server) would otherwise run the same ``CREATE … IF NOT EXISTS`` and ``CREATE
     OR REPLACE FUNCTION`` statements at once, and some of them fail ("tuple
     concurrently updated"). A session advisory lock per schema serialises them;
-    it also creates the schema named in the URL. SQLite serialises them itself.
+    it also creates the schema named in the URL. On SQLite the library's tracking-table
+    migration reads, then writes in another transaction, so two processes opening a new store
+    together could both insert its row (IntegrityError): a lock file beside the store
+    serialises them too.
     """
     if config.backend != "postgres":
-        yield
+        if config.sqlite_path is None:
+            yield
+        else:
+            with _sqlite_setup_lock(config.sqlite_path):
+                yield
         return
     assert config.pg is not None
     import psycopg
@@ -308,6 +315,28 @@ def setup_lock(config: StoreConfig) -> Iterator[None]:
                 f"{SETUP_LOCK_TIMEOUT}: if another one is stuck, stop it and try again"
             ) from None
         yield  # the lock ends with the session
+
+
+@contextmanager
+def _sqlite_setup_lock(path: Path) -> Iterator[None]:
+    import fcntl
+    import time
+
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    deadline = time.monotonic() + float(SETUP_LOCK_TIMEOUT.rstrip("s"))
+    with open(path.with_name(path.name + ".setup-lock"), "a") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise Unavailable(
+                        f"cannot set up the event store ({path}): another process has held "
+                        f"its setup lock for {SETUP_LOCK_TIMEOUT}; if it is stuck, stop it "
+                        "and try again") from None
+                time.sleep(0.05)  # a lock held by another process: no event to wait on
+        yield  # the lock ends when the file closes
 
 
 class SqlRunner:

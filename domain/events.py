@@ -41,9 +41,12 @@ def register_subject(head: str, prefix: str | None) -> None:
     _SUBJECT_PREFIX[head] = prefix
 
 
+_UNITS = {"mib": "MiB", "gib": "GiB"}  # memory_gib is memoryGiB, as in every other document
+
+
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+    return head + "".join(_UNITS.get(part) or part[:1].upper() + part[1:] for part in rest)
 
 
 def _plain(value: Any) -> Any:

@@ -581,6 +581,7 @@ class Node(TenantOwned):
             "hardwareKey": self.hardware_key,
             "hardware": dict(self.hardware),
             "gpus": [dict(g) for g in self.gpus],
+            "heldGpus": sum(len(a.get("gpus", [])) for a in self.device_assignments()),
             "keyPin": self.key_pin,
             "certificate": {
                 "serial": self.certificate_serial,

@@ -241,7 +241,7 @@ class Capacity(Projection):
                 "session_since": None, "acceptance_state": ACCEPTANCE_PENDING,
                 "acceptance_attempt": 0, "cordoned": 0,
                 "gpus": json.dumps([dict(g) for g in event.gpus]),
-                "cpus": hardware.get("cpus"), "memory_gib": hardware.get("memoryGib"),
+                "cpus": hardware.get("cpus"), "memory_gib": hardware.get("memoryGiB", hardware.get("memoryGib")),
             })
             before: dict[str, dict[str, float]] | None = None
             sql.execute(

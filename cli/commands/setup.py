@@ -67,10 +67,16 @@ def serve(ctx: Any, args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     p = add_verb(sub, "init", init, "Create the store, the sealed PKI bundle and the root tenant; "
-                 "print the root administrator's token once.", output=False)
+                 "print the root administrator's token once.", output=False,
+                 examples=["better-compute init --out root-token",
+                           "BETTER_COMPUTE_DATABASE_URL=postgresql://bc@db/bc better-compute init"])
     p.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600, never overwritten)")
     p = add_verb(sub, "serve", serve, "Serve the API over TLS with a certificate from the serving CA.",
-                 output=False)
+                 output=False,
+                 examples=["better-compute serve --listen 127.0.0.1:8443 --hostname localhost "
+                           "--gateway-listen 127.0.0.1:8444",
+                           "better-compute serve --listen 0.0.0.0:443 --hostname "
+                           "compute.example.com --gateway-url https://gw.eu-1.example.com:8443"])
     p.add_argument("--listen", default="127.0.0.1:8443", metavar="HOST:PORT",
                    help="the address to serve on (default 127.0.0.1:8443)")
     p.add_argument("--hostname", action="append", metavar="NAME",
