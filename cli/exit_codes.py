@@ -14,6 +14,7 @@ INTERRUPTED = 130  # Ctrl-C; SIGTERM ends with 143
 BY_CODE = {
     "invalid_input": USAGE,
     "invalid_policy": USAGE,
+    "kubernetes_not_enabled": USAGE,
     "not_found": 3,
     "unauthenticated": 4,
     "permission_denied": 5,
@@ -23,6 +24,8 @@ BY_CODE = {
     "expired": 9,
     "not_initialized": 10,
     "unavailable": 11,
+    "rate_limited": 12,
+    "fell_behind": 13,
 }
 
 
