@@ -143,6 +143,9 @@ class ProjectionRunner:
             todo = [n for n in batch if n.id > position]
             if not todo:
                 return 0
+            if position == 0:  # a new version: rows an older version wrote are rebuilt
+                for table in projection.table_names():
+                    self.sql.execute(cursor, f"DELETE FROM {table}")
             for notification in todo:
                 projection.apply(self.sql, cursor, notification.id, self.source.decode(notification))
             self._track(cursor, projection, todo[-1].id)

@@ -1,8 +1,9 @@
 """Running the controllers inside ``serve``: elected, woken by events and by a tick.
 
 ``run_controllers`` is a lifespan task. It tries to become the leader
-every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass
-whenever the process's event hub reads a node.* or reservation.* event and at least every
+every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass, the
+reservation timers and the queue dispatcher whenever the process's event hub
+reads a node.*, reservation.*, bookings.*, quota.* or pool.* event and at least every
 ``tick`` seconds (the timers), and checks it still holds the lock before
 each pass. A pass that fails is logged and retried on the next tick.
 """
@@ -22,6 +23,7 @@ from better_compute.api.controllers.node_lifecycle import (
     UNREACHABLE_AFTER,
     NodeLifecycle,
 )
+from better_compute.api.controllers.queue import QueueDispatcher
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.eventlog import EventFilter
 from better_compute.api.node_presence import Presence
@@ -32,9 +34,11 @@ from better_compute.domain.events import compile_type_filter
 
 log = logging.getLogger("better_compute.controllers")
 
-# The controllers react to node and reservation events only; anything else (a site
-# created, a token minted, a heartbeat summary) waits for the next tick.
-_WAKE_ON = EventFilter(types=compile_type_filter(["node.*", "reservation.*"]))
+# The controllers react to node, reservation, booking, quota and pool events only (what can
+# free GPUs or quota); anything else (a site created, a token minted, a heartbeat summary)
+# waits for the next tick.
+_WAKE_ON = EventFilter(types=compile_type_filter(["node.*", "reservation.*", "bookings.*",
+                                                  "quota.*", "pool.*"]))
 
 
 def unreachable_after(env: Any) -> timedelta:
@@ -64,6 +68,7 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
     lead = leadership or leadership_for(runtime)
     lifecycle = await anyio.to_thread.run_sync(lifecycle_for, runtime)
     timers = ReservationTimers(reservations(runtime.service))
+    dispatcher = QueueDispatcher(reservations(runtime.service))
     hub = state.extra.get("watch_hub")
     limiter = anyio.CapacityLimiter(1)
     task_status.started()
@@ -84,6 +89,10 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
                     await anyio.to_thread.run_sync(timers.tick, limiter=limiter)
                 except Exception:
                     log.exception("a reservations pass failed; retrying on the next tick")
+                try:
+                    await anyio.to_thread.run_sync(dispatcher.run, limiter=limiter)
+                except Exception:
+                    log.exception("a queue dispatch pass failed; retrying on the next tick")
                 if hub is not None:
                     await hub.wait_beyond(position, tick, _WAKE_ON)
                 else:

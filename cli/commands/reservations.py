@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from better_compute.cli.commands import capacity
+from better_compute.cli.commands.queue_wait import wait_while_queued
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.domain.errors import InvalidInput, Unavailable
 
@@ -37,7 +38,9 @@ def reserve(ctx: Any, a: argparse.Namespace) -> None:
               "twice)", file=sys.stderr)
     params = {"tenantId": ctx.tenant, "poolId": a.pool, "gpus": a.gpus, "duration": a.duration,
               "model": a.model, "product": a.product, "selector": a.selector,
-              "nvlink": True if a.nvlink else None, "start": a.start, "key": key}
+              "nvlink": True if a.nvlink else None, "start": a.start, "key": key,
+              "queue": True if a.queue else None, "queueTimeout": a.queue_timeout,
+              "moveEarlier": True if a.move_earlier else None}
     deadline = time.monotonic() + a.wait
     delay = 0.25
     while True:
@@ -50,7 +53,7 @@ def reserve(ctx: Any, a: argparse.Namespace) -> None:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
-    ctx.emit(result)
+    ctx.emit(wait_while_queued(ctx, result, deadline))
 
 
 def release(ctx: Any, a: argparse.Namespace) -> None:
@@ -78,7 +81,8 @@ def _narrowing(p: argparse.ArgumentParser) -> None:
                    help="keep GPUs this expression is true for, e.g. \"vramGiB >= 80\" "
                         "(docs/reservations.md, selectors)")
     p.add_argument("--nvlink", action="store_true", help="all GPUs in one NVLink domain")
-    p.add_argument("--start", metavar="WHEN", help="+2h or an RFC 3339 time (default: now)")
+    p.add_argument("--start", metavar="WHEN",
+                   help="+2h or an RFC 3339 time (default: now); reserve also takes earliest")
 
 
 def _preview_arguments(p: argparse.ArgumentParser) -> None:
@@ -119,9 +123,17 @@ def register(sub: Any) -> None:
     p.add_argument("--for", dest="duration", required=True, metavar="DURATION",
                    help="how long: 30m, 2h, 1d")
     _narrowing(p)
+    p.add_argument("--queue", action="store_true",
+                   help="when it cannot be placed (no node can hold it yet, or over quota), "
+                        "wait in the pool's queue instead of failing; starts as early as it can")
+    p.add_argument("--queue-timeout", metavar="DURATION",
+                   help="with --queue: how long it may wait before it expires (default 6h)")
+    p.add_argument("--move-earlier", action="store_true",
+                   help="with a later --start: move it earlier when GPUs free up")
     p.add_argument("--key", help="an idempotency key: the same key returns the same reservation")
     p.add_argument("--wait", type=_wait_seconds, default=DEFAULT_WAIT_S, metavar="SECONDS",
-                   help=f"how long to wait for the placement (default {DEFAULT_WAIT_S:.0f})")
+                   help=f"how long to wait for the placement, also of a queued reservation "
+                        f"(default {DEFAULT_WAIT_S:.0f})")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
 
     p = add_verb(sub, "release", release,
