@@ -12,7 +12,6 @@ import pytest
 
 from better_compute.api.controllers.queue import QueueDispatcher
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.reservation_service import ReservationService
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.errors import Conflict, InvalidInput, NoCapacity, QuotaExceeded
