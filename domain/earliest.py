@@ -23,9 +23,10 @@ The rule (docs/reservations.md, "The earliest start"):
 
 ``earliest_start`` reads nodes in ascending ``lower_bound`` and stops at the first node whose
 bound is later than the best start found, so it reads only the few nodes that can matter. A
-bound must never be later than the node's true earliest start; ``first_blocks`` computes the
-bounds the free-GPU index keeps, and ``lower_bound`` turns them into a node's bound for one
-request.
+bound must never be later than the node's true earliest start; ``node_index`` computes what
+the free-GPU index keeps (per GPU count: the node's first block, and its booking ends with how
+long enough GPUs stay free after each), and ``lower_bound`` turns that into a node's bound
+for one request.
 
 Quota: ``quota_free_at`` is when a tenant's own reservations, ending as booked, leave room
 under its quota (a reservation holds quota from its placement, also before its start, until
@@ -43,12 +44,6 @@ from better_compute.domain.placement import Candidate, FreeGpu, Placement, Place
 
 NEVER = 1e300  # an instant later than any booking: "never fits" / "no block"
 
-# Lengths (seconds) the index keeps bounds for: a request of length L uses the longest rung
-# that is not longer than L. Gaps between bookings shorter than the rung cannot hold the
-# request, so the bound skips them.
-RUNGS = (60.0, 900.0, 3600.0, 21600.0, 86400.0)
-
-
 def instant(value: datetime) -> float:
     return value.timestamp()
 
@@ -56,12 +51,6 @@ def instant(value: datetime) -> float:
 def moment(value: float) -> datetime:
     """The datetime of an instant (exact to the microsecond for any booking time)."""
     return datetime.fromtimestamp(value, UTC)
-
-
-def rung_for(length: float) -> float | None:
-    """The longest rung not longer than ``length``; None when every rung is longer."""
-    fitting = [r for r in RUNGS if r <= length]
-    return fitting[-1] if fitting else None
 
 
 @dataclass(frozen=True)
@@ -189,88 +178,103 @@ def earliest_start(request: PlacementRequest, length: float, not_before: float,
 
 # ------------------------------------------------------------------ bounds for the index
 
-def _gaps(bookings: Sequence[Booking], uuid: str) -> list[tuple[float, float]]:
-    """The intervals in which one GPU is free: [a, b) between its bookings (open to -inf and inf)."""
-    held = sorted((b.start, b.end) for b in bookings if uuid in b.gpus)
-    gaps: list[tuple[float, float]] = []
-    free_from = -NEVER
-    for start, end in held:
-        if start > free_from:
-            gaps.append((free_from, start))
-        free_from = max(free_from, end)
-    gaps.append((free_from, NEVER))
-    return gaps
+def free_counts(usable: Sequence[str], bookings: Sequence[Booking]) -> list[tuple[float, int]]:
+    """How many ``usable`` GPUs are free at each instant: (t, n) means n from t on.
+
+    Starts at (-NEVER, all); a booking holds its GPUs for [start, end), so the count drops at
+    a start and rises at an end.
+    """
+    wanted = set(usable)
+    delta: dict[float, int] = {}
+    for booking in bookings:
+        held = len(booking.gpus & wanted)
+        if held and booking.end > booking.start:
+            delta[booking.start] = delta.get(booking.start, 0) - held
+            delta[booking.end] = delta.get(booking.end, 0) + held
+    steps = [(-NEVER, len(wanted))]
+    for t in sorted(delta):
+        if delta[t]:
+            steps.append((t, steps[-1][1] + delta[t]))
+    return steps
 
 
-def first_blocks(usable: Sequence[str], gpu_count: int, bookings: Sequence[Booking],
-                 rung: float, schedulable: bool = True) -> list[tuple[int, float, float]]:
-    """Per GPU count k (1..gpu_count): the first block of the node for requests of k GPUs.
+def _host_free_for(bookings: Sequence[Booking], at: float, spare_cpus: int,
+                   spare_memory: int) -> float:
+    """How long from ``at`` the bookings overlapping [at, at + x) leave the spare host share.
 
-    A block is an open interval (from, until) in which, at every instant t, fewer than k of
-    the ``usable`` GPUs are free for the whole of [t, t + rung): no request of k GPUs lasting
-    ``rung`` or longer can start inside it, so a request looking from ``t0`` inside the block
-    cannot start before ``until``. (NEVER, NEVER): no block at all; (-NEVER, NEVER): the node
-    can never hold k GPUs (not schedulable, or fewer than k usable GPUs).
+    The bookings aggregate counts every booking that overlaps an interval (an upper bound),
+    so the answer is the start of the first booking whose share no longer fits, less ``at``.
+    """
+    cpus = memory = 0
+    for booking in sorted((b for b in bookings if b.end > at), key=lambda b: b.start):
+        cpus += booking.cpus
+        memory += booking.memory_gib
+        if cpus > spare_cpus or memory > spare_memory:
+            return max(0.0, booking.start - at)
+    return NEVER
+
+
+def node_index(usable: Sequence[str], gpu_count: int, bookings: Sequence[Booking],
+               schedulable: bool = True, cpus_per_gpu: int = 0, memory_gib_per_gpu: int = 0
+               ) -> tuple[list[tuple[int, float, float]], list[tuple[int, float, float]]]:
+    """What the free-GPU index keeps of a node, per GPU count k (1..gpu_count).
+
+    Blocks: (k, from, until), the node's first interval [from, until) in which fewer than k
+    of its usable GPUs are free; (NEVER, NEVER): none; (-NEVER, NEVER): the node can never
+    hold k GPUs (not schedulable, or fewer than k usable GPUs).
+    Ends: (k, at, free_for) for each end of a booking after which at least k usable GPUs are
+    free: ``free_for`` is how long both the k-th longest-free of them stays free and the
+    host share of k GPUs stays available (NEVER: for ever). A request of k GPUs for L can
+    start at ``at`` only if ``free_for >= L``.
     """
     if not schedulable:
-        return [(k, -NEVER, NEVER) for k in range(1, gpu_count + 1)]
-    # Instants at which a GPU is free for [t, t + rung): closed intervals [a, b - rung].
-    windows: list[tuple[float, float]] = []
-    for uuid in usable:
-        for a, b in _gaps(bookings, uuid):
-            if b >= NEVER:
-                windows.append((a, NEVER))
-            elif b - a >= rung:
-                windows.append((a, b - rung))
-    points = sorted({x for w in windows for x in w if -NEVER < x < NEVER})
-    index = {x: i for i, x in enumerate(points)}
-    n = len(points)
-    # at_point[i]: free GPUs at points[i]; between[i]: on the open interval before points[i]
-    # (between[n]: after the last point).
-    at_point = [0] * (n + 1)
-    between = [0] * (n + 2)
-    for a, b in windows:
-        first = 0 if a <= -NEVER else index[a]
-        last = n - 1 if b >= NEVER else index[b]
-        at_point[first] += 1
-        at_point[last + 1] -= 1
-        seg_first = 0 if a <= -NEVER else first + 1
-        seg_last = n if b >= NEVER else last
-        between[seg_first] += 1
-        between[seg_last + 1] -= 1
-    free_at, free_between = [], []
-    running = 0
-    for i in range(n):
-        running += at_point[i]
-        free_at.append(running)
-    running = 0
-    for i in range(n + 1):
-        running += between[i]
-        free_between.append(running)
-    out = []
+        return [(k, -NEVER, NEVER) for k in range(1, gpu_count + 1)], []
+    steps = free_counts(usable, bookings)
+    blocks: list[tuple[int, float, float]] = []
     for k in range(1, gpu_count + 1):
         if k > len(usable):
-            out.append((k, -NEVER, NEVER))
+            blocks.append((k, -NEVER, NEVER))
             continue
-        block: tuple[int, float, float] = (k, NEVER, NEVER)
-        for i in range(1, n + 1):
-            if free_between[i] < k:  # the open interval (points[i-1], points[i] or ∞)
-                until = NEVER
-                for j in range(i, n):
-                    if free_at[j] >= k:
-                        until = points[j]
-                        break
-                block = (k, points[i - 1], until)
+        block = (NEVER, NEVER)
+        for i, (t, free) in enumerate(steps):
+            if free < k:
+                block = (t, next((u for u, n in steps[i + 1:] if n >= k), NEVER))
                 break
-        out.append(block)
-    return out
+        blocks.append((k, *block))
+    held = {u: sorted((b.start, b.end) for b in bookings if u in b.gpus) for u in usable}
+    ends: list[tuple[int, float, float]] = []
+    for at in sorted({b.end for b in bookings}):
+        free_for = []
+        for intervals in held.values():
+            if any(start <= at < end for start, end in intervals):
+                continue  # busy at this instant
+            later = [start for start, _ in intervals if start > at]
+            free_for.append(min(later) - at if later else NEVER)
+        free_for.sort(reverse=True)
+        for k in range(1, min(len(free_for), gpu_count) + 1):
+            host = _host_free_for(bookings, at, cpus_per_gpu * (gpu_count - k),
+                                  memory_gib_per_gpu * (gpu_count - k))
+            ends.append((k, at, min(free_for[k - 1], host)))
+    return blocks, ends
 
 
-def lower_bound(block_from: float, block_until: float, not_before: float) -> float:
-    """A node's bound for a request looking from ``not_before``, from its first block."""
-    if block_from < not_before < block_until:
-        return block_until
-    return not_before
+def blocked_at(block_from: float, block_until: float, not_before: float) -> bool:
+    """Whether a node's first block holds ``not_before``: fewer than k GPUs free there."""
+    return block_from <= not_before < block_until
+
+
+def lower_bound(block: tuple[float, float], ends: Iterable[tuple[float, float]],
+                length: float, not_before: float) -> float:
+    """A node's bound for a request of ``length`` looking from ``not_before``.
+
+    ``not_before`` when the node is not blocked there (it may fit at once); else the first
+    booking end after ``not_before`` after which enough GPUs stay free for ``length`` (the
+    earliest start of a node that cannot start at once is such an end), NEVER when none is.
+    """
+    if not blocked_at(*block, not_before):
+        return not_before
+    return min((at for at, free_for in ends if at > not_before and free_for >= length),
+               default=NEVER)
 
 
 # ------------------------------------------------------------------------------ quota

@@ -1,47 +1,66 @@
-"""The index the earliest-start search reads: each node's first block, per GPU count and length.
+"""The index the earliest-start search reads: per node and GPU count, its block and windows.
 
-Part of the free-GPU projection (``projections/free_gpus.py`` calls it in the same batch
-transaction, after it changed a node's row or bookings), two tables:
+Part of the free-GPU projection (``projections/free_gpus.py`` calls it once per node a batch
+changed, in the batch's transaction), three tables, from ``domain/earliest.py``'s
+``node_index``:
 
-* ``bc_fg_block``: per node, per length rung and per GPU count k, the node's first block
-  (``domain/earliest.py``, ``first_blocks``): an interval (from, until) in which the node
-  cannot start any request of k GPUs lasting at least the rung. Only the ends of the node's
-  bookings move it. A request looking from ``t0`` inside the block cannot start on that node
-  before ``until``: that is the node's lower bound, and the search reads nodes in ascending
-  bound (an index range scan) and stops at the first bound later than the best start found.
+* ``bc_fg_block``: per node and GPU count k, the node's first block [from, until): the first
+  interval in which fewer than k of its usable GPUs are free. A node whose first block holds
+  ``t0`` cannot start a request of k GPUs before ``until``; any other node may fit at ``t0``.
+* ``bc_fg_end``: per node and k, the ends of its bookings after which at least k GPUs are
+  free, each with ``free_for``, how long the k-th longest-free of them stays free, and a
+  length class (log2 of ``free_for`` in minutes). A node blocked at ``t0`` cannot start a
+  request of k GPUs for L before its first end after ``t0`` with ``free_for >= L``: that is
+  its lower bound, exact for the GPUs (selectors, NVLink and host share only make it later).
 * ``bc_fg_change``: per pool, the sequence of the last event that may have freed capacity
   in it (a booking ended, a node changed, the pool's quotas changed): what wakes the queue
   dispatcher (``api/controllers/queue.py``) for that pool only.
 
-Reading (``timelines``): first every node whose bound is ``t0`` (it has no block, or ``t0``
-is outside its first block: it may fit at ``t0``), then the nodes blocked at ``t0`` in
-ascending ``until``, in small batches, each with its own bookings only.
+Reading (``timelines``): first the nodes that may fit at ``t0`` (not blocked there: two index
+range scans, empty when the pool is full), then the blocked nodes in ascending bound, merged
+from one index range scan per length class that can hold the request, a few at a time; each
+node is read with its own bookings only. The search stops reading at the first bound later
+than the best start found.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Collection, Iterator
 from typing import Any
 
-from better_compute.domain.earliest import NEVER, RUNGS, Booking, Timeline, first_blocks, rung_for
+from better_compute.domain.earliest import NEVER, Booking, Timeline, node_index
 from better_compute.domain.placement import FreeGpu
 from better_compute.projections.framework import Sql
 
 TABLES = [
     "CREATE TABLE IF NOT EXISTS bc_fg_block ("
-    "node_id TEXT NOT NULL, pool_id TEXT NOT NULL, rung DOUBLE PRECISION NOT NULL, "
-    "k INTEGER NOT NULL, from_at DOUBLE PRECISION NOT NULL, "
-    "until_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (node_id, rung, k))",
-    "CREATE INDEX IF NOT EXISTS bc_fg_block_from ON bc_fg_block (pool_id, rung, k, from_at)",
-    "CREATE INDEX IF NOT EXISTS bc_fg_block_until ON bc_fg_block "
-    "(pool_id, rung, k, until_at, node_id)",
+    "node_id TEXT NOT NULL, pool_id TEXT NOT NULL, k INTEGER NOT NULL, "
+    "from_at DOUBLE PRECISION NOT NULL, until_at DOUBLE PRECISION NOT NULL, "
+    "PRIMARY KEY (node_id, k))",
+    "CREATE INDEX IF NOT EXISTS bc_fg_block_from ON bc_fg_block (pool_id, k, from_at)",
+    "CREATE INDEX IF NOT EXISTS bc_fg_block_until ON bc_fg_block (pool_id, k, until_at)",
+    "CREATE TABLE IF NOT EXISTS bc_fg_end ("
+    "node_id TEXT NOT NULL, pool_id TEXT NOT NULL, k INTEGER NOT NULL, "
+    "at DOUBLE PRECISION NOT NULL, free_for DOUBLE PRECISION NOT NULL, "
+    "class INTEGER NOT NULL, PRIMARY KEY (node_id, k, at))",
+    "CREATE INDEX IF NOT EXISTS bc_fg_end_walk ON bc_fg_end (pool_id, k, class, at, node_id)",
     "CREATE TABLE IF NOT EXISTS bc_fg_change (pool_id TEXT PRIMARY KEY, seq BIGINT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS bc_fg_change_seq ON bc_fg_change (seq)",
 ]
-TABLE_NAMES = ["bc_fg_block", "bc_fg_change"]
-FIRST_BATCH = 4
+TABLE_NAMES = ["bc_fg_block", "bc_fg_end", "bc_fg_change"]
+FIRST_BATCH = 1
 MAX_BATCH = 64
+LONGEST = 24  # the class of every length of 2^23 minutes (16 years) or longer
+ENDLESS = 99  # the class of "free for ever"
+
+
+def length_class(length: float) -> int:
+    """log2 of a length in whole minutes, +1 (0: under a minute); ENDLESS for NEVER."""
+    if length >= NEVER / 2:
+        return ENDLESS
+    return min(int(length // 60).bit_length(), LONGEST)
 
 
 def _bookings(rows: list[Any]) -> tuple[Booking, ...]:
@@ -54,10 +73,11 @@ def _bookings(rows: list[Any]) -> tuple[Booking, ...]:
 
 def refresh_blocks(sql: Sql, cursor: Any, node_id: str) -> None:
     """Recompute a node's blocks from its row and its live bookings (inside the batch)."""
-    sql.execute(cursor, "SELECT pool_id, schedulable, gpus FROM bc_fg_node WHERE node_id = ?",
-                (node_id,))
+    sql.execute(cursor, "SELECT pool_id, schedulable, gpus, cpus_per_gpu, memory_gib_per_gpu "
+                "FROM bc_fg_node WHERE node_id = ?", (node_id,))
     node = cursor.fetchone()
     sql.execute(cursor, "DELETE FROM bc_fg_block WHERE node_id = ?", (node_id,))
+    sql.execute(cursor, "DELETE FROM bc_fg_end WHERE node_id = ?", (node_id,))
     if node is None:
         return
     gpus = json.loads(node["gpus"])
@@ -65,14 +85,18 @@ def refresh_blocks(sql: Sql, cursor: Any, node_id: str) -> None:
     sql.execute(cursor, "SELECT allocation_id, gpus, start_at, end_at, cpus, memory_gib "
                 "FROM bc_fg_booking WHERE node_id = ?", (node_id,))
     bookings = _bookings(list(cursor.fetchall()))
-    rows = []
-    for rung in RUNGS:
-        for k, start, until in first_blocks(usable, len(gpus), bookings, rung,
-                                            bool(node["schedulable"])):
-            rows.append((node_id, str(node["pool_id"]), rung, k, start, until))
-    if rows:
-        cursor.executemany(sql.q("INSERT INTO bc_fg_block (node_id, pool_id, rung, k, from_at, "
-                                 "until_at) VALUES (?, ?, ?, ?, ?, ?)"), rows)
+    pool_id = str(node["pool_id"])
+    blocks, ends = node_index(usable, len(gpus), bookings, bool(node["schedulable"]),
+                              int(node["cpus_per_gpu"]), int(node["memory_gib_per_gpu"]))
+    if blocks:
+        cursor.executemany(sql.q("INSERT INTO bc_fg_block (node_id, pool_id, k, from_at, "
+                                 "until_at) VALUES (?, ?, ?, ?, ?)"),
+                           [(node_id, pool_id, k, a, b) for k, a, b in blocks])
+    if ends:
+        cursor.executemany(sql.q("INSERT INTO bc_fg_end (node_id, pool_id, k, at, free_for, "
+                                 "class) VALUES (?, ?, ?, ?, ?, ?)"),
+                           [(node_id, pool_id, k, at, free_for, length_class(free_for))
+                            for k, at, free_for in ends])
 
 
 def mark_changed(sql: Sql, cursor: Any, pool_id: str, sequence: int) -> None:
@@ -132,50 +156,84 @@ def timelines(sql: Sql, pool_id: str, gpus: int, length: float, not_before: floa
               ) -> Iterator[Timeline]:
     """The pool's nodes in ascending lower bound for a request of ``gpus`` x ``length``.
 
-    ``force``: nodes read first with the bound ``not_before`` whatever their blocks say (the
+    ``force``: nodes read first with the bound ``not_before`` whatever the index says (the
     node of a booking the caller pretends away with ``exclude_allocation``).
     """
-    rung = rung_for(length)
     with sql.transaction(commit=False) as cursor:
         seen: set[str] = set()
-        first = [(node_id, not_before) for node_id in sorted(force)]
-        if rung is None:  # shorter than every rung: no bound, every node may fit at t0
-            sql.execute(cursor, "SELECT node_id FROM bc_fg_node WHERE pool_id = ? "
-                        "AND schedulable = 1 ORDER BY node_id", (pool_id,))
-            first += [(str(r["node_id"]), not_before) for r in cursor.fetchall()]
-        else:
-            sql.execute(
-                cursor,
-                "SELECT node_id FROM bc_fg_block WHERE pool_id = ? AND rung = ? AND k = ? "
-                "AND from_at >= ? UNION SELECT node_id FROM bc_fg_block WHERE pool_id = ? "
-                "AND rung = ? AND k = ? AND until_at <= ?",
-                (pool_id, rung, gpus, not_before, pool_id, rung, gpus, not_before),
-            )
-            first += sorted((str(r["node_id"]), not_before) for r in cursor.fetchall())
-        for start in range(0, len(first), MAX_BATCH):
-            for timeline in _load(sql, cursor, _unseen(first[start:start + MAX_BATCH], seen),
-                                  exclude_allocation):
-                yield timeline
-        if rung is None:
-            return
-        last: tuple[float, str] = (not_before, "")
+        sql.execute(
+            cursor,
+            "SELECT node_id FROM bc_fg_block WHERE pool_id = ? AND k = ? AND from_at > ? "
+            "UNION SELECT node_id FROM bc_fg_block WHERE pool_id = ? AND k = ? AND until_at <= ?",
+            (pool_id, gpus, not_before, pool_id, gpus, not_before),
+        )
+        first = [*sorted(force), *sorted(str(r["node_id"]) for r in cursor.fetchall())]
+        free_now = [(node_id, not_before) for node_id in first]
+        for start in range(0, len(free_now), MAX_BATCH):
+            yield from _load(sql, cursor, _unseen(free_now[start:start + MAX_BATCH], seen),
+                             exclude_allocation)
+        batch: list[tuple[str, float]] = []
         size = FIRST_BATCH
-        while True:
-            sql.execute(
-                cursor,
-                "SELECT node_id, until_at FROM bc_fg_block WHERE pool_id = ? AND rung = ? "
-                "AND k = ? AND until_at < ? AND from_at < ? "
-                "AND (until_at > ? OR (until_at = ? AND node_id > ?)) "
-                f"ORDER BY until_at, node_id LIMIT {int(size)}",
-                (pool_id, rung, gpus, NEVER, not_before, last[0], last[0], last[1]),
-            )
-            rows = [(str(r["node_id"]), float(r["until_at"])) for r in cursor.fetchall()]
-            if not rows:
-                return
-            last = (rows[-1][1], rows[-1][0])
-            for timeline in _load(sql, cursor, _unseen(rows, seen), exclude_allocation):
-                yield timeline
+        for at, node_id in _ends(sql, cursor, pool_id, gpus, length, not_before):
+            if node_id in seen or any(n == node_id for n, _ in batch):
+                continue
+            batch.append((node_id, at))
+            if len(batch) >= size:
+                yield from _load(sql, cursor, _unseen(batch, seen), exclude_allocation)
+                batch, size = [], min(size * 2, MAX_BATCH)
+        yield from _load(sql, cursor, _unseen(batch, seen), exclude_allocation)
+
+
+_END_SCAN = (
+    "SELECT * FROM (SELECT at, node_id, class FROM bc_fg_end WHERE pool_id = ? AND k = ? "
+    "AND class = ? AND (at > ? OR (at = ? AND node_id > ?)) AND at > ? AND free_for >= ? "
+    "ORDER BY at, node_id LIMIT {size}) AS e{n}"
+)
+
+
+def _ends(sql: Sql, cursor: Any, pool_id: str, gpus: int, length: float, not_before: float
+          ) -> Iterator[tuple[float, str]]:
+    """(at, node) of the booking ends after ``not_before`` that leave ``gpus`` GPUs free for
+    ``length``, ascending: one index range scan per length class that can hold ``length`` (a
+    few rows at a time, the first rows of every class in one statement), merged."""
+    least = length_class(length)
+    keys = {cls: (not_before, "") for cls in [*range(least, LONGEST + 1), ENDLESS]}
+    buffers: dict[int, list[tuple[float, str]]] = {}
+    size = FIRST_BATCH
+
+    def fetch(classes: list[int]) -> None:
+        statement, params = [], []
+        for n, cls in enumerate(classes):
+            statement.append(_END_SCAN.format(size=size, n=n))
+            start, node = keys[cls]
+            params += [pool_id, gpus, cls, start, start, node, not_before,
+                       length if cls == least else 0.0]
+        sql.execute(cursor, " UNION ALL ".join(statement), params)
+        got: dict[int, list[tuple[float, str]]] = {cls: [] for cls in classes}
+        for row in cursor.fetchall():
+            got[int(row["class"])].append((float(row["at"]), str(row["node_id"])))
+        for cls, rows in got.items():
+            rows.sort()
+            if len(rows) < size:
+                keys.pop(cls)  # this class has no more windows
+            else:
+                keys[cls] = rows[-1]
+            buffers[cls] = rows
+
+    fetch(list(keys))
+    heads = [(rows[0], cls) for cls, rows in buffers.items() if rows]
+    heapq.heapify(heads)
+    while heads:
+        item, cls = heapq.heappop(heads)
+        yield item
+        rows = buffers[cls]
+        rows.pop(0)
+        if not rows and cls in keys:
             size = min(size * 2, MAX_BATCH)
+            fetch([cls])
+            rows = buffers[cls]
+        if rows:
+            heapq.heappush(heads, (rows[0], cls))
 
 
 def _unseen(bounds: list[tuple[str, float]], seen: set[str]) -> list[tuple[str, float]]:

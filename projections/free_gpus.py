@@ -73,6 +73,9 @@ class FreeGpus(Projection):
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
+        # Nodes whose free_now and blocks are recomputed once, at the end of the batch (a
+        # batch holds the projection's lock, so one batch at a time writes this).
+        self._touched: dict[str, None] = {}
 
     def table_names(self) -> list[str]:
         return ["bc_fg_node", "bc_fg_booking", *earliest_index.TABLE_NAMES]
@@ -113,16 +116,16 @@ class FreeGpus(Projection):
                  event.reservation_id, json.dumps(list(event.gpus)), int(event.cpus),
                  int(event.memory_gib), epoch(event.start), epoch(event.end)),
             )
-            self._refresh_free(sql, cursor, node_id)
+            self._touched[node_id] = None
         elif kind == "bookings.extended":
             sql.execute(cursor, "UPDATE bc_fg_booking SET end_at = ? WHERE allocation_id = ?",
                         (epoch(event.end), event.allocation_id))
-            earliest_index.refresh_blocks(sql, cursor, str(event.node_id))
+            self._touched[str(event.node_id)] = None
         elif kind == "bookings.ended":
             node_id = str(event.node_id)
             sql.execute(cursor, "DELETE FROM bc_fg_booking WHERE allocation_id = ?",
                         (event.allocation_id,))
-            self._refresh_free(sql, cursor, node_id)
+            self._touched[node_id] = None
             earliest_index.mark_changed(sql, cursor, self._pool_of(sql, cursor, node_id), sequence)
         elif kind == "pool.offered":  # a quota changed: queued reservations may fit
             earliest_index.mark_changed(sql, cursor, public_id("pool", event.originator_id),
@@ -174,7 +177,12 @@ class FreeGpus(Projection):
                 "snapshot, node_id, free_now) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
                 params,
             )
-        self._refresh_free(sql, cursor, node_id)
+        self._touched[node_id] = None
+
+    def end_batch(self, sql: Sql, cursor: Any) -> None:
+        touched, self._touched = list(self._touched), {}
+        for node_id in touched:
+            self._refresh_free(sql, cursor, node_id)
 
     def _refresh_free(self, sql: Sql, cursor: Any, node_id: str) -> None:
         sql.execute(cursor, "SELECT gpus FROM bc_fg_node WHERE node_id = ?", (node_id,))

@@ -21,13 +21,12 @@ from better_compute.domain.earliest import (
     Booking,
     Timeline,
     earliest_start,
-    first_blocks,
     instant,
     lower_bound,
     moment,
     node_earliest,
+    node_index,
     quota_free_at,
-    rung_for,
 )
 from better_compute.domain.placement import FreeGpu, PlacementRequest
 from better_compute.domain.selectors import parse_selector
@@ -108,13 +107,13 @@ def reference_earliest(fleet: Fleet, node: Timeline | None = None) -> float | No
 def bounded(fleet: Fleet, shuffle: random.Random | None = None) -> list[Timeline]:
     """The nodes with the bounds the index keeps, in the order the index reads them."""
     out = []
-    rung = rung_for(fleet.length)
-    assert rung is not None
+    k = fleet.request.gpus
     for node in fleet.nodes:
-        blocks = {k: (a, b) for k, a, b in first_blocks([g.uuid for g in node.gpus],
-                                                        node.gpu_count, node.bookings, rung)}
-        a, b = blocks.get(fleet.request.gpus, (-NEVER, NEVER))
-        bound = lower_bound(a, b, fleet.not_before)
+        blocks, ends = node_index([g.uuid for g in node.gpus], node.gpu_count, node.bookings,
+                                  True, node.cpus_per_gpu, node.memory_gib_per_gpu)
+        block = next(((a, b) for n, a, b in blocks if n == k), (-NEVER, NEVER))
+        bound = lower_bound(block, [(a, f) for n, a, f in ends if n == k], fleet.length,
+                            fleet.not_before)
         out.append(Timeline(node.node_id, node.gpus, node.gpu_count, node.cpus_per_gpu,
                             node.memory_gib_per_gpu, node.bookings, bound))
     if shuffle is not None:
@@ -147,12 +146,16 @@ def test_the_search_answers_the_true_earliest_start_and_a_free_slot(
 @settings(max_examples=300, deadline=None)
 @given(fleets())
 def test_the_index_bounds_are_never_later_than_a_nodes_earliest_start(fleet: Fleet) -> None:
+    plain = fleet.request.selector is None and not fleet.request.nvlink
     for node in bounded(fleet):
         truth = reference_earliest(fleet, node)
         mine = node_earliest(fleet.request, fleet.length, fleet.not_before, node)
         assert (mine.start if mine else None) == truth
         if truth is not None:
             assert node.lower_bound <= truth
+        if plain and node.lower_bound > fleet.not_before:
+            # Blocked at not_before, no selector, no NVLink: the bound is exact (GPUs and host).
+            assert node.lower_bound == (NEVER if truth is None else truth)
 
 
 def test_a_full_pool_answers_the_end_of_the_blocking_booking_exactly() -> None:
