@@ -15,6 +15,7 @@ on fresh state. The queue dispatcher (``api/controllers/queue.py``) runs the pas
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -289,6 +290,9 @@ class ReservationQueue(ReservationBase):
         with self._pool_lock(pool_id):
             for row in waiting_in_pool(self.sql, pool_id, instant(now)):
                 uuid = UUID(str(row["uuid"]))
+                if row["state"] != "queued" and not json.loads(row["doc"])["request"].get(
+                        "moveEarlier"):
+                    continue  # placed for a fixed start: it never moves
                 if row["state"] == "queued":
                     outcome = self._retry(self._dequeue, pool, uuid, now, shadow)
                     if outcome.kind == "placed":
