@@ -6,14 +6,15 @@
 
 For each backend, in a fresh store:
 
-1. preview latency: pools of 100, 1,000 and 10,000 adopted nodes x 8 GPUs, every GPU booked
-   about 10 times (``--bookings``) from now on: groups of 1, 2, 4 or 8 GPUs of a node, each
-   for 30 min to 3 h, one after the other, so every GPU is busy now and the pool is full for
-   hours. One client asks ``capacity.preview`` (through the service, as the API calls it) for
-   1 GPU and for 8 GPUs for 2 h, ``--samples`` times each: it does not fit now, and the answer
-   is the exact earliest start. p50 and p95 per size. The goal: flat (p50 at 10,000 nodes at
-   most 1.5 x p50 at 100), because the search reads the index of node blocks in ascending
-   bound and only the bookings of the few nodes that can matter.
+1. preview latency: pools of 100, 1,000 and 10,000 adopted nodes x 8 GPUs (one store), every
+   GPU booked about 10 times (``--bookings``) from now on: groups of 1, 2, 4 or 8 GPUs of a
+   node, each for 30 min to 3 h (whole seconds), one after the other, so every GPU is busy
+   now and the pool is full for hours. One client asks ``capacity.preview`` (through the
+   service, as the API calls it) for 1 GPU and for 8 GPUs for 2 h: it does not fit now, and
+   the answer is the exact earliest start. The sizes take turns, one preview each per round,
+   ``--samples`` rounds, so the machine's load weighs on every size alike. p50 and p95 per
+   size. The goal: flat (p50 at 10,000 nodes at most 1.5 x p50 at 100), because the search
+   reads the index in ascending bound and only the bookings of the few nodes that can matter.
 2. dispatch time: a real ``better-compute serve --gateway-listen`` (it runs the queue
    dispatcher) on a pool of ``--dispatch-nodes`` nodes; tenant acme (quota 1 GPU) holds one
    GPU and queues another (``queued``: over quota). We release the held one over HTTPS and
@@ -115,21 +116,29 @@ def booked_fleet(runtime: Runtime, nodes: int, per_gpu: int, key: str) -> tuple[
     return pool, time.perf_counter() - started
 
 
-def preview_latency(runtime: Runtime, pool: str, gpus: int, samples: int
-                    ) -> tuple[float, float, str]:
+def preview_latency(runtime: Runtime, pools: dict[int, str], samples: int
+                    ) -> dict[tuple[int, int], tuple[float, float, str]]:
+    """p50, p95 (ms) and the answer per (fleet size, GPUs), the sizes taking turns."""
     service = reservations(runtime.service)
-    times = []
-    answer: dict[str, Any] = {}
+    times: dict[tuple[int, int], list[float]] = {}
+    answers: dict[tuple[int, int], dict[str, Any]] = {}
     for _ in range(samples):
-        started = time.perf_counter()
-        answer = service.preview(LOCAL_OPERATOR, tenant_id=None, pool_id=pool, gpus=gpus,
-                                 duration="2h")
-        times.append((time.perf_counter() - started) * 1000)
-    if answer["fits"] or not answer.get("earliest"):
-        raise SystemExit(f"the pool should be full with an earliest start: {answer}")
-    times.sort()
-    return (statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.95))],
-            str(answer["earliest"]["start"]))
+        for size, pool in pools.items():
+            for gpus in (1, 8):
+                started = time.perf_counter()
+                answer = service.preview(LOCAL_OPERATOR, tenant_id=None, pool_id=pool,
+                                         gpus=gpus, duration="2h")
+                times.setdefault((size, gpus), []).append((time.perf_counter() - started) * 1000)
+                answers[(size, gpus)] = answer
+    out = {}
+    for case, got in times.items():
+        answer = answers[case]
+        if answer["fits"] or not answer.get("earliest"):
+            raise SystemExit(f"the pool should be full with an earliest start: {answer}")
+        got.sort()
+        out[case] = (statistics.median(got), got[min(len(got) - 1, int(len(got) * 0.95))],
+                     str(answer["earliest"]["start"]))
+    return out
 
 
 # ------------------------------------------------------------------------ dispatch
@@ -231,6 +240,10 @@ def dispatch_time(env: dict[str, str], nodes: int, samples: int) -> dict[str, fl
             "serverP50": statistics.median(gaps), "serverP95": gaps[int(len(gaps) * 0.95)]}
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def _free_port() -> int:
     import socket
 
@@ -244,13 +257,23 @@ def run_backend(backend: str, args: argparse.Namespace) -> None:
         env = _store_env(backend, args.pg_url, Path(tmp))
         runtime = _open(env)
         try:
+            pools = {}
             for size in [int(n) for n in args.fleets.split(",")]:
-                pool, setup = booked_fleet(runtime, size, args.bookings, f"bench-preview-{size}")
-                for gpus in (1, 8):
-                    p50, p95, earliest = preview_latency(runtime, pool, gpus, args.samples)
-                    print(f"  {backend} preview, {size:>6} nodes, {gpus} GPU{'s' if gpus > 1 else ''}"
-                          f": p50 {p50:6.1f} ms, p95 {p95:6.1f} ms (earliest {earliest}; "
-                          f"fleet set up in {setup:.1f}s)", flush=True)
+                pools[size], setup = booked_fleet(runtime, size, args.bookings,
+                                                  f"bench-preview-{size}")
+                print(f"  {backend}: {size} nodes x 8 GPUs, ~{args.bookings} bookings per GPU, "
+                      f"set up in {setup:.1f}s", flush=True)
+            print(f"  load average before: {_load()}", flush=True)
+            figures = preview_latency(runtime, pools, args.samples)
+            print(f"  load average after:  {_load()}", flush=True)
+            for (size, gpus), (p50, p95, earliest) in sorted(figures.items()):
+                print(f"  {backend} preview, {size:>6} nodes, {gpus} GPU{'s' if gpus > 1 else ''}"
+                      f": p50 {p50:6.1f} ms, p95 {p95:6.1f} ms (earliest {earliest})", flush=True)
+            smallest, largest = min(pools), max(pools)
+            for gpus in (1, 8):
+                ratio = figures[(largest, gpus)][0] / figures[(smallest, gpus)][0]
+                print(f"  {backend} p50 {largest} / p50 {smallest} nodes, {gpus} GPU(s): "
+                      f"{ratio:.2f} (goal: at most 1.5)", flush=True)
         finally:
             runtime.close()
             _drop(env)
@@ -261,6 +284,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> None:
                 got = dispatch_time(env, args.dispatch_nodes, args.dispatch_samples)
             finally:
                 _drop(env)
+            print(f"  load average: {_load()}", flush=True)
             print(f"  {backend} dispatch, release to reservation.dequeued: client p50 "
                   f"{got['clientP50']:.1f} ms, p95 {got['clientP95']:.1f} ms; between the "
                   f"events p50 {got['serverP50']:.1f} ms, p95 {got['serverP95']:.1f} ms",

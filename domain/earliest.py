@@ -35,6 +35,7 @@ it ends).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -198,20 +199,29 @@ def free_counts(usable: Sequence[str], bookings: Sequence[Booking]) -> list[tupl
     return steps
 
 
-def _host_free_for(bookings: Sequence[Booking], at: float, spare_cpus: int,
-                   spare_memory: int) -> float:
-    """How long from ``at`` the bookings overlapping [at, at + x) leave the spare host share.
-
-    The bookings aggregate counts every booking that overlaps an interval (an upper bound),
-    so the answer is the start of the first booking whose share no longer fits, less ``at``.
-    """
-    cpus = memory = 0
+def _host_use_after(bookings: Sequence[Booking], at: float
+                    ) -> tuple[list[float], list[int], list[int]]:
+    """The bookings still running or to come at ``at``, by start: starts and running sums of
+    their CPUs and memory (the bookings aggregate counts every booking that overlaps an
+    interval, an upper bound, so [at, at + x) holds the sums up to the last start before
+    at + x)."""
+    starts: list[float] = []
+    cpus: list[int] = []
+    memory: list[int] = []
     for booking in sorted((b for b in bookings if b.end > at), key=lambda b: b.start):
-        cpus += booking.cpus
-        memory += booking.memory_gib
-        if cpus > spare_cpus or memory > spare_memory:
-            return max(0.0, booking.start - at)
-    return NEVER
+        starts.append(booking.start)
+        cpus.append((cpus[-1] if cpus else 0) + booking.cpus)
+        memory.append((memory[-1] if memory else 0) + booking.memory_gib)
+    return starts, cpus, memory
+
+
+def _host_free_for(use: tuple[list[float], list[int], list[int]], at: float, spare_cpus: int,
+                   spare_memory: int) -> float:
+    """How long from ``at`` the bookings overlapping [at, at + x) leave the spare host share:
+    until the start of the first booking whose share no longer fits."""
+    starts, cpus, memory = use
+    first = min(bisect_right(cpus, spare_cpus), bisect_right(memory, spare_memory))
+    return NEVER if first == len(starts) else max(0.0, starts[first] - at)
 
 
 def node_index(usable: Sequence[str], gpu_count: int, bookings: Sequence[Booking],
@@ -246,13 +256,14 @@ def node_index(usable: Sequence[str], gpu_count: int, bookings: Sequence[Booking
     for at in sorted({b.end for b in bookings}):
         free_for = []
         for intervals in held.values():
-            if any(start <= at < end for start, end in intervals):
+            i = bisect_right(intervals, (at, NEVER))  # the first booking starting after at
+            if i and intervals[i - 1][1] > at:
                 continue  # busy at this instant
-            later = [start for start, _ in intervals if start > at]
-            free_for.append(min(later) - at if later else NEVER)
+            free_for.append(intervals[i][0] - at if i < len(intervals) else NEVER)
         free_for.sort(reverse=True)
+        use = _host_use_after(bookings, at)
         for k in range(1, min(len(free_for), gpu_count) + 1):
-            host = _host_free_for(bookings, at, cpus_per_gpu * (gpu_count - k),
+            host = _host_free_for(use, at, cpus_per_gpu * (gpu_count - k),
                                   memory_gib_per_gpu * (gpu_count - k))
             ends.append((k, at, min(free_for[k - 1], host)))
     return blocks, ends

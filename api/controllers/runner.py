@@ -1,8 +1,8 @@
 """Running the controllers inside ``serve``: elected, woken by events and by a tick.
 
 ``run_controllers`` is a lifespan task. It tries to become the leader
-every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass, the
-reservation timers and the queue dispatcher whenever the process's event hub
+every ``retry`` seconds; once it leads, it runs the queue dispatcher, a
+NodeLifecycle pass and the reservation timers whenever the process's event hub
 reads a node.*, reservation.*, bookings.*, quota.* or pool.* event and at least every
 ``tick`` seconds (the timers), and checks it still holds the lock before
 each pass. A pass that fails is logged and retried on the next tick.
@@ -81,6 +81,10 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
             state.extra["controllers_leader"] = True
             while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
                 position = hub.head if hub is not None else 0
+                try:  # first: a queued reservation waits on it (what the timers free is next)
+                    await anyio.to_thread.run_sync(dispatcher.run, limiter=limiter)
+                except Exception:
+                    log.exception("a queue dispatch pass failed; retrying on the next tick")
                 try:
                     await anyio.to_thread.run_sync(lifecycle.reconcile, limiter=limiter)
                 except Exception:
@@ -89,10 +93,6 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
                     await anyio.to_thread.run_sync(timers.tick, limiter=limiter)
                 except Exception:
                     log.exception("a reservations pass failed; retrying on the next tick")
-                try:
-                    await anyio.to_thread.run_sync(dispatcher.run, limiter=limiter)
-                except Exception:
-                    log.exception("a queue dispatch pass failed; retrying on the next tick")
                 if hub is not None:
                     await hub.wait_beyond(position, tick, _WAKE_ON)
                 else:
