@@ -281,18 +281,17 @@ class ReservationQueue(ReservationBase):
     def dispatch(self, pool_id: str, now: datetime | None = None) -> DispatchReport:
         """One pass over a pool's line, first come first (see the module docstring)."""
         report = DispatchReport()
-        pool = self.get(Pool, parse_id("pool", pool_id))
-        if pool is None:
-            return report
         now = now or self.now()
         self.projections.catch_up("reservations")
+        line = [row for row in waiting_in_pool(self.sql, pool_id, instant(now))
+                if row["state"] == "queued" or json.loads(row["doc"])["request"].get("moveEarlier")]
+        pool = self.get(Pool, parse_id("pool", pool_id)) if line else None
+        if pool is None:  # nobody waits (placed for a fixed start: it never moves)
+            return report
         shadow: Shadow | None = None
         with self._pool_lock(pool_id):
-            for row in waiting_in_pool(self.sql, pool_id, instant(now)):
+            for row in line:
                 uuid = UUID(str(row["uuid"]))
-                if row["state"] != "queued" and not json.loads(row["doc"])["request"].get(
-                        "moveEarlier"):
-                    continue  # placed for a fixed start: it never moves
                 if row["state"] == "queued":
                     outcome = self._retry(self._dequeue, pool, uuid, now, shadow)
                     if outcome.kind == "placed":

@@ -85,7 +85,10 @@ def start_mode(start: str | None, queue: bool, queue_timeout: str | None,
                            "time); --start earliest and --queue move earlier already")
     timeout = DEFAULT_QUEUE_TIMEOUT
     if queue_timeout is not None:
-        timeout = parse_duration(queue_timeout, flag="--queue-timeout")
+        try:
+            timeout = parse_duration(queue_timeout, flag="--queue-timeout")
+        except OverflowError:  # more days than a timedelta holds: out of range as well
+            timeout = MAX_QUEUE_TIMEOUT * 2
         if not MIN_QUEUE_TIMEOUT <= timeout <= MAX_QUEUE_TIMEOUT:
             raise InvalidInput(f"--queue-timeout {queue_timeout} is out of range: wait 1s to 7d")
     return StartMode(start=None if earliest else start, earliest=earliest or queue,
