@@ -62,6 +62,7 @@ class DispatchReport:
     placed: list[str] = field(default_factory=list)
     rescheduled: list[str] = field(default_factory=list)
     head: str | None = None
+    undecided: bool = False  # concurrent writers kept it from deciding: look again soon
 
     @property
     def changed(self) -> bool:
@@ -294,6 +295,9 @@ class ReservationQueue(ReservationBase):
                 uuid = UUID(str(row["uuid"]))
                 if row["state"] == "queued":
                     outcome = self._retry(self._dequeue, pool, uuid, now, shadow)
+                    if outcome.kind == "busy":
+                        report.undecided = True
+                        break  # nobody behind it goes first; the next pass decides again
                     if outcome.kind == "placed":
                         shadow = outcome.shadow
                         report.placed.append(public_id("rsv", uuid))

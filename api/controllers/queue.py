@@ -64,9 +64,12 @@ class QueueDispatcher:
         for pool_id in sorted(pools):
             try:
                 report.pools[pool_id] = service.dispatch(pool_id, now)
+                undecided = report.pools[pool_id].undecided
             except Exception:  # one pool's trouble never stops the others
                 log.exception("dispatching pool %s failed; it is looked at again next pass",
                               pool_id)
-                mark = min(mark, self.seen)
+                undecided = True
+            if undecided:
+                mark = min(mark, self.seen)  # the next pass looks at it again
         self.seen = max(self.seen, mark)
         return report
