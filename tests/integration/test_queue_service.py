@@ -18,7 +18,13 @@ from better_compute.domain.errors import Conflict, InvalidInput, NoCapacity, Quo
 from better_compute.domain.ids import parse_id
 from better_compute.domain.quota import QuotaUse, quota_uuid
 from tests.fleet import add_nodes
-from tests.integration.test_reservations_service import ACME, bookings, reserve, setup
+from tests.integration.test_reservations_service import (
+    ACME,
+    bookings,
+    journal,
+    reserve,
+    setup,
+)
 
 BETA = Principal("beta", Role.MEMBER, "tok_beta")
 
@@ -237,3 +243,37 @@ def test_bad_queue_flags_are_refused_and_change_nothing(runtime: Any) -> None:
             reserve(rs, pool, 1, **params)
         assert message in err.value.message
     assert rs.list(OP, None, None, None) == []
+
+
+def test_a_larger_quota_or_a_failed_binding_wakes_the_line(runtime: Any) -> None:
+    rs, _, pool, _ = setup(runtime, nodes=1, quota=2)
+    held = reserve(rs, pool, 2, who=ACME, duration="3h")
+    queued = reserve(rs, pool, 2, who=ACME, duration="1h", queue=True)
+    dispatcher = QueueDispatcher(rs)
+    assert dispatcher.run().placed == []
+    runtime.service.pools_offer(OP, pool, "acme", {"gpu": 4})  # the owner raises the quota
+    assert dispatcher.run().placed == [queued["id"]]
+    rs.release(ACME, held["id"])
+    # A failed binding frees its GPUs: a reservation waiting for them moves forward.
+    blocking = reserve(rs, pool, 6, duration="2h")
+    early = reserve(rs, pool, 8, duration="1h", start="earliest")
+    assert early["start"] == "2031-05-01T14:00:00Z"
+    ReservationTimers(rs).tick()  # blocking (and acme's) start: binding
+    journal(runtime, blocking["nodeId"], {
+        "kind": "allocation.failed", "nodeId": blocking["nodeId"],
+        "allocationId": blocking["allocationId"], "reason": "device-missing",
+        "message": "GPU gone"})
+    assert rs.get_doc(OP, blocking["id"])["state"] == "failed"  # no other node to go to
+    assert dispatcher.run().rescheduled == [early["id"]]
+    # Now only acme's reservation (2 GPUs until 13:00) stands in its way.
+    assert rs.get_doc(OP, early["id"])["start"] == "2031-05-01T13:00:00Z"
+
+
+def test_a_draining_node_takes_no_new_work() -> None:
+    from better_compute.domain.node_rules import takes_new_work
+    from tests.fleet import build_node
+
+    node_ = build_node("pool_x")
+    assert takes_new_work(node_)
+    node_.draining = True  # what nodes drain records (the day-2 issue): no new work
+    assert not takes_new_work(node_)
