@@ -253,6 +253,23 @@ def _free_port() -> int:
 
 
 def run_backend(backend: str, args: argparse.Namespace) -> None:
+    if args.fleets:
+        run_previews(backend, args)
+    if args.dispatch_samples:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = _store_env(backend, args.pg_url, Path(tmp))
+            try:
+                got = dispatch_time(env, args.dispatch_nodes, args.dispatch_samples)
+            finally:
+                _drop(env)
+            print(f"  load average: {_load()}", flush=True)
+            print(f"  {backend} dispatch, release to reservation.dequeued: client p50 "
+                  f"{got['clientP50']:.1f} ms, p95 {got['clientP95']:.1f} ms; between the "
+                  f"events p50 {got['serverP50']:.1f} ms, p95 {got['serverP95']:.1f} ms",
+                  flush=True)
+
+
+def run_previews(backend: str, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env = _store_env(backend, args.pg_url, Path(tmp))
         runtime = _open(env)
@@ -277,18 +294,6 @@ def run_backend(backend: str, args: argparse.Namespace) -> None:
         finally:
             runtime.close()
             _drop(env)
-    if args.dispatch_samples:
-        with tempfile.TemporaryDirectory() as tmp:
-            env = _store_env(backend, args.pg_url, Path(tmp))
-            try:
-                got = dispatch_time(env, args.dispatch_nodes, args.dispatch_samples)
-            finally:
-                _drop(env)
-            print(f"  load average: {_load()}", flush=True)
-            print(f"  {backend} dispatch, release to reservation.dequeued: client p50 "
-                  f"{got['clientP50']:.1f} ms, p95 {got['clientP95']:.1f} ms; between the "
-                  f"events p50 {got['serverP50']:.1f} ms, p95 {got['serverP95']:.1f} ms",
-                  flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
     parser.add_argument("--pg-url", default=os.environ.get("BC_TEST_PG_URL"))
-    parser.add_argument("--fleets", default="100,1000,10000")
+    parser.add_argument("--fleets", default="100,1000,10000",
+                        help="fleet sizes for the preview latency ('' skips it)")
     parser.add_argument("--bookings", type=int, default=10, help="bookings per GPU")
     parser.add_argument("--samples", type=int, default=50)
     parser.add_argument("--dispatch-nodes", type=int, default=100)
