@@ -1,8 +1,9 @@
 """Running the controllers inside ``serve``: elected, woken by events and by a tick.
 
 ``run_controllers`` is a lifespan task. It tries to become the leader
-every ``retry`` seconds; once it leads, it runs the queue dispatcher, a
-NodeLifecycle pass and the reservation timers whenever the process's event hub
+every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass and the
+reservation timers, and beside them (its own loop, so a release never waits
+for their pass) the queue dispatcher, whenever the process's event hub
 reads a node.*, reservation.*, bookings.*, quota.* or pool.* event and at least every
 ``tick`` seconds (the timers), and checks it still holds the lock before
 each pass. A pass that fails is logged and retried on the next tick.
@@ -79,26 +80,47 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
                 continue
             log.info("this process runs the controllers")
             state.extra["controllers_leader"] = True
-            while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
-                position = hub.head if hub is not None else 0
-                try:  # first: a queued reservation waits on it (what the timers free is next)
-                    await anyio.to_thread.run_sync(dispatcher.run, limiter=limiter)
-                except Exception:
-                    log.exception("a queue dispatch pass failed; retrying on the next tick")
-                try:
-                    await anyio.to_thread.run_sync(lifecycle.reconcile, limiter=limiter)
-                except Exception:
-                    log.exception("a NodeLifecycle pass failed; retrying on the next tick")
-                try:
-                    await anyio.to_thread.run_sync(timers.tick, limiter=limiter)
-                except Exception:
-                    log.exception("a reservations pass failed; retrying on the next tick")
-                if hub is not None:
-                    await hub.wait_beyond(position, tick, _WAKE_ON)
-                else:
-                    await anyio.sleep(tick)
+            async with anyio.create_task_group() as dispatching:
+                dispatching.start_soon(_dispatch, dispatcher, hub, tick)
+                await _lead(lead, lifecycle, timers, hub, tick, limiter)
+                dispatching.cancel_scope.cancel()
             state.extra["controllers_leader"] = False
             log.warning("lost the controllers' lock; trying to take it again")
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lead.release, limiter=limiter)
+
+
+async def _dispatch(dispatcher: QueueDispatcher, hub: Any, tick: float) -> None:
+    """The queue dispatcher's own loop, beside the others: a release is not kept waiting by
+    a NodeLifecycle or timers pass (only the leader runs it; cancelled with leadership)."""
+    limiter = anyio.CapacityLimiter(1)
+    while True:
+        position = hub.head if hub is not None else 0
+        try:
+            await anyio.to_thread.run_sync(dispatcher.run, limiter=limiter)
+        except Exception:
+            log.exception("a queue dispatch pass failed; retrying on the next tick")
+        if hub is not None:
+            await hub.wait_beyond(position, tick, _WAKE_ON)
+        else:
+            await anyio.sleep(tick)
+
+
+async def _lead(lead: Leadership, lifecycle: NodeLifecycle, timers: ReservationTimers,
+                hub: Any, tick: float, limiter: anyio.CapacityLimiter) -> None:
+    """The NodeLifecycle and timers passes, while this process holds the lock."""
+    while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
+        position = hub.head if hub is not None else 0
+        try:
+            await anyio.to_thread.run_sync(lifecycle.reconcile, limiter=limiter)
+        except Exception:
+            log.exception("a NodeLifecycle pass failed; retrying on the next tick")
+        try:
+            await anyio.to_thread.run_sync(timers.tick, limiter=limiter)
+        except Exception:
+            log.exception("a reservations pass failed; retrying on the next tick")
+        if hub is not None:
+            await hub.wait_beyond(position, tick, _WAKE_ON)
+        else:
+            await anyio.sleep(tick)
