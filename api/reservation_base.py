@@ -131,6 +131,8 @@ class ReservationBase:
                   ) -> list[TenantOwned]:
         """Aggregates that end the current hold of ``rsv``: bookings, quota, node."""
         out: list[TenantOwned] = []
+        if not rsv.allocation_id:  # it was queued: it never held anything
+            return out
         bookings = self.get(NodeBookings, bookings_uuid(rsv.node_id))
         if bookings is not None and bookings.end(rsv.allocation_id, at):
             out.append(bookings)

@@ -367,8 +367,9 @@ class SqlRunner:
 
     def lock(self, cursor: Any, name: str) -> None:
         """Serialise writers of one read model for the rest of this transaction."""
-        if self.postgres:
-            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+        if self.postgres:  # per schema: stores sharing one database never wait for each other
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                           (f"{self.schema or 'public'}/{name}",))
         else:
             # A write as the first statement takes SQLite's write lock (waiting
             # up to the busy timeout) before this transaction reads anything.

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 from better_compute.cli.commands import capacity
+from better_compute.cli.commands.queue_wait import wait_while_queued
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.cli.tables import RESERVATIONS
 from better_compute.domain.errors import InvalidInput, Unavailable
@@ -48,13 +50,16 @@ def reserve_params(ctx: Any, a: argparse.Namespace, key: str) -> dict[str, Any]:
     return {"tenantId": ctx.tenant, "poolId": a.pool, "gpus": a.gpus, "duration": a.duration,
             "model": a.model, "product": a.product, "selector": a.selector,
             "nvlink": True if a.nvlink else None, "start": a.start, "key": key,
-            "kubernetes": True if a.kubernetes else None}
+            "kubernetes": True if a.kubernetes else None,
+            "queue": True if a.queue else None, "queueTimeout": a.queue_timeout,
+            "moveEarlier": True if a.move_earlier else None}
 
 
 def reserve(ctx: Any, a: argparse.Namespace) -> int:
     from better_compute.cli.waiting import create_with_retries, wait_until_settled
 
     key = a.key or new_key()
+    deadline = time.monotonic() + a.wait
     try:
         result = create_with_retries(ctx, reserve_params(ctx, a, key), a.wait)
     except Unavailable:
@@ -63,7 +68,9 @@ def reserve(ctx: Any, a: argparse.Namespace) -> int:
         raise
     if not a.key:
         _print_key(key)
-    result, code = wait_until_settled(ctx, result, a.wait)
+    if ctx.env.get("BETTER_COMPUTE_URL", "").strip():  # a server's controllers place the queue
+        result = wait_while_queued(ctx, result, deadline)  # its position, on a terminal
+    result, code = wait_until_settled(ctx, result, max(0.0, deadline - time.monotonic()))
     ctx.emit(result)
     return code
 
@@ -94,7 +101,8 @@ def _narrowing(p: argparse.ArgumentParser) -> None:
                    help="keep GPUs this expression is true for, e.g. \"vramGiB >= 80\" "
                         "(docs/reservations.md, selectors)")
     p.add_argument("--nvlink", action="store_true", help="all GPUs in one NVLink domain")
-    p.add_argument("--start", metavar="WHEN", help="+2h or an RFC 3339 time (default: now)")
+    p.add_argument("--start", metavar="WHEN",
+                   help="+2h or an RFC 3339 time (default: now); reserve also takes earliest")
 
 
 def _preview_arguments(p: argparse.ArgumentParser) -> None:
@@ -142,14 +150,21 @@ def register(sub: Any) -> None:
     p.add_argument("--for", dest="duration", required=True, metavar="DURATION",
                    help="how long: 30m, 2h, 1d")
     _narrowing(p)
+    p.add_argument("--queue", action="store_true",
+                   help="when it cannot be placed (no node can hold it yet, or over quota), "
+                        "wait in the pool's queue instead of failing; starts as early as it can")
+    p.add_argument("--queue-timeout", metavar="DURATION",
+                   help="with --queue: how long it may wait before it expires (default 6h)")
+    p.add_argument("--move-earlier", action="store_true",
+                   help="with a later --start: move it earlier when GPUs free up")
     p.add_argument("--key", help="an idempotency key: the same key returns the same reservation")
     p.add_argument("--kubernetes", action="store_true",
                    help="hand the GPUs to the kubelet through bcd's device plugin "
                         "(a pool with policy.kubernetes; docs/kubernetes.md)")
     p.add_argument("--wait", type=_wait_seconds, default=DEFAULT_WAIT_S, metavar="SECONDS",
-                   help="how long to wait for the reservation to be active or final, retrying "
-                   f"while the server is unreachable (default {DEFAULT_WAIT_S:.0f}; 0: return "
-                   "once placed)")
+                   help="how long to wait for the reservation to be active or final (a queued "
+                   "one: placed), retrying while the server is unreachable (default "
+                   f"{DEFAULT_WAIT_S:.0f}; 0: return once placed or queued)")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
 
     p = add_verb(sub, "release", release,
