@@ -117,16 +117,6 @@ def evaluate_acceptance(checks: list[dict[str, Any]], reported: dict[str, Any]) 
     return AcceptanceVerdict(True, "every acceptance check passed", results)
 
 
-def takes_new_work(node: Any) -> bool:
-    """The one rule for whether the placer may book new work on a node (docs/reservations.md).
-
-    Adopted, reachable, not cordoned (maintenance) and some GPU healthy (``Node.schedulable``),
-    and not draining. The free-GPU index stores this per node, so the placer, the
-    earliest-start search and the queue all read the same answer.
-    """
-    return bool(getattr(node, "schedulable", False)) and not getattr(node, "draining", False)
-
-
 def node_capacity(provision_state: str, session: str, cordoned: bool,
                   gpus: list[dict[str, Any]], cpus: float, memory_gib: float,
                   holds: list[dict[str, Any]] | tuple[dict[str, Any], ...] = ()

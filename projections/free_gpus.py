@@ -3,12 +3,13 @@
 Two tables, changed together in the projection's batch transaction:
 
 * ``bc_fg_node``: one row per node: its pool, whether the placer may use it
-  (``takes_new_work``: adopted, reachable, not cordoned or draining, some GPU healthy),
+  (``Node.schedulable``, i.e. ``placement_eligible`` in domain/node_rules.py: adopted,
+  reachable, not cordoned or draining, some GPU healthy),
   its GPUs with the attributes selectors see and their health, the per-GPU
   share of host CPUs and memory (domain/host_share.py), and ``free_now``:
   healthy GPUs that no live booking holds at any time. The row keeps a
   snapshot of the Node aggregate, so every ``node.*`` event is applied by the
-  aggregate's own code and the index always agrees with ``takes_new_work``.
+  aggregate's own code and the index always agrees with ``Node.schedulable``.
 * ``bc_fg_booking``: one row per live booking (``bookings.*`` events): node,
   GPUs, host resources and the interval [start, end) in epoch seconds.
 
@@ -32,7 +33,6 @@ from typing import Any
 
 from better_compute.domain.host_share import host_share
 from better_compute.domain.ids import public_id
-from better_compute.domain.node_rules import takes_new_work
 from better_compute.domain.placement import Candidate, FreeGpu, gpu_attributes
 from better_compute.projections import earliest_index
 from better_compute.projections.framework import Projection, SnapshotCodec, Sql, after_event
@@ -154,7 +154,7 @@ class FreeGpus(Projection):
             _hardware_number(hardware, "memoryGiB", "memoryGib"), len(gpus),
         )
         healthy = sum(1 for g in gpus if g["attributes"].get("healthy"))
-        schedulable = takes_new_work(node)
+        schedulable = node.schedulable
         topic, state = self.codec.snapshot(node)
         params = (str(event.originator_id), node.pool_id, node.tenant_id, int(schedulable),
                   json.dumps(gpus), healthy, share.cpus_per_gpu, share.memory_gib_per_gpu,

@@ -270,10 +270,9 @@ def test_a_larger_quota_or_a_failed_binding_wakes_the_line(runtime: Any) -> None
 
 
 def test_a_draining_node_takes_no_new_work() -> None:
-    from better_compute.domain.node_rules import takes_new_work
     from tests.fleet import build_node
 
     node_ = build_node("pool_x")
-    assert takes_new_work(node_)
+    assert node_.schedulable
     node_.draining = True  # what nodes drain records (the day-2 issue): no new work
-    assert not takes_new_work(node_)
+    assert not node_.schedulable
