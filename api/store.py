@@ -324,7 +324,9 @@ def _sqlite_setup_lock(path: Path) -> Iterator[None]:
 
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     deadline = time.monotonic() + float(SETUP_LOCK_TIMEOUT.rstrip("s"))
-    with open(path.with_name(path.name + ".setup-lock"), "a") as lock:
+    lock_fd = os.open(path.with_name(path.name + ".setup-lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.fchmod(lock_fd, 0o600)  # one made before store files were kept private
+    with os.fdopen(lock_fd, "a") as lock:
         while True:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

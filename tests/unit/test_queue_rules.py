@@ -107,7 +107,7 @@ def test_the_create_mode_from_its_flags() -> None:
     for flags, message in [(("+2h", True, None, False), "--queue starts as early"),
                            ((None, False, "1h", False), "goes with --queue"),
                            ((None, True, "0s", False), "out of range"),
-                           ((None, True, "99999999999999d", False), "out of range"),
+                           ((None, True, "99999999999999d", False), "at most 9 digits"),
                            ((None, False, None, True), "--move-earlier is for")]:
         with pytest.raises(InvalidInput) as err:
             start_mode(*flags)
