@@ -35,7 +35,7 @@ from .paths import Paths
 from .slices import SliceError, SliceOutcome, Slices, slice_name
 
 FailureReason = Literal["overlap", "device-missing", "resources-exhausted"]
-_RESERVATION_ID = re.compile(r"^rsv_[A-Za-z0-9]{1,64}$")
+_RESERVATION_ID = re.compile(r"^rsv_[A-Za-z0-9]{1,64}\Z")
 
 
 class InvalidAssignment(ValueError):

@@ -54,9 +54,9 @@ VENDOR_SPEC_CANDIDATES = (
     "var/run/cdi/nvidia.yaml",
 )
 
-ALLOCATION_ID = re.compile(r"^alloc_[A-Za-z0-9]{1,64}$")
+ALLOCATION_ID = re.compile(r"^alloc_[A-Za-z0-9]{1,64}\Z")
 # CDI device names: letters, digits and _ - . : inside, alphanumeric at both ends.
-_DEVICE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 
 # The fields CDI defines, per object; anything else in a vendor spec is dropped.
 _EDIT_FIELDS = (

@@ -27,9 +27,9 @@ from .slices import slice_name
 
 HEADER = "# Written by bcd for one GPU hold; removed when the hold is released. Do not edit.\n"
 
-_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*\Z")
 # Characters that mean the same unquoted in sh, systemd EnvironmentFile and docker --env-file.
-_VALUE = re.compile(r"^[A-Za-z0-9_.,:/=@+%-]*$")
+_VALUE = re.compile(r"^[A-Za-z0-9_.,:/=@+%-]*\Z")
 
 
 def env_path(paths: Paths, allocation_id: str) -> Path:

@@ -11,10 +11,10 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .errors import BcdError, UsageError
 from .paths import Paths
-from .version import bcd_version
 
 _NO_POSITIONAL = (
     "bcd join takes no positional arguments: the join token is never an argument (arguments "
@@ -23,18 +23,45 @@ _NO_POSITIONAL = (
 )
 
 
+class _Version(argparse.Action):
+    """--version, looked up only when asked for (importlib.metadata is slow to load)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from .version import bcd_version
+
+        print(f"bcd {bcd_version()}")
+        parser.exit(0)
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "".join(f"  {line}\n" for line in lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bcd", description="The better-compute node agent. Host paths live under BCD_ROOT "
-        "(default /); BCD_GPU_SOURCE=nvml|nvidia-smi|fake:FILE picks the GPU source.")
-    parser.add_argument("--version", action="version", version=f"bcd {bcd_version()}")
+        "(default /); BCD_GPU_SOURCE=nvml|nvidia-smi|fake:FILE picks the GPU source.",
+        epilog=_examples("sudo sh install-bcd.sh < join-token", "bcd doctor",
+                         "bcd node --config /etc/bcd/config.toml", "sudo bcd status"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     join = sub.add_parser(
         "join", help="join this machine to a pool with a join token",
         description="Join this machine to the control plane's pool with a join token read from "
         "--token-file, BCD_JOIN_TOKEN or standard input (never an argument). Flags left out are "
-        "taken from config.toml's [server], as the install script writes it. See docs/bcd.md.")
+        "taken from config.toml's [server], as the install script writes it. See docs/bcd.md.",
+        epilog=_examples(
+            "bcd join --server https://compute.example.com/api/compute --serving-ca-pin "
+            "'sha256/…' --join-signing-pin 'sha256/…' --join-encryption-pin 'sha256/…' "
+            "--token-file ./join-token",
+            "bcd join < join-token      # the server and pins from config.toml"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     join.add_argument("--server", help="the control plane's API root, https://HOST/api/compute")
     join.add_argument("--serving-ca-pin", help="sha256/… pin of the serving CA")
     join.add_argument("--join-signing-pin", help="sha256/… pin of the join signing key")
@@ -45,14 +72,21 @@ def _parser() -> argparse.ArgumentParser:
 
     doctor = sub.add_parser("doctor", help="check this machine for a join and a node",
                             description="Check privileges, config.toml, the GPU source, the "
-                            "server and the clock, and say what to fix. Exits 1 when any fails.")
+                            "server and the clock, and say what to fix. Exits 1 when any fails.",
+                            epilog=_examples(
+                                "bcd doctor",
+                                "bcd doctor --server https://compute.example.com/api/compute"),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     doctor.add_argument("--server", help="the API root to check (default: config.toml's)")
 
     node = sub.add_parser(
         "node", help="run the agent: the session with the gateway, desired state, status",
         description="Run the node agent: keep the session with the gateway up (reconnecting "
         "with backoff), apply the desired state, journal what it did, and serve `bcd status` "
-        "on BCD_ROOT/run/bcd/bcd.sock. Stops cleanly on SIGTERM or SIGINT. See docs/bcd.md.")
+        "on BCD_ROOT/run/bcd/bcd.sock. Stops cleanly on SIGTERM or SIGINT. See docs/bcd.md.",
+        epilog=_examples("bcd node --config /etc/bcd/config.toml",
+                         "systemctl enable --now bcd.service      # as the install script does"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     node.add_argument("--config", metavar="FILE",
                       help="config.toml written by bcd join (default /etc/bcd/config.toml, "
                       "under BCD_ROOT)")
@@ -67,7 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser(
         "status", help="show the running agent: session, spec generations, sections, GPUs",
         description="Read the running bcd node over its unix socket and show its session, "
-        "the applied and observed spec generations, each section and each GPU.")
+        "the applied and observed spec generations, each section and each GPU.",
+        epilog=_examples("sudo bcd status", "sudo bcd status --json | jq .session"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     status.add_argument("--json", action="store_true",
                         help="print the status as JSON (schema in docs/bcd.md)")
     status.add_argument("--socket", metavar="PATH",
@@ -96,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
         return node_command(args.config, paths=paths, env=env, log_format=args.log_format,
                             metrics_listen=args.metrics_listen)
     if args.command == "status":
-        from .node.command import status_command
+        from .node.status_client import status_command
 
         return status_command(paths=paths, as_json=args.json, socket=args.socket)
     raise UsageError(f"bcd {args.command} is not a bcd command")

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import better_compute.api.methods  # noqa: F401  (registers every JSON-RPC method)
-from better_compute.api import console, join_routes, rpc, watch
+from better_compute.api import console, http_limits, join_routes, readiness, rpc, watch
 from better_compute.api.metrics import ServerMetrics
 from better_compute.api.request_log import (
     CURRENT,
@@ -31,13 +31,14 @@ from better_compute.api.request_log import (
     new_request_id,
 )
 from better_compute.api.runtime import Runtime
+from better_compute.api.supervise import supervised
 from better_compute.domain.access import Principal
-from better_compute.domain.errors import BetterComputeError, PermissionDenied
+from better_compute.domain.errors import BetterComputeError, PermissionDenied, RateLimited
 
 API_PREFIX = "/api/compute"
 # A lifespan task: ``async def task(state, *, task_status)``, started with tg.start.
 LifespanTask = Callable[..., Awaitable[Any]]
-MAX_BODY = 1 << 20
+MAX_BODY = http_limits.MAX_BODY
 
 
 @dataclass
@@ -46,6 +47,11 @@ class ServerState:
     limiter: anyio.CapacityLimiter
     gateway_url: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Calls per token (api/http_limits.py): a quarter of the limiter's workers at most.
+    admission: http_limits.Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = http_limits.Admission.for_limiter(self.limiter)
 
 
 def _bearer(request: Request) -> str | None:
@@ -72,14 +78,12 @@ async def rpc_endpoint(request: Request) -> Response:
 
 async def _rpc(request: Request) -> Response:
     state: ServerState = request.app.state.bc
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        return JSONResponse(
-            {"jsonrpc": "2.0", "id": None, "error": {
-                "code": -32600, "message": "request body over 1 MiB",
-                "data": {"code": "invalid_request"}}},
-            status_code=413,
-        )
+    refusal = http_limits.refuse_headers(request)  # size and content type, before reading
+    if refusal is not None:
+        return refusal
+    body = await http_limits.read_body(request)
+    if body is None:
+        return http_limits.too_large()
     token = _bearer(request)
     service = state.runtime.service
 
@@ -88,9 +92,15 @@ async def _rpc(request: Request) -> Response:
         authenticated(principal)
         return principal
 
-    answer = await anyio.to_thread.run_sync(
-        rpc.handle, body, service, authenticate, limiter=state.limiter
-    )
+    try:
+        async with state.admission.slot(http_limits.caller_key(request, token)):
+            answer = await anyio.to_thread.run_sync(
+                rpc.handle, body, service, authenticate, limiter=state.limiter
+            )
+    except RateLimited as exc:
+        return http_limits.rate_limited(exc, body)
+    if not answer:  # a notification: JSON-RPC answers nothing
+        return Response(status_code=204)
     return Response(answer, media_type="application/json")
 
 
@@ -127,7 +137,9 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
 
     ``tasks`` run for the life of the server in the lifespan's task group
     (the gateway, the controllers): each is started with ``tg.start(task,
-    state)`` once the event hub runs, and cancelled at shutdown.
+    state)`` once the event hub runs, supervised (restarted with backoff when it
+    fails, api/supervise.py), and cancelled at shutdown. The store is closed
+    only when the lifespan ends.
     """
 
     @contextlib.asynccontextmanager
@@ -143,7 +155,7 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
             # The /watch follower of this process, then the lifespan tasks that use it.
             async with watch.running_hub(state), anyio.create_task_group() as tg:
                 for task in tasks:
-                    await tg.start(task, state)
+                    await tg.start(supervised, task, state)
                 try:
                     yield
                 finally:
@@ -155,6 +167,7 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
         Route(f"{API_PREFIX}/rpc", rpc_endpoint, methods=["POST"]),
         Route(f"{API_PREFIX}/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route(f"{API_PREFIX}/ready", readiness.ready, methods=["GET"]),
         *join_routes.ROUTES,
         *watch.ROUTES,
         *console.ROUTES,

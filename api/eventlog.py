@@ -31,6 +31,7 @@ import msgspec
 from eventsourcing.persistence import Notification
 
 from better_compute.api.codec import EventMapper, MsgspecTranscoder, event_class, has_tags
+from better_compute.api.outage import unavailable_on_outage
 from better_compute.domain.access import Principal
 from better_compute.domain.durations import parse_instant
 from better_compute.domain.errors import Expired, InvalidInput
@@ -281,7 +282,8 @@ class EventLog:
         self._decode = store.mapper.to_domain_event
 
     def head(self) -> int:
-        return int(self.recorder.max_notification_id() or 0)
+        with unavailable_on_outage():
+            return int(self.recorder.max_notification_id() or 0)
 
     def floor(self) -> int:
         return RETENTION_FLOOR
@@ -311,9 +313,10 @@ class EventLog:
 
     def read(self, after: int, limit: int = PAGE_SIZE, stop: int | None = None) -> list[LogEntry]:
         """Every event after ``after`` (up to ``stop``), rendered, whoever owns it."""
-        notifications = self.recorder.select_notifications(
-            start=after, limit=limit, stop=stop, inclusive_of_start=False
-        )
+        with unavailable_on_outage():
+            notifications = self.recorder.select_notifications(
+                start=after, limit=limit, stop=stop, inclusive_of_start=False
+            )
         return [render(n, self._decode) for n in notifications]
 
     def scan(self, flt: EventFilter, after: int, *, limit: int = PAGE_SIZE,

@@ -22,11 +22,12 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from better_compute.api.outage import unavailable_on_outage
 from better_compute.api.wire.join import WellKnown
 from better_compute.domain.errors import BetterComputeError
 
 PREFIX = "/api/compute"
-DOWNLOAD_NAME_RE = re.compile(r"^bcd_[0-9A-Za-z][0-9A-Za-z.+~-]{0,63}_linux_(amd64|arm64)$")
+DOWNLOAD_NAME_RE = re.compile(r"^bcd_[0-9A-Za-z][0-9A-Za-z.+~-]{0,63}_linux_(amd64|arm64)\Z")
 
 
 def well_known_document(public: dict[str, str], api_url: str | None,
@@ -50,7 +51,9 @@ def _error(status: int, exc: BetterComputeError) -> JSONResponse:
 async def well_known(request: Request) -> Response:
     state: Any = request.app.state.bc
     try:
-        stored = await anyio.to_thread.run_sync(state.runtime.service.pki, limiter=state.limiter)
+        with unavailable_on_outage():
+            stored = await anyio.to_thread.run_sync(state.runtime.service.pki,
+                                                    limiter=state.limiter)
     except BetterComputeError as exc:
         return _error(503, exc)
     api_url = str(request.base_url).rstrip("/") + PREFIX

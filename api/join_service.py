@@ -20,7 +20,7 @@ import contextlib
 import secrets
 from datetime import timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid5
 
 import msgspec
 from cryptography import x509
@@ -29,7 +29,7 @@ from eventsourcing.persistence import IntegrityError
 from better_compute.api import pki
 from better_compute.api.actor import acting_as
 from better_compute.api.service import ComputeService
-from better_compute.api.wire.join import HardwareFacts, JoinRequest, JoinResponse
+from better_compute.api.wire.join import HardwareFacts, HardwareGpu, JoinRequest, JoinResponse
 from better_compute.domain.access import Principal
 from better_compute.domain.base import fingerprint, iso
 from better_compute.domain.errors import (
@@ -40,7 +40,7 @@ from better_compute.domain.errors import (
     Unauthenticated,
     Unavailable,
 )
-from better_compute.domain.ids import check_key, named_uuid, parse_id, public_id
+from better_compute.domain.ids import check_key, parse_id, public_id
 from better_compute.domain.join_token import (
     UNKNOWN_TOKEN,
     JoinToken,
@@ -85,7 +85,7 @@ class JoinService:
             check_key(key)
         fp = fingerprint({"pool": pool.public_id, "ttl": int(lifetime.total_seconds()),
                           "maxUses": uses, "expect": expect})
-        token_uuid = JoinToken.new_uuid(pool.tenant_id, key)
+        token_uuid = self.service.new_id(pool.tenant_id, "jointoken", key)
         if key:
             existing = self.service._get(JoinToken, token_uuid)
             if existing is not None:
@@ -173,11 +173,13 @@ class JoinService:
                 with contextlib.suppress(IntegrityError):
                     self.service.store.save(token)
             raise refusal
+        key_pin = pki.spki_pin(csr.public_key())
+        token.check_fresh(key_pin, request.nonce)  # a replayed request: before anything else
         hw = request.hardware
         hardware_key = check_binding(token.expect, hw.serial, hw.product_uuid, hw.macs)
         if self.service._get(Pool, parse_id("pool", token.pool_id)) is None:
             raise NotFound(f"pool {token.pool_id} of join token {token.public_id} is gone")
-        node_uuid = machine_node_uuid(hardware_key)
+        node_uuid = machine_node_uuid(hardware_key, self.service.id_namespace())
         earlier = self.service._get(Node, node_uuid)
         _check_rejoin(earlier, token, hardware_key)
         node_id = public_id("node", node_uuid)
@@ -187,8 +189,8 @@ class JoinService:
         facts: dict[str, Any] = {
             "pool_id": token.pool_id, "site_id": token.site_id,
             "join_token_id": token.public_id, "hardware": _hardware_doc(hw),
-            "gpus": [msgspec.to_builtins(g) for g in hw.gpus],
-            "key_pin": pki.spki_pin(csr.public_key()),
+            "gpus": [_gpu_doc(g) for g in hw.gpus],
+            "key_pin": key_pin,
             "certificate_serial": format(cert.serial_number, "x"),
             "certificate_not_after": not_after, "bcd_version": request.bcd_version,
         }
@@ -198,7 +200,7 @@ class JoinService:
         else:
             node = Node(id=node_uuid, tenant_id=token.tenant_id, role=NODE_ROLE,
                         hardware_key=hardware_key, **facts)
-        token.use(node_id, hardware_key, now)
+        token.use(node_id, hardware_key, now, key_pin=key_pin, nonce=request.nonce)
         try:
             self.service.store.save(token, node)
         except IntegrityError:
@@ -243,9 +245,13 @@ class JoinService:
         return request
 
 
-def machine_node_uuid(hardware_key: str) -> UUID:
-    """The node id of a machine: one per hardware key, so a machine is one node for good."""
-    return named_uuid("node-machine", hardware_key)
+def machine_node_uuid(hardware_key: str, namespace: UUID) -> UUID:
+    """The node id of a machine: one per hardware key, so a machine is one node for good.
+
+    In the installation's own id namespace (docs/security.md), like keyed ids: the same
+    machine in two installations is two different node ids.
+    """
+    return uuid5(namespace, f"node-machine\x00{hardware_key}")
 
 
 def _check_rejoin(earlier: Node | None, token: JoinToken, hardware_key: str) -> None:
@@ -276,7 +282,14 @@ def _load_csr(text: str) -> x509.CertificateSigningRequest:
         ) from None
 
 
+def _gpu_doc(gpu: HardwareGpu) -> dict[str, Any]:
+    doc = msgspec.to_builtins(gpu)
+    doc.pop("memoryMib", None)  # the old spelling, only ever read (api/wire/join.py)
+    return dict(doc)
+
+
 def _hardware_doc(hw: HardwareFacts) -> dict[str, Any]:
     doc = msgspec.to_builtins(hw)
     doc.pop("gpus", None)
+    doc.pop("memoryGib", None)  # the old spelling, only ever read (api/wire/join.py)
     return dict(doc)

@@ -25,6 +25,7 @@ from typing import Any
 
 from better_compute.api.store import SqlRunner
 from better_compute.domain.base import iso
+from better_compute.domain.gpus import gpu_is_healthy
 
 TABLE = (
     "CREATE TABLE IF NOT EXISTS bc_node_presence (uuid TEXT PRIMARY KEY, "
@@ -140,7 +141,7 @@ def summarize_report(epoch: int, at: datetime, applied_generation: int,
             continue
         reasons = health.get(gpu["uuid"], [])
         gpus.append({"uuid": gpu["uuid"],
-                     "healthy": bool(gpu.get("healthy", True)) and not reasons,
+                     "healthy": gpu_is_healthy({**gpu, "healthReasons": reasons}),
                      "healthReasons": reasons,
                      **{k: _number(gpu.get(k)) for k in _TELEMETRY}})
     time = (telemetry or {}).get("time")

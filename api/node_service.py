@@ -24,6 +24,7 @@ from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
 from better_compute.domain.errors import Conflict, InvalidInput, NotFound
+from better_compute.domain.gpus import gpu_is_healthy
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 from better_compute.domain.node_rules import (
@@ -35,19 +36,15 @@ from better_compute.domain.policy import node_sections
 from better_compute.domain.pool import Pool
 from better_compute.domain.quota import QuotaUse, quota_uuid
 from better_compute.domain.reservation import Reservation
+from better_compute.domain.text import MAX_REASON, check_text
 from better_compute.projections.capacity import capacity_resources, count_nodes, read_capacity
 
 T = TypeVar("T")
 _ATTEMPTS = 5
-_MAX_REASON = 500
 
 
 def _reason(text: str | None, what: str) -> str:
-    reason = (text or "").strip()
-    if len(reason) > _MAX_REASON:
-        raise InvalidInput(f"the {what} reason is {len(reason)} characters: keep it under "
-                           f"{_MAX_REASON}")
-    return reason
+    return check_text((text or "").strip(), f"the {what} reason", MAX_REASON)
 
 
 class NodeService:
@@ -347,7 +344,7 @@ class NodeService:
                 if not isinstance(uuid_, str):
                     continue
                 reasons = [str(r) for r in gpu.get("healthReasons") or []]
-                healthy = bool(gpu.get("healthy", True)) and not reasons
+                healthy = gpu_is_healthy(gpu)
                 if node.set_gpu_health(uuid_, healthy, reasons, now):
                     changed += 1
             return changed

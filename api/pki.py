@@ -41,10 +41,10 @@ _SEAL_AD = b"better-compute pki v1"
 _CA_LIFETIME = timedelta(days=3652)
 # Certificates start a little in the past so a node whose clock lags slightly accepts them.
 _BACKDATE = timedelta(minutes=5)
-_MASTER_KEY_RE = re.compile(r"^bcmk1_([A-Za-z0-9_-]{43})=?$")
-_B64URL_RE = re.compile(r"^[A-Za-z0-9_-]*={0,2}$")
+_MASTER_KEY_RE = re.compile(r"^bcmk1_([A-Za-z0-9_-]{43})=?\Z")
+_B64URL_RE = re.compile(r"^[A-Za-z0-9_-]*={0,2}\Z")
 # Node and site ids go into a URI path and into 64-character-limited name attributes.
-_NAME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~-]{0,63}$")
+_NAME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~-]{0,63}\Z")
 _WRONG_KEY = (
     "the master key does not open this store's PKI bundle: set BETTER_COMPUTE_MASTER_KEY_FILE "
     "to the key `better-compute init` wrote (DATA_DIR/master.key)"

@@ -76,7 +76,7 @@ def answered(method: str, error: Any) -> None:
 def store_failed(exc: BaseException) -> None:
     """Note that the request failed in the store (a database error, not a refusal)."""
     record = _current.get()
-    if record is not None and is_store_error(exc):
+    if record is not None and (is_store_error(exc) or getattr(exc, "code", None) == "unavailable"):
         record.store_error = True
 
 

@@ -26,6 +26,7 @@ from better_compute.domain.placement import Placement, PlacementRequest, place
 from better_compute.domain.pool import Pool
 from better_compute.domain.quota import QuotaUse, quota_uuid
 from better_compute.domain.reservation import Reservation
+from better_compute.projections.capacity import read_capacity
 from better_compute.projections.free_gpus import all_candidates, fast_candidates, node_host_share
 
 A = TypeVar("A", bound=TenantOwned)
@@ -81,6 +82,11 @@ class ReservationBase:
         quota = self.get(QuotaUse, quota_uuid(pool_id, tenant_id))
         return quota or QuotaUse(tenant_id=tenant_id, pool_id=pool_id)
 
+    def _pool_gpus(self, pool_id: str) -> dict[str, float]:
+        """The pool's GPU rollup, for an error that names the true cause."""
+        self.projections.catch_up("capacity")
+        return read_capacity(self.sql, pool_id)["gpu"]
+
     def choose(self, pool_id: str, request: PlacementRequest, start: datetime, end: datetime
                ) -> Placement:
         """Read the free-GPU projection and place; NoCapacity says what is available."""
@@ -90,7 +96,8 @@ class ReservationBase:
         except NoCapacity:
             pass
         try:
-            return place(request, all_candidates(self.sql, pool_id, start, end))
+            return place(request, all_candidates(self.sql, pool_id, start, end),
+                         self._pool_gpus(pool_id))
         except NoCapacity as exc:
             raise NoCapacity(f"pool {pool_id}, {iso(start)} to {iso(end)}: {exc.message}",
                              data=exc.data) from None
@@ -124,6 +131,8 @@ class ReservationBase:
                   ) -> list[TenantOwned]:
         """Aggregates that end the current hold of ``rsv``: bookings, quota, node."""
         out: list[TenantOwned] = []
+        if not rsv.allocation_id:  # it was queued: it never held anything
+            return out
         bookings = self.get(NodeBookings, bookings_uuid(rsv.node_id))
         if bookings is not None and bookings.end(rsv.allocation_id, at):
             out.append(bookings)

@@ -11,7 +11,8 @@ so threads of one server do not race each other for the same node.
 
 The shared machinery (time, loading, placing, ending holds) is in
 api/reservation_base.py; binding, failures and the end time in
-api/reservation_binding.py.
+api/reservation_binding.py; the earliest start, the queue and moving reservations
+earlier in api/reservation_queue.py.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from eventsourcing.persistence import IntegrityError
 
 from better_compute.api.reservation_binding import ReservationBinding
+from better_compute.api.reservation_queue import ReservationQueue
 from better_compute.api.service import ComputeService
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.base import TenantOwned, fingerprint, iso
@@ -36,17 +38,18 @@ from better_compute.domain.errors import (
     NoCapacity,
     NotFound,
     PermissionDenied,
+    QuotaExceeded,
 )
 from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.ids import check_key, parse_id, public_id
 from better_compute.domain.placement import PlacementRequest
 from better_compute.domain.policy import kubernetes_resource
 from better_compute.domain.pool import Pool
+from better_compute.domain.queue import start_mode
 from better_compute.domain.reservation import (
     STATES,
     Reservation,
     new_allocation_id,
-    reservation_uuid,
 )
 from better_compute.domain.selectors import parse_selector
 from better_compute.projections.reservations import list_reservations
@@ -54,6 +57,7 @@ from better_compute.projections.reservations import list_reservations
 MAX_GPUS = 1024
 MIN_DURATION = timedelta(minutes=1)
 MAX_DURATION = timedelta(days=366)
+MAX_START_AHEAD = timedelta(days=366)
 PLACEMENT_DEADLINE_S = 30.0  # how long a create keeps placing again after conflicts
 
 
@@ -84,7 +88,7 @@ def check_kubernetes(pool: Pool) -> None:
         )
 
 
-class ReservationService(ReservationBinding):
+class ReservationService(ReservationBinding, ReservationQueue):
     """Reservations on top of the ComputeService's store, projections and clock."""
 
     def reservation(self, principal: Principal, reservation_id: str) -> Reservation:
@@ -129,7 +133,7 @@ class ReservationService(ReservationBinding):
         length = parse_duration(duration, flag="--for")
         if not MIN_DURATION <= length <= MAX_DURATION:
             raise InvalidInput(f"--for {duration} is out of range: reserve for 1m to 366d")
-        begin = parse_start(start, now) if start else now
+        begin = parse_start(start, now, latest=MAX_START_AHEAD) if start else now
         begin = max(begin, now)  # a start in the past means now
         return begin, begin + length
 
@@ -137,7 +141,8 @@ class ReservationService(ReservationBinding):
         self, principal: Principal, *, tenant_id: str | None, pool_id: str, gpus: int,
         duration: str, model: str | None = None, product: str | None = None,
         selector: str | None = None, nvlink: bool = False, start: str | None = None,
-        key: str | None = None, kubernetes: bool = False,
+        key: str | None = None, queue: bool = False, queue_timeout: str | None = None,
+        move_earlier: bool = False, kubernetes: bool = False,
     ) -> dict[str, Any]:
         tenant = self.service._scope(principal, tenant_id)
         require_member_of(principal, tenant, "reserve GPUs")
@@ -147,29 +152,44 @@ class ReservationService(ReservationBinding):
         request = self._request(pool, gpus, model, product, selector, nvlink)
         if kubernetes:
             check_kubernetes(pool)
+        mode = start_mode(start, queue, queue_timeout, move_earlier)
         params = {"pool": pool.public_id, "gpus": gpus, "for": duration, "model": request.model,
                   "product": request.product, "selector": selector or None,
-                  "nvlink": request.nvlink, "start": start or None}
+                  "nvlink": request.nvlink, "start": start or None, **mode.fingerprint()}
         params |= {"kubernetes": True} if kubernetes else {}  # old keys keep their print
         fp = fingerprint(params)
-        uuid = reservation_uuid(tenant, key)
+        uuid = self.service.new_id(tenant, "reservation", key)
         if key:
             existing = self.get(Reservation, uuid)
             if existing is not None:
                 existing.check_retry(fp, "reservation", key)
-                return existing.to_doc()
+                return self.doc_of(existing)
         now = self.now()
-        begin, end = self._interval(duration, start, now)
+        begin, end = self._interval(duration, mode.start, now)
+        fields = {"model": request.model, "product": request.product,
+                  "selector": selector or None, "nvlink": request.nvlink,
+                  "for": format_duration(end - begin), **mode.request_fields()}
+        fields |= {"kubernetes": True} if kubernetes else {}  # queued ones keep it too
         limit = pool.quota_for(tenant)
         rsv_id = public_id("rsv", uuid)
         give_up = time.monotonic() + PLACEMENT_DEADLINE_S
         with self._pool_lock(pool.public_id):
             while True:
                 quota = None
-                if limit is not None:
-                    quota = self.quota_of(pool.public_id, tenant)
-                    quota.take(rsv_id, gpus, limit)
-                placement = self.choose(pool.public_id, request, begin, end)
+                try:
+                    if limit is not None:
+                        quota = self.quota_of(pool.public_id, tenant)
+                        quota.take(rsv_id, gpus, limit)
+                    placement, begin, end = self._place_for(pool, request, begin, end, mode)
+                    self.check_line(pool, tenant, placement, begin, end,
+                                    gpus if limit is not None else 0, now)
+                except (QuotaExceeded, NoCapacity) as refused:
+                    if not mode.queue:
+                        raise
+                    return self.enqueue(uuid=uuid, tenant=tenant, pool=pool, request=request,
+                                        fields=fields, key=key, fp=fp,
+                                        created_by=principal.token_id, now=now, mode=mode,
+                                        refused=refused)
                 bookings = self.bookings_of(placement.node_id, pool)
                 allocation_id = new_allocation_id()
                 try:
@@ -181,11 +201,7 @@ class ReservationService(ReservationBinding):
                     continue  # the projection was behind: it catches up and we place again
                 rsv = Reservation(
                     id=uuid, tenant_id=tenant, pool_id=pool.public_id, gpu_count=gpus,
-                    request={"model": request.model, "product": request.product,
-                             "selector": selector or None, "nvlink": request.nvlink,
-                             "for": format_duration(end - begin)}
-                    | ({"kubernetes": True} if kubernetes else {}),
-                    start=begin, end=end, key=key, fingerprint=fp,
+                    request=fields, start=begin, end=end, key=key, fingerprint=fp,
                     created_by=principal.token_id, allocation_id=allocation_id,
                     node_id=placement.node_id, gpus=list(placement.gpus), cpus=placement.cpus,
                     memory_gib=placement.memory_gib,
@@ -196,7 +212,7 @@ class ReservationService(ReservationBinding):
                     existing = self.get(Reservation, uuid)
                     if existing is not None:  # the same key won a race: that is our answer
                         existing.check_retry(fp, "reservation", key)
-                        return existing.to_doc()
+                        return self.doc_of(existing)
                     if time.monotonic() > give_up:
                         raise Conflict(
                             f"pool {pool.public_id} is too busy to place this reservation "
@@ -210,31 +226,23 @@ class ReservationService(ReservationBinding):
                 duration: str, model: str | None = None, product: str | None = None,
                 selector: str | None = None, nvlink: bool = False, start: str | None = None
                 ) -> dict[str, Any]:
-        """Would this request fit now, and with which host CPUs and memory? Books nothing."""
+        """Would this request fit now, and if not, when first? Books nothing."""
         tenant = self.service._scope(principal, tenant_id)
         pool = self._visible_pool(principal, tenant, pool_id)
         request = self._request(pool, gpus, model, product, selector, nvlink)
-        begin, end = self._interval(duration, start, self.now())
+        now = self.now()
+        begin, end = self._interval(duration, start, now)
         answer: dict[str, Any] = {"poolId": pool.public_id, "gpus": gpus, "start": iso(begin),
                                   "end": iso(end)}
         limit = pool.quota_for(tenant)
         in_use = self.quota_of(pool.public_id, tenant).in_use if limit is not None else 0
         answer["quota"] = {"gpu": "unlimited" if limit is None else limit, "inUse": in_use}
-        if limit is not None and in_use + gpus > limit:
-            return {**answer, "fits": False, "reason": "quota_exceeded",
-                    "message": f"quota gpu={limit}: {in_use} in use, "
-                               f"{max(0, limit - in_use)} available"}
-        try:
-            placement = self.choose(pool.public_id, request, begin, end)
-        except NoCapacity as exc:
-            return {**answer, "fits": False, "reason": "no_capacity", "message": exc.message}
-        return {**answer, "fits": True, "nodeId": placement.node_id,
-                "hostResources": {"cpus": placement.cpus, "memoryGiB": placement.memory_gib}}
+        return {**answer, **self.earliest_answer(pool, tenant, request, begin, end, now)}
 
     # ---------------------------------------------------------------- queries
 
     def get_doc(self, principal: Principal, reservation_id: str) -> dict[str, Any]:
-        return self.reservation(principal, reservation_id).to_doc()
+        return self.doc_of(self.reservation(principal, reservation_id))
 
     def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None,
              state: str | None) -> list[dict[str, Any]]:
@@ -247,8 +255,8 @@ class ReservationService(ReservationBinding):
         if unknown:
             raise InvalidInput(f"--state {', '.join(unknown)} is not a reservation state: use "
                                f"{', '.join(STATES)} (comma-separated)")
-        return list_reservations(self.sql, tenant_id=tenant, pool_id=pool_id or None,
-                                 states=states)
+        return self.add_positions(list_reservations(self.sql, tenant_id=tenant,
+                                                    pool_id=pool_id or None, states=states))
 
     # --------------------------------------------------------------- changing
 
@@ -266,6 +274,10 @@ class ReservationService(ReservationBinding):
             if cancel:
                 rsv.cancel(now)
             else:
+                if rsv.queued:
+                    raise Conflict(f"reservation {rsv.public_id} is queued and holds nothing: "
+                                   f"leave the queue with `better-compute release "
+                                   f"{rsv.public_id} --cancel`")
                 if not rsv.live:
                     return []
                 if not rsv.started(now):

@@ -2,8 +2,16 @@
 
 Methods register here with their params Struct; params are decoded only once
 the method is known. Project errors map to JSON-RPC errors in ONE place
-(``_error``); anything else is a bug, logged with an incident id, and the peer
-sees no traceback.
+(``_error``); so do the store's errors that mean an outage (api/outage.py:
+``unavailable``, with a message that says to retry); anything else is a bug,
+logged with an incident id, and the peer sees no traceback.
+
+Every failure to decode a body (bad JSON, nesting deeper than the decoder
+goes, invalid UTF-8) is a JSON-RPC parse error, never ``internal``. Decoded
+params pass ``check_params`` (api/params_bounds.py): nesting, container sizes,
+string lengths and hidden characters, for every method. A request without an
+``id`` is a notification: it runs, and nothing is answered (``handle``
+returns b"").
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import msgspec
 
 from better_compute.api import request_log
 from better_compute.api.actor import LOCAL, acting_as
+from better_compute.api.outage import outage_error
+from better_compute.api.params_bounds import check_params
 from better_compute.api.schemas import Params, RpcError, RpcRequest, RpcResponse
 from better_compute.api.service import ComputeService
 from better_compute.domain.access import Principal
@@ -68,18 +78,29 @@ _REQUEST = msgspec.json.Decoder(RpcRequest)
 
 def decode_params(m: Method, raw: bytes) -> Any:
     try:
-        return msgspec.json.decode(raw, type=m.params)
+        params = msgspec.json.decode(raw, type=m.params)
     except msgspec.ValidationError as exc:
         raise InvalidInput(
-            f"invalid params for {m.name}: {exc}. `better-compute api rpc.discover` shows "
-            "every method's params"
+            f"invalid params for {m.name}: {_short(exc)}. `better-compute api rpc.discover` "
+            "shows every method's params"
         ) from None
     except msgspec.DecodeError as exc:
-        raise InvalidInput(f"params of {m.name} are not a JSON object: {exc}") from None
+        raise InvalidInput(f"params of {m.name} are not a JSON object: {_short(exc)}") from None
+    except RecursionError:
+        raise InvalidInput(f"params of {m.name} nest deeper than any method takes") from None
+    check_params(m.name, params)
+    return params
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _error(exc: BaseException) -> RpcError:
     request_log.store_failed(exc)
+    if not isinstance(exc, BetterComputeError):
+        exc = outage_error(exc) or exc
     if isinstance(exc, BetterComputeError):
         return RpcError(exc.rpc_code, exc.message, {"code": exc.code, **exc.data})
     incident = uuid.uuid4().hex[:12]
@@ -93,11 +114,12 @@ def _error(exc: BaseException) -> RpcError:
 
 
 def _unknown_method(name: str) -> RpcError:
-    close = difflib.get_close_matches(name, list(METHODS), n=3)
+    shown = name if len(name) <= 100 else name[:100] + "..."
+    close = difflib.get_close_matches(name, list(METHODS), n=3) if len(name) <= 100 else []
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     return RpcError(
         -32601,
-        f"no method {name!r}.{hint} `better-compute api rpc.discover` lists every method",
+        f"no method {shown!r}.{hint} `better-compute api rpc.discover` lists every method",
         {"code": "method_not_found"},
     )
 
@@ -107,28 +129,44 @@ def handle(
     service: ComputeService,
     authenticate: Callable[[], Principal],
 ) -> bytes:
-    """Answer one JSON-RPC request body (a single request; batches are refused)."""
+    """Answer one JSON-RPC request body (a single request; batches are refused).
+
+    b"" for a notification (a request without ``id``): it runs, unanswered.
+    """
     try:
         request = _REQUEST.decode(body)
     except msgspec.DecodeError as exc:
         code = -32700 if "JSON" in str(exc) or "truncated" in str(exc) else -32600
-        err = RpcError(code, f"not a JSON-RPC 2.0 request object: {exc}", {"code": "invalid_request"})
-        return _ENCODER.encode(RpcResponse(error=err))
+        return parse_error(code, f"not a JSON-RPC 2.0 request object: {_short(exc)}")
+    except RecursionError:
+        return parse_error(-32700, "the body nests deeper than the server reads: send one flat "
+                                   "JSON-RPC 2.0 request object")
+    except Exception as exc:  # no decoding failure may become internal
+        return parse_error(-32700, f"the body is not JSON ({type(exc).__name__})")
     response = answer(request, service, authenticate)
     request_log.answered(request.method if request.method in METHODS else "unknown",
                          response.error)
+    if request.id is msgspec.UNSET and request.jsonrpc == "2.0":
+        return b""
     return _ENCODER.encode(response)
+
+
+def parse_error(code: int, message: str, request_id: int | str | None = None) -> bytes:
+    """A JSON-RPC error answer about the request itself (``invalid_request``)."""
+    err = RpcError(code, message, {"code": "invalid_request"})
+    return _ENCODER.encode(RpcResponse(id=request_id, error=err))
 
 
 def answer(
     request: RpcRequest, service: ComputeService, authenticate: Callable[[], Principal]
 ) -> RpcResponse:
+    request_id = None if request.id is msgspec.UNSET else request.id
     if request.jsonrpc != "2.0":
         err = RpcError(-32600, 'jsonrpc must be "2.0"', {"code": "invalid_request"})
-        return RpcResponse(id=request.id, error=err)
+        return RpcResponse(id=request_id, error=err)
     m = METHODS.get(request.method)
     if m is None:
-        return RpcResponse(id=request.id, error=_unknown_method(request.method))
+        return RpcResponse(id=request_id, error=_unknown_method(request.method))
     try:
         principal = authenticate() if not m.public else _maybe(authenticate)
         params = decode_params(m, request.params)
@@ -136,8 +174,8 @@ def answer(
         with acting_as(actor):  # the events this call saves carry who made it
             result = m.handler(Call(service, principal), params)  # type: ignore[arg-type]
     except Exception as exc:
-        return RpcResponse(id=request.id, error=_error(exc))
-    return RpcResponse(id=request.id, result=result)
+        return RpcResponse(id=request_id, error=_error(exc))
+    return RpcResponse(id=request_id, result=result)
 
 
 def _maybe(authenticate: Callable[[], Principal]) -> Principal | None:

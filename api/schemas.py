@@ -84,10 +84,12 @@ class PoolsOffer(Params, kw_only=True):
 
 
 class RpcRequest(msgspec.Struct):
+    """``id`` is UNSET when the member is absent: a notification, which gets no answer."""
+
     method: str
     jsonrpc: str = "2.0"
     params: msgspec.Raw = msgspec.Raw(b"{}")
-    id: int | str | None = None
+    id: int | str | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class RpcError(msgspec.Struct, omit_defaults=True):

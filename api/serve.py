@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -13,7 +14,7 @@ from typing import Any
 import anyio
 import uvicorn
 
-from better_compute.api import pki
+from better_compute.api import http_limits, pki
 from better_compute.api.app import LifespanTask, build_app
 from better_compute.api.controllers.runner import run_controllers
 from better_compute.api.net import is_loopback
@@ -49,11 +50,26 @@ class ServeOptions:
 
 
 class _Server(uvicorn.Server):
-    """Announces readiness on stdout once the socket is bound, so callers never sleep."""
+    """Announces readiness on stdout once the socket is bound, so callers never sleep.
+
+    Should the application's lifespan ever end while serving (its background tasks are
+    supervised, so only a bug ends it), the server exits with status 1 instead of
+    serving on without its store: a service manager starts it again.
+    """
 
     def __init__(self, config: uvicorn.Config, ready_line: str) -> None:
         super().__init__(config)
         self.ready_line = ready_line
+        self.lifespan_died = False
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.started and getattr(self.lifespan, "error_occurred", False) \
+                and not self.lifespan_died:
+            self.lifespan_died = True
+            logging.getLogger("better_compute.serve").critical(
+                "the application's lifespan ended while serving; stopping (exit status 1)")
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -197,12 +213,13 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
              + gateway_note)
     config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
                             log_config=None,  # our handler and format (logs.configure)
-                            access_log=False, lifespan="on", **ssl)  # type: ignore[arg-type]
+                            access_log=False, lifespan="on", http=http_limits.protocol_class(),
+                            **ssl)  # type: ignore[arg-type]
     server = _Server(config, ready)
     try:
         server.run()
     finally:
         for path in ssl.values():
             Path(path).unlink(missing_ok=True)
-    if not server.started:
+    if not server.started or server.lifespan_died:
         sys.exit(1)

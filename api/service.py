@@ -30,12 +30,13 @@ from better_compute.domain.errors import (
     Unauthenticated,
 )
 from better_compute.domain.gpus import parse_gpu_model
-from better_compute.domain.ids import check_key, check_tenant_id, parse_id
+from better_compute.domain.ids import NAMESPACE, check_key, check_tenant_id, keyed_or_new, parse_id
 from better_compute.domain.pki import PKI_ID, PkiBundle
 from better_compute.domain.policy import parse_policy, policy_to_dict
 from better_compute.domain.pool import NODE_CLASSES, Pool, parse_quota
 from better_compute.domain.site import SITE_KINDS, Site
 from better_compute.domain.tenant import Tenant, tenant_uuid
+from better_compute.domain.text import MAX_REGION, check_name, check_text
 from better_compute.domain.token import (
     TOKEN_PREFIX,
     ApiToken,
@@ -65,6 +66,7 @@ class ComputeService:
         self.gateway_url: str | None = None
         self.lifetimes = TokenLifetimes()  # the Runtime sets the server's (api/tokens.py)
         self.token_use = TokenUse(self.sql)
+        self._id_namespace: UUID | None = None
 
     # ----------------------------------------------------------------- helpers
 
@@ -105,6 +107,8 @@ class ComputeService:
 
     def _scope(self, principal: Principal, tenant_id: str | None) -> str:
         """The tenant a call acts on: the caller's own unless a root caller names another."""
+        if tenant_id:
+            check_tenant_id(tenant_id)
         tenant = tenant_id or principal.tenant_id
         if not principal.can_see_tenant(tenant):
             raise PermissionDenied(
@@ -115,6 +119,7 @@ class ComputeService:
         return tenant
 
     def _tenant(self, tenant_id: str) -> Tenant:
+        check_tenant_id(tenant_id)
         tenant = self._get(Tenant, tenant_uuid(tenant_id))
         if tenant is None:
             raise NotFound(
@@ -131,6 +136,17 @@ class ComputeService:
 
     def is_initialized(self) -> bool:
         return self._get(PkiBundle, PKI_ID) is not None
+
+    def new_id(self, tenant_id: str, kind: str, key: str | None) -> UUID:
+        """A create's aggregate id: from its idempotency key in this installation's
+        namespace (domain/ids.py), or random without a key."""
+        return keyed_or_new(tenant_id, kind, key, self.id_namespace() if key else NAMESPACE)
+
+    def id_namespace(self) -> UUID:
+        """This installation's namespace for keyed ids (read once: it never changes)."""
+        if self._id_namespace is None:
+            self._id_namespace = self.pki().id_namespace
+        return self._id_namespace
 
     def pki(self) -> PkiBundle:
         bundle = self._get(PkiBundle, PKI_ID)
@@ -205,6 +221,7 @@ class ComputeService:
     def tenants_create(self, principal: Principal, tenant_id: str, name: str | None) -> dict[str, Any]:
         principal.require_root_admin("create tenants")
         check_tenant_id(tenant_id)
+        check_name(name)
         name = name or tenant_id
         existing = self._get(Tenant, tenant_uuid(tenant_id))
         if existing is not None:
@@ -219,6 +236,7 @@ class ComputeService:
         return tenant.to_doc()
 
     def tenants_get(self, principal: Principal, tenant_id: str) -> dict[str, Any]:
+        check_tenant_id(tenant_id)
         if not principal.can_see_tenant(tenant_id):
             raise NotFound(f"no tenant {tenant_id!r}")
         return self._tenant(tenant_id).to_doc()
@@ -255,6 +273,8 @@ class ComputeService:
                 f"this token belongs to tenant {principal.tenant_id}"
             )
         principal.require_root_admin("create sites")
+        check_text(region, "--region", MAX_REGION, example="eu-1")
+        check_name(name)
         if not region or not region.replace("-", "").replace("_", "").isalnum():
             raise InvalidInput(
                 f"--region {region!r} is not a region name: use letters, digits and dashes "
@@ -264,9 +284,10 @@ class ComputeService:
             check_key(key)
         tenant = principal.tenant_id
         params = {"kind": kind, "region": region, "name": name or ""}
+        uuid = self.new_id(tenant, "site", key)
         site = self._create(
             Site,
-            lambda: Site(tenant_id=tenant, kind=kind, region=region, name=name or "", key=key,
+            lambda: Site.with_id(uuid, tenant_id=tenant, kind=kind, region=region, name=name or "", key=key,
                          fingerprint=fingerprint(params)),
             key=key, fp=fingerprint(params), what="site",
         )
@@ -309,6 +330,7 @@ class ComputeService:
             raise InvalidInput(
                 f"--class {node_class!r} is not a pool class: use {', '.join(NODE_CLASSES)}"
             )
+        check_name(name)
         family = parse_gpu_model(gpu_model)
         checked = policy_to_dict(parse_policy(policy, source="the pool policy"))
         if key:
@@ -316,9 +338,10 @@ class ComputeService:
         params = {"site": site.public_id, "class": node_class, "gpuModel": family,
                   "policy": checked, "name": name or ""}
         fp = fingerprint(params)
+        uuid = self.new_id(principal.tenant_id, "pool", key)
         pool = self._create(
             Pool,
-            lambda: Pool(tenant_id=principal.tenant_id, site_id=site.public_id,
+            lambda: Pool.with_id(uuid, tenant_id=principal.tenant_id, site_id=site.public_id,
                          node_class=node_class, gpu_model=family, policy=checked,
                          name=name or "", key=key, fingerprint=fp),
             key=key, fp=fp, what="pool",

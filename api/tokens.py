@@ -20,6 +20,7 @@ from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.durations import format_duration
 from better_compute.domain.errors import Conflict, InvalidInput, NotFound
 from better_compute.domain.ids import parse_id
+from better_compute.domain.text import check_name
 from better_compute.domain.token import (
     TOKEN_PREFIX,
     ApiToken,
@@ -75,6 +76,7 @@ class TokenService:
         tenant = service._scope(principal, tenant_id)
         principal.require_admin_of(tenant, "create tokens")
         role_enum = Role.parse(role)
+        check_name(name)
         if role == "root-admin" and tenant != ROOT_TENANT:
             raise InvalidInput(
                 f"root-admin exists only on the root tenant; for tenant {tenant} use --role admin"

@@ -10,17 +10,28 @@ data_version`` on a dedicated connection every ``BETTER_COMPUTE_WATCH_POLL``
 seconds (default 0.005). Each wake reads every new event in pages of 500 and
 hands them to the event loop in one call. The hub renders each event once
 into a bounded window of recent events (``BETTER_COMPUTE_WATCH_WINDOW``
-events, default 10,000) and wakes the streams; it never waits for a stream.
+events, default 10,000, and ``BETTER_COMPUTE_WATCH_WINDOW_BYTES`` bytes of
+lines, default 16 MiB, whichever is reached first) and wakes the streams; it
+never waits for a stream.
 
 Each stream keeps its own position (the last sequence it has read) and
-copies the window's lines after it that its reader may see. A stream whose
-position is older than the window (a reader starting far back, or one too
-slow to keep up) reads the store itself, one page of 500 at a time, until it
-reaches the window again. So a slow reader only slows itself, writers and
-other streams never wait for it, and the server holds at most the window
-plus one page per stream; nobody is disconnected for being slow. A stream
-sends everything it has in one write (up to 1,000 lines), so a stream that
-is behind catches up in few large writes.
+copies the window's lines after it that its reader may see, at most
+``MAX_WRITE_BYTES`` (256 KiB) or 1,000 lines per write, so a stream that is
+behind catches up in few large writes and a reader that stops reading pins
+at most one write (plus what its socket buffers). A stream that starts older
+than the window (``since`` far back) reads the store itself, a page of
+``CATCH_UP_PAGE`` events at a time (each write again at most 256 KiB), until
+it reaches the window. A stream that has reached the window and then falls
+out of it again (its reader reads slower than events arrive, by more than
+the window) is ended with a ``fell_behind`` line saying where to resume
+(``--since N``, which the CLI does by itself). So a slow reader only slows
+itself, writers and other streams never wait for it, and the server holds
+at most the window plus one write per stream.
+
+A stream ends with an ``unauthenticated`` line as soon as its token is
+revoked (the hub notes every ``token.revoked`` it publishes;
+``credential_ended`` in api/watch_limits.py is also where a token's expiry will
+end its streams).
 
 The stream opens with a heartbeat line and sends another whenever no line
 went out for ``BETTER_COMPUTE_WATCH_HEARTBEAT`` seconds (default 5):
@@ -60,7 +71,17 @@ from better_compute.api.eventlog import (
     LogEntry,
     filter_for,
 )
+from better_compute.api.outage import unavailable_on_outage
 from better_compute.api.settings import env_seconds
+from better_compute.api.supervise import Retry
+from better_compute.api.watch_limits import (
+    MAX_WRITE_BYTES,
+    WINDOW_BYTES,
+    catch_up,
+    credential_ended,
+    fell_behind,
+    revoked_tokens,
+)
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, InvalidInput
 
@@ -69,7 +90,6 @@ log = logging.getLogger("better_compute.watch")
 WATCH_PATH = "/api/compute/events/watch"
 MAX_LINES_PER_WRITE = 1000
 PG_SAFETY_READ = 1.0  # seconds between reads when no commit was notified (PostgreSQL)
-_RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 AUDIT_PARAMS = ("actor", "subject", "from", "to")  # as events.list takes them
 
@@ -83,11 +103,15 @@ class WatchHub:
     """The one follower of the notification log in this process, fanned out to streams."""
 
     def __init__(self, store: Any, *, sqlite_path: Path | None = None, window: int = 10_000,
-                 poll_interval: float = 0.005, heartbeat: float = 5.0) -> None:
+                 poll_interval: float = 0.005, heartbeat: float = 5.0,
+                 window_bytes: int = WINDOW_BYTES) -> None:
         self.store = store
         self.log = EventLog(store)
         self.sqlite_path = sqlite_path
         self.window = max(1, window)
+        self.window_bytes = max(1, window_bytes)
+        self._bytes = 0  # bytes of the lines in the window
+        self.revoked: set[str] = set()  # tok_ ids of token.revoked events published so far
         self.poll_interval = poll_interval
         self.heartbeat = heartbeat
         self.head = 0  # last sequence the hub has read (loop thread only)
@@ -113,6 +137,7 @@ class WatchHub:
             window=int(env_seconds(env, "BETTER_COMPUTE_WATCH_WINDOW", 10_000)),
             poll_interval=env_seconds(env, "BETTER_COMPUTE_WATCH_POLL", 0.005),
             heartbeat=env_seconds(env, "BETTER_COMPUTE_WATCH_HEARTBEAT", 5.0),
+            window_bytes=int(env_seconds(env, "BETTER_COMPUTE_WATCH_WINDOW_BYTES", WINDOW_BYTES)),
         )
 
     # ------------------------------------------------------------ lifecycle
@@ -166,28 +191,27 @@ class WatchHub:
     # ------------------------------------------------------- follower thread
 
     def _follow(self) -> None:
-        attempt = 0
+        """Follow until ``stop``; a failed read (the store away) is retried every 0.1-2 s,
+        from the last event read: streams resume with no gap once the store is back."""
+        retry = Retry("following the event log", log)
         while not self._stop.is_set():
             try:
                 if self.store.backend == "postgres":
-                    self._follow_postgres()
+                    self._follow_postgres(retry)
                 else:
-                    self._follow_sqlite()
-                attempt = 0
+                    self._follow_sqlite(retry)
             except anyio.RunFinishedError:
                 return
-            except Exception:
-                delay = _RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)]
-                log.exception("following the event log failed; retrying in %.1fs", delay)
-                attempt += 1
-                self._stop.wait(delay)
+            except Exception as exc:
+                self._stop.wait(retry.failed(exc))
 
-    def _follow_sqlite(self) -> None:
+    def _follow_sqlite(self, retry: Retry) -> None:
         assert self.sqlite_path is not None
         connection = sqlite3.connect(str(self.sqlite_path), check_same_thread=False)
         try:
             version = None
             self._drain()
+            retry.succeeded()
             while not self._stop.is_set():
                 woken = self._wake.wait(self.poll_interval)
                 self._wake.clear()
@@ -198,8 +222,9 @@ class WatchHub:
         finally:
             connection.close()
 
-    def _follow_postgres(self) -> None:
+    def _follow_postgres(self, retry: Retry) -> None:
         self._drain()
+        retry.succeeded()
         while not self._stop.is_set():
             self._wake.wait(PG_SAFETY_READ)
             self._wake.clear()
@@ -225,21 +250,18 @@ class WatchHub:
         from psycopg.sql import SQL, Identifier
 
         recorder = self.store.recorder
-        attempt = 0
+        retry = Retry("listening for commits", log)
         while not self._stop.is_set():
             try:
                 with recorder.datastore.get_connection() as conn:
                     conn.execute(SQL("LISTEN {0}").format(Identifier(recorder.channel_name)))
                     self._wake.set()  # whatever was committed while nobody listened
-                    attempt = 0
+                    retry.succeeded()
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
                             self._wake.set()
-            except Exception:
-                delay = _RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)]
-                log.exception("listening for commits failed; retrying in %.1fs", delay)
-                attempt += 1
-                self._stop.wait(delay)
+            except Exception as exc:
+                self._stop.wait(retry.failed(exc))
 
     # -------------------------------------------------------- event loop side
 
@@ -249,14 +271,28 @@ class WatchHub:
             return
         self._entries.extend(fresh)
         self._seqs.extend(e.sequence for e in fresh)
+        self._bytes += sum(len(e.line) for e in fresh)
+        self.revoked.update(revoked_tokens(fresh))
         self.head = fresh[-1].sequence
         excess = len(self._entries) - self.window
         if excess > self.window // 4 or (excess > 0 and self.window < 4):
-            self.floor = self._seqs[excess - 1]
-            del self._entries[:excess]
-            del self._seqs[:excess]
+            self._drop_oldest(excess)
+        if self._bytes > self.window_bytes:  # down to 3/4 of the bound, so trims are rare
+            target, drop, freed = self.window_bytes * 3 // 4, 0, 0
+            while drop < len(self._entries) - 1 and self._bytes - freed > target:
+                freed += len(self._entries[drop].line)
+                drop += 1
+            self._drop_oldest(drop)
         self._chunks.clear()
         self._wake_streams()
+
+    def _drop_oldest(self, count: int) -> None:
+        if count <= 0:
+            return
+        self.floor = self._seqs[count - 1]
+        self._bytes -= sum(len(e.line) for e in self._entries[:count])
+        del self._entries[:count]
+        del self._seqs[:count]
 
     def _wake_streams(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
@@ -267,21 +303,27 @@ class WatchHub:
         """Set at the next publish or tick: take it BEFORE reading with ``after``."""
         return self._changed
 
-    def after(self, position: int, flt: EventFilter, max_lines: int = MAX_LINES_PER_WRITE
-              ) -> tuple[list[bytes], int] | None:
-        """Lines after ``position`` from the window, and the new position; None: too old."""
+    def after(self, position: int, flt: EventFilter, max_lines: int = MAX_LINES_PER_WRITE,
+              max_bytes: int = MAX_WRITE_BYTES) -> tuple[list[bytes], int] | None:
+        """Lines after ``position`` from the window (at most ``max_lines`` lines and
+        ``max_bytes`` bytes with their newlines, or one longer line), and the new
+        position; None: ``position`` is older than the window."""
         if position < self.floor:
             return None
         start = bisect.bisect_right(self._seqs, position)
         lines: list[bytes] = []
+        size = 0
         end = min(len(self._entries), start + 5 * max_lines)
         for i in range(start, end):
             entry = self._entries[i]
-            position = entry.sequence
             if flt.matches(entry):
+                if lines and size + len(entry.line) + 1 > max_bytes:
+                    break  # this one starts the next write
                 lines.append(entry.line)
-                if len(lines) >= max_lines:
-                    break
+                size += len(entry.line) + 1
+            position = entry.sequence
+            if len(lines) >= max_lines:
+                break
         return lines, position
 
     def chunk(self, position: int, flt: EventFilter) -> tuple[bytes, int] | None:
@@ -353,13 +395,19 @@ class TokenCheck:
 
 
 async def stream_events(hub: WatchHub, flt: EventFilter, since: int,
-                        limiter: anyio.CapacityLimiter, token: TokenCheck | None = None
+                        limiter: anyio.CapacityLimiter, token: TokenCheck | None = None,
+                        principal: Principal | None = None
                         ) -> AsyncIterator[bytes]:
     """The lines of one watcher: events after ``since`` in order, heartbeats, maybe an error."""
     position = since
+    live = False  # has read from the window: falling out of it again ends the stream
     yield _heartbeat(position)
     last_sent = time.monotonic()
     while not hub.stopping:
+        ended = credential_ended(hub, principal)
+        if ended is not None:
+            yield _error_line(ended)
+            return
         if token is not None and token.due():
             try:
                 await anyio.to_thread.run_sync(token.check, limiter=limiter)
@@ -368,15 +416,18 @@ async def stream_events(hub: WatchHub, flt: EventFilter, since: int,
                 return
         changed = hub.changed  # taken before reading: a publish after this read sets it
         got = hub.chunk(position, flt)
-        if got is None:  # older than the window: read the store, one page at a time
+        if got is None and live:
+            yield _error_line(fell_behind(hub, position))
+            return
+        if got is None:  # started older than the window: read the store, a page at a time
             try:
-                entries, position = await anyio.to_thread.run_sync(
-                    lambda p=position: hub.log.scan(flt, p), limiter=limiter)
+                data, position = await anyio.to_thread.run_sync(
+                    lambda p=position: catch_up(hub, flt, p), limiter=limiter)
             except BetterComputeError as exc:
                 yield _error_line(exc)
                 return
-            data = b"".join([e.line + b"\n" for e in entries])
         else:
+            live = True
             data, position = got
         if data:
             yield data
@@ -413,7 +464,7 @@ async def watch_endpoint(request: Request) -> Response:
     secret = token.strip() if scheme.lower() == "bearer" else None
     service = state.runtime.service
 
-    def admit() -> tuple[EventFilter, int, TokenCheck]:
+    def admit() -> tuple[EventFilter, int, TokenCheck, Principal]:
         principal: Principal = service.authenticate(secret or None)
         check = TokenCheck(service, secret or None, principal)
         query = request.query_params
@@ -429,16 +480,19 @@ async def watch_endpoint(request: Request) -> Response:
         since = _parse_since(request.query_params.get("since"))
         head = hub.log.head()
         if since is None:
-            return flt, head, check
+            return flt, head, check, principal
         hub.log.check_position(since, head)
-        return flt, since, check
+        return flt, since, check, principal
 
     try:
-        flt, since, check = await anyio.to_thread.run_sync(admit, limiter=state.limiter)
+        with unavailable_on_outage():
+            flt, since, check, principal = await anyio.to_thread.run_sync(
+                admit, limiter=state.limiter)
     except BetterComputeError as exc:
         return _error_response(exc)
     return StreamingResponse(
-        request.app.state.metrics.stream(stream_events(hub, flt, since, state.limiter, check)),
+        request.app.state.metrics.stream(
+            stream_events(hub, flt, since, state.limiter, check, principal)),
         media_type="application/x-ndjson",
         headers={"cache-control": "no-store", "x-accel-buffering": "no"},
     )

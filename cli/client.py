@@ -7,16 +7,27 @@ rebuilt from their stable code.
 
 from __future__ import annotations
 
+import json
 import ssl
+import sys
+import time
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-import httpx
-import msgspec
-
 from better_compute.api.net import is_loopback
 from better_compute.domain.errors import InvalidInput, Unavailable, error_from_code
+
+
+def httpx_module() -> ModuleType:
+    """httpx, without its own command line: ``import httpx`` loads ``httpx._main`` (click,
+    rich, pygments: about half of httpx's import time) only to offer ``httpx.main``. None in
+    sys.modules makes that import fail at once, and httpx falls back to a stub ``main``."""
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+    import httpx
+
+    return httpx
 
 
 class Client(Protocol):
@@ -50,10 +61,17 @@ def api_base(url: str) -> str:
     return base
 
 
-def tls_context(env: Mapping[str, str]) -> ssl.SSLContext:
-    """The system's trust store plus the PEM bundle named by BETTER_COMPUTE_CA_FILE."""
-    context = ssl.create_default_context()
+def tls_context(env: Mapping[str, str], *, system_store: bool = True) -> ssl.SSLContext:
+    """The system's trust store plus the PEM bundle named by BETTER_COMPUTE_CA_FILE.
+
+    ``system_store=False`` leaves the system's store out (parsing it is most of a context's
+    cost): HttpClient tries the named bundle alone first, then both on a verification error.
+    """
     ca_file = env.get("BETTER_COMPUTE_CA_FILE")
+    if system_store or not ca_file:
+        context = ssl.create_default_context()
+    else:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, checks the host name
     if ca_file:
         try:
             context.load_verify_locations(cafile=ca_file)
@@ -66,41 +84,111 @@ def tls_context(env: Mapping[str, str]) -> ssl.SSLContext:
 
 
 class HttpClient:
+    """JSON-RPC over HTTPS with the standard library's http.client: one kept-alive connection,
+    reopened when it idled past the server's keep-alive. Not httpx: a command line pays its
+    imports on every run, and httpx's (with httpcore and h11) cost more than the call itself
+    (docs/performance.md, "Start-up"). ``events watch`` streams with httpx (StreamClient)."""
+
+    IDLE_REOPEN_S = 4.0  # under uvicorn's 5 s keep-alive: never send on a socket it closed
+
     def __init__(self, url: str, token: str | None, env: Mapping[str, str],
                  timeout: float = 60.0) -> None:
         self.base = api_base(url)
-        headers = {"user-agent": "better-compute-cli"}
+        parsed = urlparse(self.base)
+        self._https = parsed.scheme == "https"
+        self._host, self._port, self._path = parsed.hostname or "", parsed.port, parsed.path
+        self._env = env
+        # The named CA alone first: the system's store only if the server's chain needs it.
+        self._context = tls_context(env, system_store=False) if self._https else None
+        self._system_store = not env.get("BETTER_COMPUTE_CA_FILE")
+        self._headers = {"user-agent": "better-compute-cli", "content-type": "application/json",
+                         "accept": "application/json"}
         if token:
-            headers["authorization"] = f"Bearer {token}"
-        verify: ssl.SSLContext | bool = tls_context(env) if self.base.startswith("https") else False
-        self.http = httpx.Client(base_url=self.base, headers=headers, verify=verify,
-                                 timeout=timeout)
+            self._headers["authorization"] = f"Bearer {token}"
+        self._timeout = timeout
+        self._conn: Any = None
+        self._used = 0.0
         self._next_id = 0
 
+    def _connection(self) -> Any:
+        import http.client
+
+        if self._conn is not None and time.monotonic() - self._used > self.IDLE_REOPEN_S:
+            self.close()
+        if self._conn is None:
+            if self._https:
+                self._conn = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=self._timeout, context=self._context)
+            else:
+                self._conn = http.client.HTTPConnection(self._host, self._port,
+                                                        timeout=self._timeout)
+        return self._conn
+
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        import http.client
+
         self._next_id += 1
-        body = {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params or {}}
+        body = json.dumps({"jsonrpc": "2.0", "id": self._next_id, "method": method,
+                           "params": params or {}}, separators=(",", ":"))
         try:
-            response = self.http.post("/rpc", content=msgspec.json.encode(body),
-                                      headers={"content-type": "application/json"})
-        except httpx.ConnectError as exc:
+            try:
+                conn = self._connection()
+                conn.request("POST", self._path + "/rpc", body=body.encode(),
+                             headers=self._headers)
+            except ssl.SSLCertVerificationError:
+                if self._system_store:
+                    raise
+                # Not signed by the named CA: the handshake failed before anything was sent,
+                # so trying again with the system's store as well is safe.
+                self.close()
+                self._context, self._system_store = tls_context(self._env), True
+                conn = self._connection()
+                conn.request("POST", self._path + "/rpc", body=body.encode(),
+                             headers=self._headers)
+            response = conn.getresponse()
+            content = response.read()
+            self._used = time.monotonic()
+            if response.will_close:
+                self.close()
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
             hint = ""
             if "CERTIFICATE_VERIFY_FAILED" in str(exc):
                 hint = (": the server's certificate is not trusted; set BETTER_COMPUTE_CA_FILE "
                         "to the serving CA certificate `better-compute init` wrote")
-            raise Unavailable(f"cannot reach {self.base} ({exc}){hint}") from None
-        except httpx.HTTPError as exc:
-            raise Unavailable(f"request to {self.base} failed: {exc}") from None
+            raise Unavailable(f"cannot reach {self.base} ({exc or type(exc).__name__}){hint}"
+                              ) from None
         try:
-            answer = msgspec.json.decode(response.content)
-        except msgspec.DecodeError:
+            answer = json.loads(content)
+            if not isinstance(answer, dict):
+                raise ValueError("not an object")
+        except ValueError:
             raise Unavailable(
-                f"{self.base}/rpc answered HTTP {response.status_code} without JSON-RPC: is "
+                f"{self.base}/rpc answered HTTP {response.status} without JSON-RPC: is "
                 "BETTER_COMPUTE_URL the better-compute API?"
             ) from None
         if answer.get("error"):
             _raise_rpc_error(answer["error"])
         return answer.get("result")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class StreamClient:
+    """An httpx client for the long-lived /events/watch stream (start-up does not matter)."""
+
+    def __init__(self, url: str, token: str | None, env: Mapping[str, str],
+                 timeout: float) -> None:
+        self.base = api_base(url)
+        headers = {"user-agent": "better-compute-cli"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        verify: ssl.SSLContext | bool = tls_context(env) if self.base.startswith("https") else False
+        self.http = httpx_module().Client(base_url=self.base, headers=headers, verify=verify,
+                                          timeout=timeout)
 
     def close(self) -> None:
         self.http.close()
@@ -117,6 +205,8 @@ class LocalClient:
         self.token = token
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        import msgspec
+
         from better_compute.api import rpc
         from better_compute.api.schemas import RpcRequest
         from better_compute.domain.access import LOCAL_OPERATOR

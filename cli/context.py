@@ -4,30 +4,38 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from better_compute.cli.client import Client, make_client
-from better_compute.cli.output import emit
+if TYPE_CHECKING:
+    from better_compute.cli.client import Client
+    from better_compute.cli.tables import Table
 
 
-@dataclass
 class Context:
-    env: Mapping[str, str]
-    args: argparse.Namespace
-    _client: Client | None = field(default=None, repr=False)
+    def __init__(self, env: Mapping[str, str], args: argparse.Namespace) -> None:
+        self.env = env
+        self.args = args
+        self._client: Client | None = None
 
     @property
     def client(self) -> Client:
         if self._client is None:
+            from better_compute.cli.client import make_client
+
             self._client = make_client(self.env)
         return self._client
 
     def call(self, method: str, **params: Any) -> Any:
         return self.client.call(method, {k: v for k, v in params.items() if v is not None})
 
-    def emit(self, value: Any) -> None:
-        emit(value, query=getattr(self.args, "query", None), output=getattr(self.args, "output", None))
+    @property
+    def output(self) -> str | None:
+        return getattr(self.args, "output", None)
+
+    def emit(self, value: Any, table: Table | None = None) -> None:
+        from better_compute.cli.output import emit
+
+        emit(value, query=getattr(self.args, "query", None), output=self.output, table=table)
 
     @property
     def tenant(self) -> str | None:

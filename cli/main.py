@@ -1,7 +1,10 @@
 """The better-compute command line: small verbs, one renderer, typed errors.
 
-Only the project's own errors become a one-line message and a non-zero exit;
-anything else is a bug and shows its traceback.
+Only the project's own errors become a one-line message (``error [code]: …``) and the exit
+status of their class (cli/exit_codes.py); anything else is a bug and shows its traceback.
+Start-up stays light: the command modules import their heavy parts (the store, httpx,
+jmespath) only when a command runs, so ``--help`` and a remote call stay fast
+(benchmarks/startup.py, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from better_compute.cli import exit_codes
 from better_compute.cli.commands import GROUPS
-from better_compute.cli.context import Context
+from better_compute.cli.registry import add_output_flags
 from better_compute.domain.errors import BetterComputeError
 
 EPILOG = """\
@@ -24,22 +29,55 @@ environment:
   BETTER_COMPUTE_CA_FILE a PEM bundle trusted beside the system's (init writes the serving CA's)
   BETTER_COMPUTE_DATA_DIR, BETTER_COMPUTE_DATABASE_URL  where the local store lives
 
-`better-compute help COMMAND` shows one command, e.g. `better-compute help pools create`."""
+-o/--output and -q/--query go anywhere on the line. Exit statuses: 0 ok, 1 error, 2 usage or
+invalid input, 3 not found, 4 unauthenticated, 5 permission denied, 6 conflict, 7 quota
+exceeded, 8 no capacity, 9 expired, 10 not initialized, 11 unavailable, 130 interrupted.
+
+examples:
+  better-compute help pools create
+  better-compute api system.whoami
+  better-compute nodes list -o wide
+  source <(better-compute completion bash)"""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
         command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
-        self.exit(2, f"error: {message}\n  (`{' '.join(['better-compute help', command]).strip()}` "
-                     "shows the command's flags)\n")
+        self.exit(exit_codes.USAGE,
+                  f"error [usage]: {message}\n  (`{' '.join(['better-compute help', command]).strip()}` "
+                  "shows the command's flags)\n")
+
+
+class _Version(argparse.Action):
+    """--version, read from the installed distribution only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("better-compute")
+        except PackageNotFoundError:
+            text = "unknown"
+        print(f"better-compute {text}")
+        parser.exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="better-compute", description="A control plane for GPU clusters.",
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    add_output_flags(parser)
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Parser)
-    help_parser = sub.add_parser("help", help="List the commands, or show one: help COMMAND [VERB]")
+    help_parser = sub.add_parser(
+        "help", help="List the commands, or show one: help COMMAND [VERB]",
+        description="List the commands, or show one: help COMMAND [VERB]",
+        epilog="examples:\n  better-compute help\n  better-compute help pools create\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     help_parser.add_argument("topic", nargs="*")
     help_parser.set_defaults(run="help")
     for group in GROUPS:
@@ -60,9 +98,9 @@ def _find(parser: argparse.ArgumentParser, words: Sequence[str]) -> argparse.Arg
 def _help(parser: argparse.ArgumentParser, topic: Sequence[str]) -> int:
     target = _find(parser, topic)
     if target is None:
-        print(f"error: no command {' '.join(topic)!r}; `better-compute help` lists them",
+        print(f"error [usage]: no command {' '.join(topic)!r}; `better-compute help` lists them",
               file=sys.stderr)
-        return 2
+        return exit_codes.USAGE
     target.print_help()
     return 0
 
@@ -73,12 +111,20 @@ def _command_parser(parser: argparse.ArgumentParser, argv: Sequence[str]
     words: list[str] = []
     for word in argv:
         if word.startswith("-") or _find(parser, [*words, word]) is None:
-            break
+            continue
         words.append(word)
     return _find(parser, words) or parser
 
 
+def report(exc: BetterComputeError) -> int:
+    """``error [code]: message`` on standard error; the exit status of the error's class."""
+    print(f"error [{exc.code}]: {exc}", file=sys.stderr)
+    return exit_codes.for_code(exc.code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from better_compute.cli.context import Context
+
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
@@ -91,15 +137,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run is None:
         target = getattr(args, "group_parser", parser)
         target.print_help()
-        return 0 if target is parser else 2
+        return 0 if target is parser else exit_codes.USAGE
     ctx = Context(env=dict(os.environ), args=args)
     try:
         code = run(ctx, args)
     except BetterComputeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return report(exc)
     except KeyboardInterrupt:
-        return 130
+        return exit_codes.INTERRUPTED
     finally:
         ctx.close()
     return code or 0

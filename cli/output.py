@@ -1,8 +1,10 @@
-"""One renderer for every command: --query (JMESPath), then JSON or a rich table.
+"""One renderer for every command: --query (JMESPath), then a format.
 
-A query whose answer is a scalar prints bare, so ``$(… --query id)`` works.
-JSON when standard output is not a terminal, tables when it is, unless
-``--output`` says otherwise.
+Formats (``-o``/``--output``): ``table`` (the default on a terminal: the resource's curated
+columns, like kubectl's), ``wide`` (more columns), ``json`` (the default when piped), ``yaml``
+and ``name`` (ids only, one a line, for shell loops). A query whose answer is a string or a
+number prints bare, so ``$(… --query id)`` works. Tables never cut an id: ids are what people
+copy. Imports stay light (jmespath and yaml load only when used): ``--help`` must be fast.
 """
 
 from __future__ import annotations
@@ -11,60 +13,58 @@ import json
 import sys
 from typing import Any, TextIO
 
-import jmespath
-from jmespath.exceptions import JMESPathError
-
+from better_compute.cli.tables import Table, generic_table, render
 from better_compute.domain.errors import InvalidInput
 
 
 def apply_query(value: Any, query: str | None) -> Any:
     if not query:
         return value
+    import jmespath
+    from jmespath.exceptions import JMESPathError
+
     try:
         return jmespath.search(query, value)
     except JMESPathError as exc:
         raise InvalidInput(f"--query {query!r} is not a JMESPath expression: {exc}") from None
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, dict | list):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
+def _names(value: Any) -> list[str]:
+    items = value if isinstance(value, list) else [value]
+    names: list[str] = []
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get("id"), str):
+            names.append(item["id"])
+        elif isinstance(item, str):
+            names.append(item)
+        else:
+            raise InvalidInput("-o name prints ids, and this answer has none: use -o json "
+                               "or -o table")
+    return names
 
 
-def _table(value: Any, out: TextIO) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _yaml(value: Any) -> str:
+    import yaml
 
-    console = Console(file=out)
-    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
-        columns: list[str] = []
-        for row in value:
-            columns.extend(k for k in row if k not in columns)
-        table = Table(*columns)
-        for row in value:
-            table.add_row(*(_cell(row.get(c)) for c in columns))
-        console.print(table if value else "(none)")
-    elif isinstance(value, dict):
-        table = Table("field", "value", show_header=False)
-        for k, v in value.items():
-            table.add_row(k, _cell(v))
-        console.print(table)
-    else:
-        console.print(_cell(value))
+    return str(yaml.safe_dump(value, sort_keys=False, default_flow_style=False,
+                              allow_unicode=True))
 
 
 def emit(value: Any, *, query: str | None = None, output: str | None = None,
-         out: TextIO | None = None) -> None:
+         out: TextIO | None = None, table: Table | None = None) -> None:
     out = out or sys.stdout
     value = apply_query(value, query)
     if query and isinstance(value, str | int | float) and not isinstance(value, bool):
         print(value, file=out)
         return
     fmt = output or ("table" if out.isatty() else "json")
-    if fmt == "table":
-        _table(value, out)
+    if fmt in ("table", "wide"):
+        # The curated columns fit the answer only when no query reshaped it.
+        spec = table if table is not None and not query else None
+        out.write(render(value, spec, wide=fmt == "wide") if spec else generic_table(value))
+    elif fmt == "yaml":
+        out.write(_yaml(value))
+    elif fmt == "name":
+        out.write("".join(n + "\n" for n in _names(value)))
     else:
         print(json.dumps(value, indent=2), file=out)

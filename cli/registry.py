@@ -1,4 +1,10 @@
-"""Command groups register their verbs here; main.py builds the parser from it."""
+"""Command groups register their verbs here; main.py builds the parser from it.
+
+Every verb and group carries examples (shown at the end of its help, the tutorial's own
+commands where it has them). The output flags are global: ``-o``/``--output`` and
+``-q``/``--query`` are accepted before the command as well as after it (their default is
+"not given", so a verb's parser never overwrites what the top level parsed).
+"""
 
 from __future__ import annotations
 
@@ -7,16 +13,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 Runner = Callable[[Any, argparse.Namespace], int | None]
+FORMATS = ("table", "wide", "json", "yaml", "name")
 
 
-def output_options() -> argparse.ArgumentParser:
-    """--output and --query, accepted by every command that prints an object."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--output", "-o", choices=["json", "table"],
-                        help="json (default when piped) or table (default on a terminal)")
-    common.add_argument("--query", "-q", metavar="JMESPATH",
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """--output and --query, for every command that prints an object (and the top level)."""
+    parser.add_argument("--output", "-o", choices=FORMATS, default=argparse.SUPPRESS,
+                        help="table (default on a terminal), wide, json (default when piped), "
+                        "yaml, or name (ids only, one a line)")
+    parser.add_argument("--query", "-q", metavar="JMESPATH", default=argparse.SUPPRESS,
                         help="print only this part of the answer; a scalar prints bare")
-    return common
 
 
 def epilog(examples: Sequence[str]) -> str | None:
@@ -28,18 +34,20 @@ def epilog(examples: Sequence[str]) -> str | None:
 def add_verb(group: Any, name: str, run: Runner, help_text: str, *,
              output: bool = True, examples: Sequence[str] = (),
              **kwargs: Any) -> argparse.ArgumentParser:
-    parents = [output_options()] if output else []
-    if examples:
-        kwargs.update(epilog=epilog(examples),
-                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser: argparse.ArgumentParser = group.add_parser(
-        name, help=help_text, description=help_text, parents=parents, **kwargs
+        name, help=help_text, description=help_text, epilog=epilog(examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
     )
+    if output:
+        add_output_flags(parser)
     parser.set_defaults(run=run)
     return parser
 
 
-def add_group(sub: Any, name: str, help_text: str) -> Any:
-    parser = sub.add_parser(name, help=help_text, description=help_text)
+def add_group(sub: Any, name: str, help_text: str, *, examples: Sequence[str] = ()) -> Any:
+    parser = sub.add_parser(name, help=help_text, description=help_text,
+                            epilog=epilog(examples),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_output_flags(parser)  # global: `nodes -o json list` works too
     parser.set_defaults(run=None, group_parser=parser)
     return parser.add_subparsers(title="commands", metavar="COMMAND")

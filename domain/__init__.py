@@ -1,26 +1,24 @@
 """The domain: aggregates, rules and errors. No I/O happens here.
 
-Importing this package registers every aggregate and event topic, so stored
-events can be decoded.
+Importing the package is cheap: the CLI needs only ``domain.errors``, and a command line
+must not pay for eventsourcing and every aggregate. The aggregates load on first use
+(``from better_compute.domain import Node``) or with ``domain.aggregates``, which registers
+every aggregate and event topic so stored events can be decoded (the store imports it).
 """
 
-from better_compute.domain.bookings import NodeBookings
-from better_compute.domain.join_token import JoinToken
-from better_compute.domain.node import Node
-from better_compute.domain.pki import PkiBundle
-from better_compute.domain.pool import Pool
-from better_compute.domain.quota import QuotaUse
-from better_compute.domain.reservation import Reservation
-from better_compute.domain.site import Site
-from better_compute.domain.tenant import Tenant
-from better_compute.domain.token import ApiToken
+from __future__ import annotations
 
-AGGREGATES = (
-    Tenant, ApiToken, Site, Pool, PkiBundle, JoinToken, Node, Reservation, NodeBookings,
-    QuotaUse,
-)
+from typing import Any
 
 __all__ = [
     "AGGREGATES", "ApiToken", "JoinToken", "Node", "NodeBookings", "PkiBundle", "Pool",
     "QuotaUse", "Reservation", "Site", "Tenant",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from better_compute.domain import aggregates
+
+        return getattr(aggregates, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

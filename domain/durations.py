@@ -1,4 +1,10 @@
-"""Durations like ``30m``, ``2h``, ``1d`` and starts like ``+2h`` or RFC 3339."""
+"""Durations like ``30m``, ``2h``, ``1d`` and starts like ``+2h`` or RFC 3339.
+
+Bounds (docs/security.md): a duration is at most ``MAX_DURATION`` (3650d) and
+written with at most 9 digits, so no caller's number overflows a date; each
+command then checks its own range (a reservation lasts 1m to 366d, a join
+token 1m to 24h, a start is at most 366d ahead).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,26 @@ from datetime import datetime, timedelta
 
 from better_compute.domain.errors import InvalidInput
 
-_DURATION_RE = re.compile(r"^(\d+)([smhd])$")
+_DURATION_RE = re.compile(r"^(\d{1,9})([smhd])\Z")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+MAX_DURATION = timedelta(days=3650)
 
 
 def parse_duration(text: str, *, flag: str = "duration") -> timedelta:
     match = _DURATION_RE.match(text.strip())
     if not match:
+        shown = text if len(text) <= 40 else text[:40] + "..."
         raise InvalidInput(
-            f"{flag} {text!r} is not a duration: write a whole number and a unit, "
-            "s, m, h or d (for example 30m, 2h, 1d)"
+            f"{flag} {shown!r} is not a duration: write a whole number (at most 9 digits) and "
+            "a unit, s, m, h or d (for example 30m, 2h, 1d)"
         )
-    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    value = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    if value > MAX_DURATION:
+        raise InvalidInput(
+            f"{flag} {text.strip()} is longer than any duration this control plane takes "
+            f"(at most {MAX_DURATION.days}d)"
+        )
+    return value
 
 
 def format_duration(value: timedelta) -> str:
@@ -29,18 +43,27 @@ def format_duration(value: timedelta) -> str:
     return f"{seconds}s"
 
 
-def parse_start(text: str, now: datetime, *, flag: str = "--start") -> datetime:
+def parse_start(text: str, now: datetime, *, flag: str = "--start",
+                latest: timedelta = MAX_DURATION) -> datetime:
+    """A start time; at most ``latest`` after ``now`` (so adding a duration never overflows)."""
     if text.startswith("+"):
-        return now + parse_duration(text[1:], flag=flag)
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        value = now + parse_duration(text[1:], flag=flag)
+    else:
+        try:
+            value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            shown = text if len(text) <= 40 else text[:40] + "..."
+            raise InvalidInput(
+                f"{flag} {shown!r} is neither +DURATION (like +2h) nor an RFC 3339 time "
+                "(like 2026-12-01T08:00:00Z)"
+            ) from None
+        if value.tzinfo is None:
+            raise InvalidInput(f"{flag} {text!r} has no time zone: add Z or an offset like +01:00")
+    if value - now > latest:
         raise InvalidInput(
-            f"{flag} {text!r} is neither +DURATION (like +2h) nor an RFC 3339 time "
-            "(like 2026-12-01T08:00:00Z)"
-        ) from None
-    if value.tzinfo is None:
-        raise InvalidInput(f"{flag} {text!r} has no time zone: add Z or an offset like +01:00")
+            f"{flag} {text} is more than {latest.days}d ahead: start at most {latest.days}d "
+            "from now (for example +2h)"
+        )
     return value
 
 
@@ -55,7 +78,7 @@ def parse_instant(text: str, now: datetime, *, flag: str = "--from") -> datetime
         return now
     if text.startswith("-"):
         return now - parse_duration(text[1:], flag=flag)
-    if re.match(r"^\d{4}-\d{2}-\d{2}$", text):
+    if re.match(r"^\d{4}-\d{2}-\d{2}\Z", text):
         try:
             return datetime.fromisoformat(text + "T00:00:00+00:00")
         except ValueError:

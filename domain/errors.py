@@ -17,7 +17,9 @@ rebuilds the same class from it. ``rpc_code`` is the JSON-RPC 2.0 number.
     ├── NoCapacity            nothing fits now                 (no_capacity)
     ├── Expired               a log position or token expired  (expired)
     ├── NotInitialized        the store has no PKI/root yet    (not_initialized)
-    └── Unavailable           a dependency is down             (unavailable)
+    ├── Unavailable           a dependency is down             (unavailable)
+    ├── RateLimited           too many calls of one token      (rate_limited)
+    └── FellBehind            a stream's reader fell behind    (fell_behind)
 """
 
 from __future__ import annotations
@@ -96,12 +98,31 @@ class Unavailable(BetterComputeError):
     rpc_code = -32014
 
 
+class RateLimited(BetterComputeError):
+    """One token (or one anonymous client) has too many calls running: retry shortly."""
+
+    code = "rate_limited"
+    rpc_code = -32015
+
+
+class FellBehind(BetterComputeError):
+    """A /watch reader fell further behind than the server buffers: resume with --since."""
+
+    code = "fell_behind"
+    rpc_code = -32016
+
+
 def _all_subclasses(cls: type[BetterComputeError]) -> list[type[BetterComputeError]]:
     out: list[type[BetterComputeError]] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))
     return out
+
+
+def error_codes() -> set[str]:
+    """Every stable code of the tree (what ``data.code`` of an error can be)."""
+    return {cls.code for cls in [BetterComputeError, *_all_subclasses(BetterComputeError)]}
 
 
 def error_from_code(code: str, message: str, data: dict[str, Any] | None = None) -> BetterComputeError:

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from better_compute.domain.errors import InvalidInput
 from better_compute.domain.ids import public_id
 
 _HIDDEN_FIELDS = frozenset(
@@ -40,9 +41,12 @@ def register_subject(head: str, prefix: str | None) -> None:
     _SUBJECT_PREFIX[head] = prefix
 
 
+_UNITS = {"mib": "MiB", "gib": "GiB"}  # memory_gib is memoryGiB, as in every other document
+
+
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+    return head + "".join(_UNITS.get(part) or part[:1].upper() + part[1:] for part in rest)
 
 
 def _plain(value: Any) -> Any:
@@ -91,7 +95,11 @@ def public_event(sequence: int, domain_event: Any) -> dict[str, Any]:
     }
 
 
-_GLOB_RE = re.compile(r"^[A-Za-z0-9_.*?\[\]-]+$")
+# Names, wildcards and closed bracket sets of name characters ([!...] negates): a bracket
+# that is never closed is refused, not read as a literal "[" (issue #10).
+_GLOB_RE = re.compile(r"(?:[A-Za-z0-9_.*?-]|\[!?[A-Za-z0-9_.-]+\])+")
+MAX_GLOBS = 32
+MAX_GLOB_LENGTH = 128
 
 
 def compile_type_filter(globs: list[str]) -> re.Pattern[str] | None:
@@ -99,12 +107,14 @@ def compile_type_filter(globs: list[str]) -> re.Pattern[str] | None:
     cleaned = [g.strip() for g in globs if g.strip()]
     if not cleaned:
         return None
+    if len(cleaned) > MAX_GLOBS:
+        raise InvalidInput(f"{len(cleaned)} event type globs: give at most {MAX_GLOBS}")
     for glob in cleaned:
-        if not _GLOB_RE.match(glob):
-            from better_compute.domain.errors import InvalidInput
-
+        if len(glob) > MAX_GLOB_LENGTH or not _GLOB_RE.fullmatch(glob):
+            shown = glob if len(glob) <= MAX_GLOB_LENGTH else glob[:MAX_GLOB_LENGTH] + "..."
             raise InvalidInput(
-                f"event type filter {glob!r} is not a glob of dotted names "
-                "(for example node.*,reservation.*)"
+                f"event type filter {shown!r} is not a glob of dotted names: use names, * and "
+                "?, and close every [ with a ] (for example node.*,reservation.*); at most "
+                f"{MAX_GLOB_LENGTH} characters each"
             )
     return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in cleaned))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from better_compute.domain.errors import InvalidInput
 
@@ -32,3 +34,10 @@ def parse_gpu_model(text: str) -> str:
             f"such as H100 (known: {', '.join(sorted(FAMILIES))})"
         )
     return family
+
+
+def gpu_is_healthy(gpu: Mapping[str, Any]) -> bool:
+    """THE GPU health rule, used by capacity, ``Node.schedulable``, the free-GPU index,
+    the placer and every listing: a GPU is healthy when it is not reported unhealthy
+    (``healthy`` false) AND carries no ``healthReasons`` (docs/capacity.md)."""
+    return bool(gpu.get("healthy", True)) and not gpu.get("healthReasons")

@@ -3,7 +3,11 @@
 A public id is ``<prefix>_<base32 of the UUID>`` (26 lower-case letters and
 digits, no dashes: ids end up in systemd slice names where a dash is a level).
 Creates that carry an idempotency key derive the UUID from the tenant, the kind
-and the key, so a retry lands on the same aggregate.
+and the key, so a retry lands on the same aggregate, in the installation's own
+namespace (a random UUID drawn by ``init`` and kept with the PKI bundle): two
+clusters built by one script mint different ids. Stores initialized before
+installation namespaces keep minting in ``NAMESPACE``. Once minted, an id is an
+opaque string: reading it never needs the namespace.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ NAMESPACE = uuid.UUID("5b0e0c2e-6f6c-4a35-9a55-6b1c0a3d7e11")
 
 PREFIXES = ("site", "pool", "node", "rsv", "alloc", "jt", "tok")
 
-_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$")
-_TENANT_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}\Z")
+_TENANT_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}\Z")
 
 
 def public_id(prefix: str, value: uuid.UUID) -> str:
@@ -45,8 +49,15 @@ def parse_id(prefix: str, text: str) -> uuid.UUID:
     return value
 
 
-def keyed_uuid(tenant_id: str, kind: str, key: str) -> uuid.UUID:
-    return uuid.uuid5(NAMESPACE, f"{kind}\x00{tenant_id}\x00{key}")
+def keyed_uuid(tenant_id: str, kind: str, key: str, namespace: uuid.UUID = NAMESPACE
+               ) -> uuid.UUID:
+    """The UUID of the object ``key`` names, in an installation's ``namespace``."""
+    return uuid.uuid5(namespace, f"{kind}\x00{tenant_id}\x00{key}")
+
+
+def keyed_or_new(tenant_id: str, kind: str, key: str | None, namespace: uuid.UUID) -> uuid.UUID:
+    """A create's UUID: derived from its idempotency key when it has one, else random."""
+    return keyed_uuid(tenant_id, kind, key, namespace) if key else new_uuid()
 
 
 def named_uuid(kind: str, name: str) -> uuid.UUID:

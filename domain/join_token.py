@@ -11,6 +11,11 @@ identifiers (``--expect-serial``, ``--expect-mac``, ``--expect-uuid``).
 ``joinToken.expired`` is recorded lazily: by the first join attempted after
 the token's end (that attempt is still refused and spends nothing). Until
 then, reads compute the state from the clock (:func:`effective_state`).
+
+Replays: each use records the SPKI pin of the node key and the SHA-256 of the
+request's nonce (``joinToken.used``), and the token refuses a request with a
+key or a nonce it has seen (``Conflict``), so a captured sealed request posted
+again joins nothing, however many uses the token has left.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from better_compute.domain.errors import (
     PermissionDenied,
     Unauthenticated,
 )
-from better_compute.domain.ids import keyed_uuid, new_uuid, parse_id, public_id
+from better_compute.domain.ids import NAMESPACE, keyed_or_new, parse_id, public_id
 
 JOIN_TOKEN_PREFIX = "bcjt_"
 MIN_TTL = timedelta(minutes=1)
@@ -42,9 +47,9 @@ MAX_TTL = timedelta(hours=24)
 MAX_USES = 10_000
 EXPECT_KINDS = ("serial", "mac", "uuid")
 
-_SECRET_RE = re.compile(r"^bcjt_([a-z2-7]{26})\.([A-Za-z0-9_-]{32,128})$")
-_MAC_RE = re.compile(r"^[0-9a-f]{2}([:-]?)[0-9a-f]{2}(\1[0-9a-f]{2}){4}$")
-_SERIAL_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}$")
+_SECRET_RE = re.compile(r"^bcjt_([a-z2-7]{26})\.([A-Za-z0-9_-]{32,128})\Z")
+_MAC_RE = re.compile(r"^[0-9a-f]{2}([:-]?)[0-9a-f]{2}(\1[0-9a-f]{2}){4}\Z")
+_SERIAL_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}\Z")
 
 UNKNOWN_TOKEN = (
     "the join token is unknown or malformed: copy the whole bcjt_… secret that "
@@ -54,6 +59,10 @@ UNKNOWN_TOKEN = (
 
 def join_token_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def nonce_digest(nonce: str) -> str:
+    return hashlib.sha256(nonce.encode()).hexdigest()
 
 
 def make_secret(token_uuid: UUID, random_part: str) -> str:
@@ -228,8 +237,8 @@ class JoinToken(TenantOwned):
         self.ended_at: datetime | None = None
 
     @staticmethod
-    def new_uuid(tenant_id: str, key: str | None) -> UUID:
-        return keyed_uuid(tenant_id, "jointoken", key) if key else new_uuid()
+    def new_uuid(tenant_id: str, key: str | None, namespace: UUID = NAMESPACE) -> UUID:
+        return keyed_or_new(tenant_id, "jointoken", key, namespace)
 
     @classmethod
     def mint(
@@ -285,18 +294,37 @@ class JoinToken(TenantOwned):
         self.state = "expired"
         self.ended_at = expired_at
 
-    def use(self, node_id: str, hardware_key: str, now: datetime) -> None:
+    def check_fresh(self, key_pin: str, nonce: str) -> None:
+        """Refuse a join request this token has seen: the same node key or the same nonce."""
+        if key_pin in getattr(self, "key_pins", []) or (
+                nonce_digest(nonce) in getattr(self, "nonce_digests", [])):
+            raise Conflict(
+                f"this join request was already used with join token {self.public_id} (its "
+                "node key or nonce was seen before): a replayed request joins nothing. bcd "
+                "makes a new key and nonce for every join: run bcd join again"
+            )
+
+    def use(self, node_id: str, hardware_key: str, now: datetime, key_pin: str | None = None,
+            nonce: str | None = None) -> None:
         refusal = self.refusal(now)
         if refusal is not None:
             raise refusal
-        self._used(node_id=node_id, hardware_key=hardware_key, used_at=now)
+        if key_pin is not None and nonce is not None:
+            self.check_fresh(key_pin, nonce)
+        self._used(node_id=node_id, hardware_key=hardware_key, used_at=now, key_pin=key_pin,
+                   nonce_sha256=nonce_digest(nonce) if nonce is not None else None)
         if self.uses >= self.max_uses:
             self._exhausted(exhausted_at=now)
 
     @event("Used", topic="joinToken.used")
-    def _used(self, node_id: str, hardware_key: str, used_at: datetime) -> None:
+    def _used(self, node_id: str, hardware_key: str, used_at: datetime,
+              key_pin: str | None = None, nonce_sha256: str | None = None) -> None:
+        # key_pin and nonce_sha256: None in uses recorded before replays were checked.
         self.uses += 1
         self.node_ids = [*self.node_ids, node_id]
+        self.key_pins = [*getattr(self, "key_pins", []), *([key_pin] if key_pin else [])]
+        self.nonce_digests = [*getattr(self, "nonce_digests", []),
+                              *([nonce_sha256] if nonce_sha256 else [])]
 
     @event("Exhausted", topic="joinToken.exhausted")
     def _exhausted(self, exhausted_at: datetime) -> None:

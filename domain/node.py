@@ -34,6 +34,7 @@ from eventsourcing.domain import event
 
 from better_compute.domain.base import TenantOwned, iso
 from better_compute.domain.errors import Conflict
+from better_compute.domain.gpus import gpu_is_healthy
 from better_compute.domain.node_rules import (
     ACCEPTANCE_FAILED,
     ACCEPTANCE_PASSED,
@@ -251,7 +252,7 @@ class Node(TenantOwned):
         current = next((g for g in self.gpus if g.get("uuid") == uuid), None)
         if current is None:
             return False
-        was = bool(current.get("healthy", True)) and not current.get("healthReasons")
+        was = gpu_is_healthy(current)
         if healthy == was and (healthy or list(current.get("healthReasons") or []) == reasons):
             return False
         if healthy:
@@ -464,7 +465,7 @@ class Node(TenantOwned):
 
     @property
     def healthy(self) -> bool:
-        return all(bool(g.get("healthy", True)) and not g.get("healthReasons") for g in self.gpus)
+        return all(gpu_is_healthy(g) for g in self.gpus)
 
     @property
     def schedulable(self) -> bool:
@@ -495,8 +496,7 @@ class Node(TenantOwned):
         joined = iso(self.created_on) or ""
         since = self.transitions
         statuses = self._statuses()
-        sick = [g for g in self.gpus if not (bool(g.get("healthy", True))
-                                             and not g.get("healthReasons"))]
+        sick = [g for g in self.gpus if not gpu_is_healthy(g)]
         session_reason = {
             SESSION_NEVER: ("NeverConnected", "bcd node has not opened a session yet"),
             SESSION_CONNECTED: ("SessionUp", f"connected (epoch {self.session_epoch})"),
@@ -581,6 +581,7 @@ class Node(TenantOwned):
             "hardwareKey": self.hardware_key,
             "hardware": dict(self.hardware),
             "gpus": [dict(g) for g in self.gpus],
+            "heldGpus": sum(len(a.get("gpus", [])) for a in self.device_assignments()),
             "keyPin": self.key_pin,
             "certificate": {
                 "serial": self.certificate_serial,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from better_compute.domain.gpus import gpu_family
+from better_compute.domain.gpus import gpu_family, gpu_is_healthy
 
 # Session states of a node (docs/nodes.md).
 SESSION_NEVER = "never"
@@ -45,7 +45,7 @@ def placement_eligible(provision_state: str, session: str, cordoned: bool, drain
     search) only.
     """
     return (provision_state == "adopted" and session != SESSION_UNREACHABLE and not cordoned
-            and not draining and any(bool(g.get("healthy", True)) for g in gpus))
+            and not draining and any(gpu_is_healthy(g) for g in gpus))
 
 
 def acceptance_checks(policy: dict[str, Any], gpu_model: str) -> list[dict[str, Any]]:
@@ -62,20 +62,16 @@ def acceptance_checks(policy: dict[str, Any], gpu_model: str) -> list[dict[str, 
     return checks
 
 
-def _healthy(gpu: dict[str, Any]) -> bool:
-    return bool(gpu.get("healthy", True)) and not gpu.get("healthReasons")
-
-
 def diag_nvml(expect: dict[str, Any], gpus: list[dict[str, Any]]) -> tuple[bool, str]:
     """``diag.nvml``: at least ``gpuCount`` healthy GPUs of the pool's model."""
     count = int(expect.get("gpuCount") or 0)
     model = str(expect.get("gpuModel") or "")
     fitting = [g for g in gpus if (g.get("family") or gpu_family(str(g.get("name", "")))) == model]
-    healthy = [g for g in fitting if _healthy(g)]
+    healthy = [g for g in fitting if gpu_is_healthy(g)]
     if len(healthy) >= count:
         return True, f"{len(healthy)} healthy {model} GPUs (expected {count})"
     sick = [f"{g.get('uuid')} ({', '.join(g.get('healthReasons') or ['unhealthy'])})"
-            for g in fitting if not _healthy(g)]
+            for g in fitting if not gpu_is_healthy(g)]
     other = len(gpus) - len(fitting)
     parts = [f"{len(healthy)} healthy {model} GPUs, expected {count}"]
     if sick:
@@ -149,14 +145,14 @@ def node_capacity(provision_state: str, session: str, cordoned: bool,
     elif cordoned:
         gpu["maintenance"] = total
     else:
-        sick = sum(1 for g in gpus if not _healthy(g))
+        sick = sum(1 for g in gpus if not gpu_is_healthy(g))
         gpu["unhealthy"] = sick
         gpu["allocatable"] = total - sick
     usable = provision_state == "adopted" and session != SESSION_UNREACHABLE and not cordoned
     held = {str(u) for h in holds for u in h.get("gpus") or []}
     known = {str(g.get("uuid")): g for g in gpus}
     gpu["allocated"] = sum(1 for u in held if u in known)
-    held_allocatable = sum(1 for u in held if u in known and usable and _healthy(known[u]))
+    held_allocatable = sum(1 for u in held if u in known and usable and gpu_is_healthy(known[u]))
     gpu["available"] = gpu["allocatable"] - held_allocatable
     cpu = dict.fromkeys(HOST_FIELDS, 0.0)
     memory = dict.fromkeys(HOST_FIELDS, 0.0)

@@ -13,7 +13,7 @@ from eventsourcing.domain import event
 
 from better_compute.domain.access import ROOT_TENANT
 from better_compute.domain.base import TenantOwned, iso
-from better_compute.domain.ids import named_uuid
+from better_compute.domain.ids import NAMESPACE, named_uuid, new_uuid
 
 PKI_ID = named_uuid("pki", "bundle")
 
@@ -25,10 +25,14 @@ class PkiBundle(TenantOwned):
         TOPIC = "bc.pki.event"
 
     @event("Created", topic="pki.created")
-    def __init__(self, tenant_id: str, public: dict[str, str], sealed: str) -> None:
+    def __init__(self, tenant_id: str, public: dict[str, str], sealed: str,
+                 installation_id: str | None = None) -> None:
         self.tenant_id = tenant_id
         self.public = public
         self.sealed = sealed
+        # The namespace of this installation's keyed ids (domain/ids.py); None in
+        # bundles created before installations had one: they mint in NAMESPACE.
+        self.installation_id = installation_id
 
     @staticmethod
     def create_id(**_: Any) -> UUID:
@@ -36,7 +40,14 @@ class PkiBundle(TenantOwned):
 
     @classmethod
     def new(cls, public: dict[str, str], sealed: str) -> PkiBundle:
-        return cls(tenant_id=ROOT_TENANT, public=public, sealed=sealed)
+        """A new installation's bundle, with a random installation id."""
+        return cls(tenant_id=ROOT_TENANT, public=public, sealed=sealed,
+                   installation_id=str(new_uuid()))
+
+    @property
+    def id_namespace(self) -> UUID:
+        installation = getattr(self, "installation_id", None)
+        return UUID(installation) if installation else NAMESPACE
 
     @property
     def public_id(self) -> str:

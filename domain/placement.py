@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from better_compute.domain.errors import NoCapacity
-from better_compute.domain.gpus import gpu_family
+from better_compute.domain.gpus import gpu_family, gpu_is_healthy
 from better_compute.domain.selectors import Selector
 
 
@@ -47,7 +47,7 @@ def gpu_attributes(gpu: Mapping[str, Any]) -> dict[str, Any]:
         "name": name or None,
         "nvlinkDomain": gpu.get("nvlinkDomain"),
         "index": gpu.get("index"),
-        "healthy": bool(gpu.get("healthy", True)),
+        "healthy": gpu_is_healthy(gpu),
     }
 
 
@@ -147,8 +147,12 @@ def _largest_group(request: PlacementRequest, gpus: Sequence[FreeGpu]) -> int:
     return max(best, 1 if gpus else 0)
 
 
-def place(request: PlacementRequest, candidates: Iterable[Candidate]) -> Placement:
-    """Choose a node and its GPUs for ``request``; raises NoCapacity when none fits."""
+def place(request: PlacementRequest, candidates: Iterable[Candidate],
+          pool_gpus: Mapping[str, float] | None = None) -> Placement:
+    """Choose a node and its GPUs for ``request``; raises NoCapacity when none fits.
+
+    ``pool_gpus`` is the pool's GPU rollup (docs/capacity.md); with it the error names the
+    true cause of what is missing (GPUs in maintenance, unhealthy, unreachable, held)."""
     best: tuple[tuple[int, str], Placement] | None = None
     qualifying_total = 0
     nodes_seen = 0
@@ -174,12 +178,49 @@ def place(request: PlacementRequest, candidates: Iterable[Candidate]) -> Placeme
             placement = Placement(candidate.node_id, tuple(g.uuid for g in chosen), cpus, memory)
             best = (rank, placement)
     if best is None:
-        raise _no_capacity(request, nodes_seen, qualifying_total, largest, short_of_host)
+        raise _no_capacity(request, nodes_seen, qualifying_total, largest, short_of_host,
+                           pool_gpus)
     return best[1]
 
 
+# Why a pool's GPUs are out of reach, in the order the rollup counts them, with the fix.
+_OUT_OF_REACH = (
+    ("provisioning", "provisioning (nodes not adopted yet: `better-compute nodes list --pool` "
+                     "shows their acceptance)"),
+    ("unreachable", "unreachable (their bcd is away: see `better-compute nodes get NODE "
+                    "--query session`)"),
+    ("maintenance", "in maintenance (cordoned nodes: `better-compute nodes uncordon NODE` ends "
+                    "it)"),
+    ("unhealthy", "unhealthy (see `better-compute nodes get NODE --query gpus`)"),
+    ("allocated", "held by running reservations"),
+    ("reserved", "booked for later reservations"),
+)
+
+
+def _causes(request: PlacementRequest, gpu: Mapping[str, float]) -> tuple[str, str]:
+    """What keeps the pool's GPUs from the request, and the advice that follows from it."""
+    total = int(gpu.get("total", 0))
+    if total == 0:
+        return ("The pool has no nodes: join a machine to it (`better-compute join-tokens "
+                "create --pool …`, then `bcd join`)", "")
+    parts = [f"{int(gpu[k])} GPU{'s' if gpu[k] != 1 else ''} {text}"
+             for k, text in _OUT_OF_REACH if gpu.get(k)]
+    usable = int(gpu.get("allocatable", 0))
+    if request.gpus > total:
+        advice = f"Ask for at most {total} GPUs"
+    elif request.gpus > usable:
+        advice = "Wait until enough of them are back, or ask for fewer GPUs"
+    elif gpu.get("allocated") or gpu.get("reserved"):
+        advice = "Start later with --start, or ask for fewer GPUs"
+    else:
+        advice = "Relax --model/--product/--selector/--nvlink, or ask for fewer GPUs"
+    picture = f"Of the pool's {total} GPUs: " + "; ".join(parts) if parts else ""
+    return picture, advice
+
+
 def _no_capacity(request: PlacementRequest, nodes: int, free: int, largest: int,
-                 short_of_host: int) -> NoCapacity:
+                 short_of_host: int, pool_gpus: Mapping[str, float] | None = None
+                 ) -> NoCapacity:
     if nodes == 0:
         now = "no node of the pool is adopted and schedulable now"
     else:
@@ -189,9 +230,14 @@ def _no_capacity(request: PlacementRequest, nodes: int, free: int, largest: int,
         if short_of_host:
             now += (f"; {short_of_host} node{'s' if short_of_host != 1 else ''} had the GPUs "
                     "but not the host CPUs or memory they carry")
+    advice = ("Ask for fewer GPUs, relax --model/--product/--selector/--nvlink, or start later "
+              "with --start")
+    if pool_gpus is not None:
+        picture, better = _causes(request, pool_gpus)
+        now = f"{now}. {picture}" if picture else now
+        advice = better
     return NoCapacity(
-        f"no capacity for {request.describe()}: {now}. Ask for fewer GPUs, relax --model/"
-        "--product/--selector/--nvlink, or start later with --start",
+        f"no capacity for {request.describe()}: {now}" + (f". {advice}" if advice else ""),
         data={"requested": request.gpus, "freeGpus": free, "largestFit": largest,
               "schedulableNodes": nodes},
     )

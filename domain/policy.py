@@ -23,8 +23,8 @@ ACCEPTANCE_KINDS = ("diag.nvml",)
 NODE_UNITS = ("container-toolkit",)
 DEFAULT_RESOURCE = "bcd.dev/gpu"
 # A Kubernetes extended resource name: a DNS subdomain prefix, a slash, a name part of 63.
-_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 
 
 class AcceptanceCheck(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

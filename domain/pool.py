@@ -13,6 +13,7 @@ from better_compute.domain.ids import keyed_uuid, new_uuid
 
 NODE_CLASSES = ("metal-host",)
 QUOTA_RESOURCES = ("gpu",)
+MAX_QUOTA_GPUS = 1_000_000  # far above any pool; bounds what a quota row can claim
 UNLIMITED = None  # the owner's quota: effectively unlimited
 
 
@@ -27,9 +28,11 @@ def parse_quota(items: dict[str, Any]) -> dict[str, int]:
                 f"quota resource {name!r} is not known: the resource is gpu (singular), "
                 "as in --quota gpu=16; a quota row for any other name would grant nothing"
             )
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUOTA_GPUS:
+            shown = value if not isinstance(value, int) or value < 10**9 else f"{str(value)[:9]}..."
             raise InvalidInput(
-                f"quota {name}={value!r} is not a whole number of GPUs >= 0 (for example gpu=16)"
+                f"quota {name}={shown!r} is not a whole number of GPUs from 0 to {MAX_QUOTA_GPUS:,} "
+                "(for example gpu=16)"
             )
         quota[name] = value
     return quota
@@ -60,6 +63,12 @@ class Pool(TenantOwned):
     @staticmethod
     def create_id(tenant_id: str, key: str | None, **_: Any) -> UUID:
         return keyed_uuid(tenant_id, "pool", key) if key else new_uuid()
+
+    @classmethod
+    def with_id(cls, id: UUID, **fields: Any) -> Pool:
+        """A new pool with the given aggregate id (the service's, in the installation's
+        namespace, domain/ids.py) instead of ``create_id``'s."""
+        return cls._create(cls.Created, id=id, **fields)  # type: ignore[attr-defined]
 
     def offer(self, to_tenant: str, quota: dict[str, int]) -> bool:
         """Offer the pool to a tenant (or change its quota). False when nothing changes."""

@@ -9,6 +9,10 @@ States (docs/reservations.md)::
       │           └──► failed
       └──► cancelled   (withdrawn before its start)
 
+    queued ──► placed (``reservation.dequeued``) ──► …   (reserve --queue, docs/reservations.md)
+      ├──► cancelled   (release --cancel leaves the queue)
+      └──► expired     (its queue timeout passed)
+
 ``placed``: the placer booked GPUs on a node. ``binding``: the start came and
 the node's desired state carries the device assignment; the node must report
 within BIND_TIMEOUT. ``active``: the node journalled a verified
@@ -23,11 +27,11 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.domain import event
+from eventsourcing.domain import Aggregate, event
 
 from better_compute.domain.base import TenantOwned, iso
 from better_compute.domain.errors import Conflict
-from better_compute.domain.ids import keyed_uuid, new_uuid, public_id
+from better_compute.domain.ids import NAMESPACE, keyed_or_new, new_uuid, public_id
 
 PLACED = "placed"
 BINDING = "binding"
@@ -36,7 +40,9 @@ RELEASED = "released"
 CANCELLED = "cancelled"
 FAILED = "failed"
 LIVE_STATES = (PLACED, BINDING, ACTIVE)
-STATES = (PLACED, BINDING, ACTIVE, RELEASED, CANCELLED, FAILED)
+QUEUED = "queued"
+EXPIRED = "expired"
+STATES = (PLACED, BINDING, ACTIVE, RELEASED, CANCELLED, FAILED, QUEUED, EXPIRED)
 
 MAX_PLACEMENTS = 3  # the first placement and at most two re-placements
 BIND_TIMEOUT = timedelta(minutes=5)
@@ -47,8 +53,8 @@ def new_allocation_id() -> str:
     return public_id("alloc", new_uuid())
 
 
-def reservation_uuid(tenant_id: str, key: str | None) -> UUID:
-    return keyed_uuid(tenant_id, "reservation", key) if key else new_uuid()
+def reservation_uuid(tenant_id: str, key: str | None, namespace: UUID = NAMESPACE) -> UUID:
+    return keyed_or_new(tenant_id, "reservation", key, namespace)
 
 
 class Reservation(TenantOwned):
@@ -207,6 +213,9 @@ class Reservation(TenantOwned):
         """Withdraw a reservation that has not started; Conflict once it has."""
         if self.state == CANCELLED:
             return
+        if self.state == QUEUED:  # it leaves the queue; it held nothing
+            self._cancelled(at=now, allocation_id="", node_id="")
+            return
         if self.started(now) or not self.live:
             raise Conflict(
                 f"reservation {self.public_id} is {self.state} and "
@@ -233,8 +242,8 @@ class Reservation(TenantOwned):
             "start": iso(self.start),
             "end": iso(self.end),
             "key": self.key,
-            "allocationId": self.allocation_id,
-            "nodeId": self.node_id,
+            "allocationId": self.allocation_id or None,
+            "nodeId": self.node_id or None,
             "gpus": list(self.gpus),
             "hostResources": {"cpus": self.cpus, "memoryGiB": self.memory_gib},
             "attempt": self.attempt,
@@ -244,4 +253,129 @@ class Reservation(TenantOwned):
             "failure": dict(self.failure) if self.failure else None,
             "previousPlacements": [dict(h) for h in self.history],
             "createdAt": iso(self.created_on),
+            **self._queue_doc(),
         }
+
+    # ------------------------------------------------------------------ the queue
+    # (reserve --queue, --start earliest and --move-earlier: docs/reservations.md)
+
+    class Queued(Aggregate.Created):
+        """``reservation.queued``: created waiting for GPUs or quota, holding nothing."""
+
+        TOPIC = "reservation.queued"
+        pool_id: str
+        gpu_count: int
+        request: dict[str, Any]
+        key: str | None
+        fingerprint: str | None
+        created_by: str | None
+        at: datetime
+        deadline: datetime
+
+        def mutate(self, aggregate: Any) -> Any:
+            rsv = Reservation.__new__(Reservation)
+            rsv.__base_init__(originator_id=self.originator_id,
+                              originator_version=self.originator_version,
+                              timestamp=self.timestamp)
+            rsv.__init__(  # type: ignore[misc]  # the state a placed one starts with, unplaced
+                id=self.originator_id, tenant_id=self.tenant_id,  # type: ignore[attr-defined]
+                pool_id=self.pool_id, gpu_count=self.gpu_count, request=self.request,
+                start=None, end=None, key=self.key, fingerprint=self.fingerprint,
+                created_by=self.created_by, allocation_id="", node_id="", gpus=[], cpus=0,
+                memory_gib=0,
+            )
+            rsv.state = QUEUED
+            rsv.attempt = 0
+            rsv.queued_at = self.at
+            rsv.queue_deadline = self.deadline
+            return rsv
+
+    @classmethod
+    def enqueue(cls, *, id: UUID, tenant_id: str, pool_id: str, gpu_count: int,
+                request: dict[str, Any], key: str | None, fingerprint: str | None,
+                created_by: str | None, at: datetime, deadline: datetime) -> Reservation:
+        """A reservation that waits in its pool's queue until it can be placed."""
+        return cls._create(cls.Queued, id=id, tenant_id=tenant_id, pool_id=pool_id,
+                           gpu_count=gpu_count, request=request, key=key,
+                           fingerprint=fingerprint, created_by=created_by, at=at,
+                           deadline=deadline)
+
+    @property
+    def queued(self) -> bool:
+        return self.state == QUEUED
+
+    @property
+    def moves_earlier(self) -> bool:
+        """Placed for a later start, and asked to be moved earlier when GPUs free up."""
+        return bool(self.request.get("moveEarlier"))
+
+    def dequeue(self, *, at: datetime, allocation_id: str, node_id: str, gpus: list[str],
+                cpus: int, memory_gib: int, start: datetime, end: datetime) -> None:
+        """Leave the queue placed: booked on ``node_id`` for [start, end)."""
+        if self.state != QUEUED:
+            raise Conflict(f"reservation {self.public_id} is {self.state}, not queued")
+        self._dequeued(at=at, queued_at=getattr(self, "queued_at", at),
+                       allocation_id=allocation_id, node_id=node_id, gpus=list(gpus), cpus=cpus,
+                       memory_gib=memory_gib, start=start, end=end)
+
+    @event("Dequeued", topic="reservation.dequeued")
+    def _dequeued(self, at: datetime, queued_at: datetime, allocation_id: str, node_id: str,
+                  gpus: list[str], cpus: int, memory_gib: int, start: datetime, end: datetime
+                  ) -> None:
+        self.state = PLACED
+        self.attempt = 1
+        self.allocation_id = allocation_id
+        self.node_id = node_id
+        self.gpus = gpus
+        self.cpus = cpus
+        self.memory_gib = memory_gib
+        self.start = start
+        self.end = end
+        self.dequeued_at = at
+
+    def expire_queue(self, at: datetime) -> bool:
+        """The queue timeout passed while still queued; False when it is not queued."""
+        if self.state != QUEUED:
+            return False
+        self._queue_expired(at=at, deadline=self.queue_deadline)
+        return True
+
+    @event("QueueExpired", topic="reservation.expired")
+    def _queue_expired(self, at: datetime, deadline: datetime) -> None:
+        self.state = EXPIRED
+        self.ended_at = at
+
+    def reschedule(self, *, reason: str, allocation_id: str, node_id: str, gpus: list[str],
+                   cpus: int, memory_gib: int, start: datetime) -> None:
+        """Move a placed reservation that has not started to an earlier start."""
+        if self.state != PLACED or start >= self.start:
+            raise Conflict(f"reservation {self.public_id} can only move to an earlier start "
+                           f"while placed (it is {self.state}, starting at {iso(self.start)})")
+        self._rescheduled(
+            reason=reason, previous_start=self.start, previous_end=self.end,
+            previous_allocation_id=self.allocation_id, previous_node_id=self.node_id,
+            start=start, end=start + (self.end - self.start), allocation_id=allocation_id,
+            node_id=node_id, gpus=list(gpus), cpus=cpus, memory_gib=memory_gib,
+        )
+
+    @event("Rescheduled", topic="reservation.rescheduled")
+    def _rescheduled(self, reason: str, previous_start: datetime, previous_end: datetime,
+                     previous_allocation_id: str, previous_node_id: str, start: datetime,
+                     end: datetime, allocation_id: str, node_id: str, gpus: list[str], cpus: int,
+                     memory_gib: int) -> None:
+        self.start = start
+        self.end = end
+        self.allocation_id = allocation_id
+        self.node_id = node_id
+        self.gpus = gpus
+        self.cpus = cpus
+        self.memory_gib = memory_gib
+        self.moves = getattr(self, "moves", 0) + 1
+
+    def _queue_doc(self) -> dict[str, Any]:
+        queued_at = getattr(self, "queued_at", None)
+        if queued_at is None:
+            return {}
+        return {"queue": {"queuedAt": iso(queued_at),
+                          "deadline": iso(self.queue_deadline),
+                          "dequeuedAt": iso(getattr(self, "dequeued_at", None))}}

@@ -19,6 +19,12 @@ the GPU has no NVLink peers), ``index`` (number), ``healthy`` (true/false).
 Strings compare case-sensitively with ``==``/``!=``; ``<`` and friends take
 numbers only. A comparison with an attribute the GPU does not report is false.
 Parse errors name the position and say how to fix the expression.
+
+Bounds (docs/security.md): at most ``MAX_LENGTH`` characters, parentheses and
+``not`` nested at most ``MAX_DEPTH`` deep, number literals of at most
+``MAX_NUMBER_CHARS`` characters. Tokenizing is one left-to-right pass over
+the text (each match starts where the last ended; nothing copies the rest of
+the text), so parsing takes time linear in the length.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ ATTRIBUTES: dict[str, str] = {
     "healthy": "bool",
 }
 _OPS = ("==", "!=", "<=", ">=", "<", ">")
+# One match per token, each starting where the last one ended: ``end`` at the end of the
+# text, ``bad`` for any character that starts no token.
 _TOKEN_RE = re.compile(
     r"""\s*(?:
         (?P<number>\d+(?:\.\d+)?)
@@ -47,15 +55,20 @@ _TOKEN_RE = re.compile(
       | (?P<op>==|!=|<=|>=|<|>)
       | (?P<punct>[()\[\],])
       | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
+      | (?P<end>\Z)
+      | (?P<bad>.)
     )""",
-    re.VERBOSE,
+    re.VERBOSE | re.DOTALL,
 )
 _KEYWORDS = {"and", "or", "not", "in", "true", "false"}
+MAX_LENGTH = 1024
+MAX_DEPTH = 32
+MAX_NUMBER_CHARS = 20
 
 Predicate = Callable[[Mapping[str, Any]], bool]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Token:
     kind: str  # number | string | op | punct | word | end
     text: str
@@ -84,31 +97,35 @@ def _error(text: str, pos: int, problem: str, hint: str) -> InvalidInput:
 def _tokenize(text: str) -> list[_Token]:
     tokens: list[_Token] = []
     pos = 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
+    match = _TOKEN_RE.match
+    while True:
+        found = match(text, pos)
+        assert found is not None  # ``bad`` matches any character, ``end`` the end
+        kind = found.lastgroup or ""
+        start = found.start(kind)
+        if kind == "end":
             break
-        match = _TOKEN_RE.match(text, pos)
-        if match is None or match.end() == pos:
-            bad = pos + (len(text[pos:]) - len(text[pos:].lstrip()))
-            if text[bad] in "'\"":
-                raise _error(text, bad, "a string is not closed", f"end it with {text[bad]}")
+        raw = found.group(kind)
+        if kind == "bad":
+            if raw in "'\"":
+                raise _error(text, start, "a string is not closed", f"end it with {raw}")
             raise _error(
-                text, bad, f"unexpected character {text[bad]!r}",
+                text, start, f"unexpected character {raw!r}",
                 "use attributes, comparisons (== != < <= > >=), and/or/not, parentheses, "
                 "numbers and quoted strings",
             )
-        kind = match.lastgroup or ""
-        raw = match.group(kind)
-        start = match.start(kind)
         value: Any = None
         if kind == "number":
+            if len(raw) > MAX_NUMBER_CHARS:
+                raise _error(text, start, f"a number of {len(raw)} characters",
+                             f"write numbers of at most {MAX_NUMBER_CHARS} characters")
             value = float(raw) if "." in raw else int(raw)
         elif kind == "string":
             value = raw[1:-1]
         elif kind == "word" and raw in ("true", "false"):
             value = raw == "true"
         tokens.append(_Token(kind, raw, start, value))
-        pos = match.end()
+        pos = found.end()
     tokens.append(_Token("end", "", len(text)))
     return tokens
 
@@ -118,6 +135,14 @@ class _Parser:
         self.text = text
         self.tokens = _tokenize(text)
         self.i = 0
+        self.depth = 0
+
+    def nest(self, tok: _Token) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _error(self.text, tok.pos, f"parentheses and not nest more than {MAX_DEPTH} "
+                         "levels deep", "write the condition with fewer levels (and / or "
+                         "chains need no parentheses)")
 
     @property
     def tok(self) -> _Token:
@@ -160,20 +185,22 @@ class _Parser:
 
     def parse_not(self) -> Predicate:
         if self.is_word("not"):
-            self.take()
+            self.nest(self.take())
             inner = self.parse_not()
+            self.depth -= 1
             return lambda attrs: not inner(attrs)
         return self.parse_primary()
 
     def parse_primary(self) -> Predicate:
         tok = self.tok
         if tok.kind == "punct" and tok.text == "(":
-            self.take()
+            self.nest(self.take())
             inner = self.parse_or()
             if not (self.tok.kind == "punct" and self.tok.text == ")"):
                 raise _error(self.text, self.tok.pos, "missing ')'",
                              "close every '(' with a ')'")
             self.take()
+            self.depth -= 1
             return inner
         return self.parse_comparison()
 
@@ -258,4 +285,10 @@ def _compare(text: str, op: _Token, attribute: str, value: Any) -> Predicate:
 
 def parse_selector(text: str) -> Selector:
     """Parse ``text`` once; raises InvalidInput naming the position and the fix."""
+    if len(text) > MAX_LENGTH:
+        raise InvalidInput(
+            f"--selector of {len(text)} characters is too long: write a selector of at most "
+            f"{MAX_LENGTH} characters (list values with `in [...]`)",
+            data={"length": len(text), "max": MAX_LENGTH},
+        )
     return Selector(text, _Parser(text).parse())

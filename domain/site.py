@@ -36,6 +36,12 @@ class Site(TenantOwned):
     def create_id(tenant_id: str, key: str | None, **_: Any) -> UUID:
         return keyed_uuid(tenant_id, "site", key) if key else new_uuid()
 
+    @classmethod
+    def with_id(cls, id: UUID, **fields: Any) -> Site:
+        """A new site with the given aggregate id (the service's, in the installation's
+        namespace, domain/ids.py) instead of ``create_id``'s."""
+        return cls._create(cls.Created, id=id, **fields)  # type: ignore[attr-defined]
+
     def to_doc(self) -> dict[str, Any]:
         return {
             "id": self.public_id,

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from better_compute.domain.errors import BetterComputeError
+from better_compute.domain.gpus import gpu_is_healthy
 from better_compute.domain.ids import parse_id, public_id
 from better_compute.domain.node_rules import (
     ACCEPTANCE_FAILED,
@@ -55,10 +56,6 @@ def _num(value: Any) -> float:
         return float(value or 0)
     except (TypeError, ValueError):
         return 0.0
-
-
-def _healthy(gpu: dict[str, Any]) -> bool:
-    return bool(gpu.get("healthy", True)) and not gpu.get("healthReasons")
 
 
 def node_contribution(provision_state: str, session: str, cordoned: bool,
@@ -99,7 +96,7 @@ def node_contribution(provision_state: str, session: str, cordoned: bool,
     gpu, cpu, memory = part["gpu"], part["cpu"], part["memory"]
     gpu["reserved"] = float(len(later))
     if usable:
-        gpu["available"] -= sum(1 for u in later if _healthy(known[u]))
+        gpu["available"] -= sum(1 for u in later if gpu_is_healthy(known[u]))
     cpu["reserved"] = float(sum(c for c, _ in later.values()))
     memory["reserved"] = float(sum(m for _, m in later.values()))
     if usable:
@@ -245,7 +242,7 @@ class Capacity(Projection):
                 "session_since": None, "acceptance_state": ACCEPTANCE_PENDING,
                 "acceptance_attempt": 0, "cordoned": 0,
                 "gpus": json.dumps([dict(g) for g in event.gpus]),
-                "cpus": hardware.get("cpus"), "memory_gib": hardware.get("memoryGib"),
+                "cpus": hardware.get("cpus"), "memory_gib": hardware.get("memoryGiB", hardware.get("memoryGib")),
             })
             before: dict[str, dict[str, float]] | None = None
             sql.execute(

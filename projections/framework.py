@@ -72,6 +72,9 @@ class Projection(ABC):
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         """Write what ``event`` changes; runs inside the batch's transaction."""
 
+    def end_batch(self, sql: Sql, cursor: Any) -> None:  # noqa: B027 (optional hook)
+        """After a batch's events, in its transaction: write what is derived once per batch."""
+
     @property
     def tracking_name(self) -> str:
         return f"projection:{self.name}:v{self.version}"
@@ -143,8 +146,12 @@ class ProjectionRunner:
             todo = [n for n in batch if n.id > position]
             if not todo:
                 return 0
+            if position == 0:  # a new version: rows an older version wrote are rebuilt
+                for table in projection.table_names():
+                    self.sql.execute(cursor, f"DELETE FROM {table}")
             for notification in todo:
                 projection.apply(self.sql, cursor, notification.id, self.source.decode(notification))
+            projection.end_batch(self.sql, cursor)
             self._track(cursor, projection, todo[-1].id)
             return len(todo)
 

@@ -3,7 +3,8 @@
 Two tables, changed together in the projection's batch transaction:
 
 * ``bc_fg_node``: one row per node: its pool, whether the placer may use it
-  (``Node.schedulable``: adopted, reachable, not cordoned, some GPU healthy),
+  (``Node.schedulable``, i.e. ``placement_eligible`` in domain/node_rules.py: adopted,
+  reachable, not cordoned or draining, some GPU healthy),
   its GPUs with the attributes selectors see and their health, the per-GPU
   share of host CPUs and memory (domain/host_share.py), and ``free_now``:
   healthy GPUs that no live booking holds at any time. The row keeps a
@@ -11,6 +12,10 @@ Two tables, changed together in the projection's batch transaction:
   aggregate's own code and the index always agrees with ``Node.schedulable``.
 * ``bc_fg_booking``: one row per live booking (``bookings.*`` events): node,
   GPUs, host resources and the interval [start, end) in epoch seconds.
+
+``projections/earliest_index.py`` keeps, in the same batches, each node's first blocks (what
+the earliest-start search reads) and the pools whose capacity may have grown (what wakes the
+queue dispatcher). Version 2 added those tables (rebuilt from sequence 0).
 
 ``candidates(pool, start, end, need)`` first reads the few schedulable nodes
 with the fewest ``free_now`` GPUs that still have ``need`` (an index range
@@ -29,6 +34,7 @@ from typing import Any
 from better_compute.domain.host_share import host_share
 from better_compute.domain.ids import public_id
 from better_compute.domain.placement import Candidate, FreeGpu, gpu_attributes
+from better_compute.projections import earliest_index
 from better_compute.projections.framework import Projection, SnapshotCodec, Sql, after_event
 
 FAST_PATH_NODES = 16
@@ -54,8 +60,6 @@ def node_gpus(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if "memoryMiB" not in doc and "memoryMib" in doc:
             doc["memoryMiB"] = doc["memoryMib"]
         doc.setdefault("index", position)
-        if doc.get("healthReasons"):
-            doc["healthy"] = False
         out.append({"uuid": str(doc.get("uuid")), "index": int(doc["index"]),
                     "attributes": gpu_attributes(doc)})
     return out
@@ -63,12 +67,16 @@ def node_gpus(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 class FreeGpus(Projection):
     name = "free_gpus"
+    version = 2  # 2: the earliest-start index (earliest_index.py)
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
+        # Nodes whose free_now and blocks are recomputed once, at the end of the batch (a
+        # batch holds the projection's lock, so one batch at a time writes this).
+        self._touched: dict[str, None] = {}
 
     def table_names(self) -> list[str]:
-        return ["bc_fg_node", "bc_fg_booking"]
+        return ["bc_fg_node", "bc_fg_booking", *earliest_index.TABLE_NAMES]
 
     def tables(self) -> list[str]:
         return [
@@ -86,12 +94,15 @@ class FreeGpus(Projection):
             "cpus INTEGER NOT NULL, memory_gib INTEGER NOT NULL, "
             "start_at DOUBLE PRECISION NOT NULL, end_at DOUBLE PRECISION NOT NULL)",
             "CREATE INDEX IF NOT EXISTS bc_fg_booking_node ON bc_fg_booking (node_id)",
+            *earliest_index.TABLES,
         ]
 
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         kind = str(type(event).TOPIC)
         if kind.startswith("node."):
             self._node_event(sql, cursor, event)
+            node_id = public_id("node", event.originator_id)
+            earliest_index.mark_changed(sql, cursor, self._pool_of(sql, cursor, node_id), sequence)
         elif kind == "bookings.booked":
             node_id = str(event.node_id)
             sql.execute(
@@ -103,15 +114,20 @@ class FreeGpus(Projection):
                  event.reservation_id, json.dumps(list(event.gpus)), int(event.cpus),
                  int(event.memory_gib), epoch(event.start), epoch(event.end)),
             )
-            self._refresh_free(sql, cursor, node_id)
+            self._touched[node_id] = None
         elif kind == "bookings.extended":
             sql.execute(cursor, "UPDATE bc_fg_booking SET end_at = ? WHERE allocation_id = ?",
                         (epoch(event.end), event.allocation_id))
+            self._touched[str(event.node_id)] = None
         elif kind == "bookings.ended":
             node_id = str(event.node_id)
             sql.execute(cursor, "DELETE FROM bc_fg_booking WHERE allocation_id = ?",
                         (event.allocation_id,))
-            self._refresh_free(sql, cursor, node_id)
+            self._touched[node_id] = None
+            earliest_index.mark_changed(sql, cursor, self._pool_of(sql, cursor, node_id), sequence)
+        elif kind == "pool.offered":  # a quota changed: queued reservations may fit
+            earliest_index.mark_changed(sql, cursor, public_id("pool", event.originator_id),
+                                        sequence)
 
     def _pool_of(self, sql: Sql, cursor: Any, node_id: str) -> str:
         sql.execute(cursor, "SELECT pool_id FROM bc_fg_node WHERE node_id = ?", (node_id,))
@@ -138,7 +154,7 @@ class FreeGpus(Projection):
             _hardware_number(hardware, "memoryGiB", "memoryGib"), len(gpus),
         )
         healthy = sum(1 for g in gpus if g["attributes"].get("healthy"))
-        schedulable = bool(getattr(node, "schedulable", False))
+        schedulable = node.schedulable
         topic, state = self.codec.snapshot(node)
         params = (str(event.originator_id), node.pool_id, node.tenant_id, int(schedulable),
                   json.dumps(gpus), healthy, share.cpus_per_gpu, share.memory_gib_per_gpu,
@@ -159,7 +175,12 @@ class FreeGpus(Projection):
                 "snapshot, node_id, free_now) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
                 params,
             )
-        self._refresh_free(sql, cursor, node_id)
+        self._touched[node_id] = None
+
+    def end_batch(self, sql: Sql, cursor: Any) -> None:
+        touched, self._touched = list(self._touched), {}
+        for node_id in touched:
+            self._refresh_free(sql, cursor, node_id)
 
     def _refresh_free(self, sql: Sql, cursor: Any, node_id: str) -> None:
         sql.execute(cursor, "SELECT gpus FROM bc_fg_node WHERE node_id = ?", (node_id,))
@@ -172,6 +193,7 @@ class FreeGpus(Projection):
             healthy.difference_update(json.loads(booking["gpus"]))
         sql.execute(cursor, "UPDATE bc_fg_node SET free_now = ? WHERE node_id = ?",
                     (len(healthy), node_id))
+        earliest_index.refresh_blocks(sql, cursor, node_id)
 
 
 def _candidates(sql: Sql, cursor: Any, rows: list[Any], start: datetime, end: datetime

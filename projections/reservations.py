@@ -2,7 +2,11 @@
 
 One row per reservation with its public document and the columns the
 controller asks about: state, node, allocation, start, end and the binding
-deadline (epoch seconds). The row keeps a snapshot of the aggregate, so each
+deadline (epoch seconds). A queued reservation has no start or end yet: its
+row's start is when it was queued and its end its queue deadline (when the
+timers end its wait), and its position in the pool's queue is its
+``created_seq`` (the sequence of ``reservation.queued``) among the pool's
+queued rows. The row keeps a snapshot of the aggregate, so each
 ``reservation.*`` event is applied by the aggregate's own code.
 """
 
@@ -43,6 +47,7 @@ class Reservations(Projection):
             "CREATE TABLE IF NOT EXISTS bc_rsv_count (tenant_id TEXT NOT NULL, "
             "pool_id TEXT NOT NULL, state TEXT NOT NULL, n BIGINT NOT NULL, "
             "PRIMARY KEY (tenant_id, pool_id, state))",
+            "CREATE INDEX IF NOT EXISTS bc_rsv_line ON bc_rsv (pool_id, state, created_seq)",
         ]
 
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
@@ -67,10 +72,12 @@ class Reservations(Projection):
             _count(sql, cursor, before, -1)
             _count(sql, cursor, after, 1)
         topic, state = self.codec.snapshot(aggregate)
+        start = aggregate.start or getattr(aggregate, "queued_at", None)
+        end = aggregate.end or getattr(aggregate, "queue_deadline", None)
         params = (
             aggregate.public_id, aggregate.tenant_id, aggregate.pool_id, aggregate.node_id,
-            aggregate.allocation_id, aggregate.state, _epoch(aggregate.start),
-            _epoch(aggregate.end), _epoch(aggregate.bind_deadline), created_seq,
+            aggregate.allocation_id, aggregate.state, _epoch(start),
+            _epoch(end), _epoch(aggregate.bind_deadline), created_seq,
             json.dumps(aggregate.to_doc()), topic, state, uuid,
         )
         if event.originator_version == 1:
@@ -133,7 +140,8 @@ def list_reservations(sql: Sql, *, tenant_id: str | None = None, pool_id: str | 
 def due_reservations(sql: Sql, now: float, limit: int = 500) -> list[dict[str, Any]]:
     """Reservations the controller must act on at ``now`` (epoch seconds).
 
-    placed and started; binding past its deadline; any live one past its end.
+    placed and started; binding past its deadline; any live one past its end; queued past
+    its queue deadline.
     """
     with sql.transaction(commit=False) as cursor:
         sql.execute(
@@ -141,7 +149,7 @@ def due_reservations(sql: Sql, now: float, limit: int = 500) -> list[dict[str, A
             "SELECT uuid, id, state, start_at, end_at, bind_deadline FROM bc_rsv WHERE "
             "(state = 'placed' AND start_at <= ?) "
             "OR (state = 'binding' AND bind_deadline <= ?) "
-            "OR (state IN ('placed', 'binding', 'active') AND end_at <= ?) "
+            "OR (state IN ('placed', 'binding', 'active', 'queued') AND end_at <= ?) "
             f"ORDER BY start_at LIMIT {int(limit)}",
             (now, now, now),
         )
@@ -154,3 +162,58 @@ def reservation_of_allocation(sql: Sql, allocation_id: str) -> str | None:
         sql.execute(cursor, "SELECT uuid FROM bc_rsv WHERE allocation_id = ?", (allocation_id,))
         row = cursor.fetchone()
     return str(row["uuid"]) if row else None
+
+
+def queue_positions(sql: Sql, pool_ids: list[str]) -> dict[str, int]:
+    """Each queued reservation's position (1 = the head) in its pool's queue, by public id."""
+    if not pool_ids:
+        return {}
+    marks = ", ".join("?" for _ in pool_ids)
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, f"SELECT id, pool_id FROM bc_rsv WHERE state = 'queued' AND pool_id "
+                    f"IN ({marks}) ORDER BY pool_id, created_seq", pool_ids)
+        out: dict[str, int] = {}
+        counts: dict[str, int] = {}
+        for row in cursor.fetchall():
+            counts[row["pool_id"]] = counts.get(row["pool_id"], 0) + 1
+            out[str(row["id"])] = counts[row["pool_id"]]
+        return out
+
+
+def queue_head(sql: Sql, pool_id: str) -> str | None:
+    """The uuid of the first queued reservation of a pool."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT uuid FROM bc_rsv WHERE pool_id = ? AND state = 'queued' "
+                    "ORDER BY created_seq LIMIT 1", (pool_id,))
+        row = cursor.fetchone()
+    return str(row["uuid"]) if row else None
+
+
+def waiting_in_pool(sql: Sql, pool_id: str, now: float) -> list[dict[str, Any]]:
+    """A pool's line, first come first: queued reservations, and placed ones not started yet.
+
+    Each row: uuid, id, tenant_id, state, created_seq, start_at, end_at and the document.
+    """
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT uuid, id, tenant_id, state, created_seq, start_at, end_at, doc "
+                    "FROM bc_rsv WHERE pool_id = ? AND (state = 'queued' OR "
+                    "(state = 'placed' AND start_at > ?)) ORDER BY created_seq", (pool_id, now))
+        return [dict(row) for row in cursor.fetchall()]
+
+
+def queued_pools(sql: Sql, after: int = 0) -> list[str]:
+    """Pools with queued reservations (queued after sequence ``after``, when given)."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT DISTINCT pool_id FROM bc_rsv WHERE state = 'queued' "
+                    "AND created_seq > ?", (after,))
+        return sorted(str(r["pool_id"]) for r in cursor.fetchall())
+
+
+def held_quota(sql: Sql, pool_id: str, tenant_id: str) -> list[tuple[str, int, float]]:
+    """(id, GPUs, end) of a tenant's live reservations on a pool: what holds its quota."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT id, doc, end_at FROM bc_rsv WHERE pool_id = ? AND "
+                    "tenant_id = ? AND state IN ('placed', 'binding', 'active')",
+                    (pool_id, tenant_id))
+        return [(str(r["id"]), int(json.loads(r["doc"])["gpuCount"]), float(r["end_at"]))
+                for r in cursor.fetchall()]

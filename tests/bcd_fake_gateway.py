@@ -117,6 +117,7 @@ class FakeGateway:
     generation: int = 1
     sections: dict[str, Any] = field(default_factory=lambda: {"acceptance": ACCEPTANCE})
     hold_acks: bool = False  # True: verify journal entries but answer nothing
+    nack_unavailable: int = 0  # nack this many journal entries `unavailable` (a store outage)
     epoch: int = 0
     hellos: list[Hello] = field(default_factory=list)
     heartbeats: list[Heartbeat] = field(default_factory=list)
@@ -234,6 +235,10 @@ class FakeGateway:
                 self.refused.append(message.seq)
                 await stream.send(encode(Nack(seq=message.seq, code="bad-signature",
                                               message="the signature does not verify")))
+            elif self.nack_unavailable > 0:
+                self.nack_unavailable -= 1
+                await stream.send(encode(Nack(seq=message.seq, code="unavailable",
+                                              message="the event store is unavailable")))
             else:
                 self.accepted[message.seq] = msgspec.json.decode(payload)
                 if not self.hold_acks:

@@ -74,7 +74,7 @@ class Machine:
     folder: Path
     serial: str = "SN-7701"
     agents: list[subprocess.Popen[str]] = field(default_factory=list)
-    command: list[str] = field(default_factory=lambda: [BCD])  # or the single-file build
+    command: list[str] = field(default_factory=lambda: [BCD])  # how bcd is run (the single file)
 
     def __post_init__(self) -> None:
         self.root = self.folder / "root"

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,11 +145,16 @@ def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float = 
 
 @contextlib.contextmanager
 def serve(env: Mapping[str, str], *extra: str, port: int | None = None,
-          tls: bool = True, log_file: Path | None = None) -> Iterator[Server]:
-    """A real `better-compute serve` process on loopback, TLS by default; its standard error
-    (the logs) goes to ``log_file`` when given (a pipe nobody reads fills up)."""
+          tls: bool = True, wrap: Sequence[str] = (),
+          log_file: Path | None = None) -> Iterator[Server]:
+    """A real `better-compute serve` process on loopback, TLS by default.
+
+    ``wrap``: a command that runs it (``unshare … sh -c '…; exec "$@"' sh``), so that the
+    process is the server itself. Its standard error (the logs) goes to ``log_file`` when
+    given (a pipe nobody reads fills up).
+    """
     port = port or free_port()
-    argv = [CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra]
+    argv = [*wrap, CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra]
     if not tls:
         argv.append("--insecure-loopback")
     log = open(log_file, "a") if log_file is not None else None  # noqa: SIM115

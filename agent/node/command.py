@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import signal
 import socket
 import sys
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import TextIO
 
 import anyio
-import httpx
 
 from better_compute.api.wire import logs
 from better_compute.api.wire.daemon import bind_scrape, notify, parse_listen
@@ -31,10 +28,11 @@ from ..errors import BcdError
 from ..gpu import GpuSourceError, open_source
 from ..paths import Paths
 from .agent import NodeAgent, NodeOptions
-from .render import render_status
 from .settings import load_settings, resolve_config_path
 from .state import state_dir
-from .status_server import STATUS_PATH
+from .status_client import fetch_status, status_command
+
+__all__ = ["fetch_status", "node_command", "status_command"]  # status: see status_client.py
 
 
 @contextlib.contextmanager
@@ -133,41 +131,3 @@ class NodeRemovedError(BcdError):
 
     exit_code = 3
 
-
-def _unreachable(path: Path, why: str) -> BcdError:
-    return BcdError(f"cannot read the running agent at {path}: {why}")
-
-
-def fetch_status(socket_path: Path) -> dict[str, object]:
-    if not socket_path.exists():
-        raise BcdError(
-            f"bcd node is not running: there is no socket at {socket_path}. Start it "
-            "(systemctl start bcd, or bcd node --config /etc/bcd/config.toml)"
-        )
-    if not os.access(socket_path, os.R_OK | os.W_OK):
-        raise _unreachable(socket_path, "permission denied; run it as root (sudo bcd status)")
-    try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)),
-                          timeout=10.0) as client:  # fmt: skip
-            response = client.get(f"http://bcd{STATUS_PATH}")
-    except httpx.ConnectError:
-        raise _unreachable(socket_path, "nothing answers (bcd node is not running; start "
-                           "it with systemctl start bcd)") from None  # fmt: skip
-    except httpx.HTTPError as exc:
-        raise _unreachable(socket_path, f"{exc}; is bcd node hung? see its log") from None
-    if response.status_code != 200:
-        raise _unreachable(socket_path, f"it answered HTTP {response.status_code}")
-    data = response.json()
-    if not isinstance(data, dict):
-        raise _unreachable(socket_path, "it answered something other than a status object")
-    return data
-
-
-def status_command(*, paths: Paths, as_json: bool, socket: str | None = None,
-                   out: TextIO = sys.stdout) -> int:  # fmt: skip
-    status = fetch_status(Path(socket) if socket else paths.socket)
-    if as_json:
-        out.write(json.dumps(status, indent=2) + "\n")
-    else:
-        out.write(render_status(status))
-    return 0

@@ -9,7 +9,8 @@ network drops), waits a backoff with jitter, and connects again, forever. Each s
   telemetry every ``report_every`` heartbeats, and at once when the GPUs' health changes
   or a desired state was applied), and every journal entry not yet settled, in order;
 * applies each DesiredState of its epoch (messages of another epoch are stale: ignored);
-* settles journal entries on Ack, and on Nack unless the code says to retry;
+* settles journal entries on Ack, and on Nack unless the code says to retry (then sends
+  the entry again a heartbeat interval later: the control plane's store was away);
 * stops (``NodeRemoved``) when the gateway says the node was removed: bcd node then
   exits with status 3, which its systemd unit does not restart;
 * renews the node certificate for the same key when less than a third of its lifetime is
@@ -85,6 +86,8 @@ class Link:
         self.stream = stream
         self.epoch = epoch
         self._lock = anyio.Lock()
+        self.sent: set[int] = set()  # journal entries sent in this session
+        self.nacked: set[int] = set()  # of those, nacked with a code that says to try again
 
     async def send(self, message: Msg) -> None:
         async with self._lock:
@@ -157,13 +160,18 @@ async def _reports(agent: NodeAgent, link: Link) -> None:
 
 
 async def _journal(agent: NodeAgent, link: Link) -> None:
-    sent: set[int] = set()
+    """Send every unsettled entry once per session; one nacked with a retry code (the
+    control plane's store away) again a heartbeat interval later, in the same session."""
     while True:
         wake = agent.journal_added.waiter()
+        if link.nacked:
+            await anyio.sleep(agent.heartbeat_seconds)
+            link.sent -= link.nacked
+            link.nacked.clear()
         for entry in agent.journal.unsettled():
-            if entry.seq not in sent:
+            if entry.seq not in link.sent:
                 await link.send(Journal(epoch=link.epoch, seq=entry.seq, entry=entry.signed))
-                sent.add(entry.seq)
+                link.sent.add(entry.seq)
         await wake.wait()
 
 
@@ -179,6 +187,9 @@ async def _read(agent: NodeAgent, link: Link, reader: BufferedByteReceiveStream)
             agent.say(f"journal entry {message.seq} refused: {message.code}: {message.message}")
             if message.code not in RETRY_CODES:
                 agent.settle(message.seq, f"nacked:{message.code}")
+            elif message.code in ("unavailable", "retry"):
+                link.nacked.add(message.seq)
+                agent.journal_added.fire()
         elif isinstance(message, Renewed):
             await anyio.to_thread.run_sync(agent.on_renewed, message.certificate_pem,
                                            message.not_after)

@@ -18,10 +18,11 @@ import msgspec
 from anyio.abc import SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from .status_client import STATUS_PATH
+
 if TYPE_CHECKING:
     from .agent import NodeAgent
 
-STATUS_PATH = "/v1/status"
 _MAX_HEAD = 8192
 
 

@@ -28,7 +28,7 @@ CONSOLE_PATH = "/console"
 STATIC_PREFIX = f"{CONSOLE_PATH}/static/"
 # Lower-case path segments that start with a letter or digit, one dot: the extension.
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}(?:/[a-z0-9][a-z0-9_-]{0,63}){0,3}"
-                      r"\.(html|css|js|svg)$")
+                      r"\.(html|css|js|svg)\Z")
 _MEDIA_TYPES = {
     "html": "text/html; charset=utf-8",
     "css": "text/css; charset=utf-8",

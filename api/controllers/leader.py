@@ -76,8 +76,12 @@ class PostgresLeadership:
             return self.still_leader()
         try:
             conn = self._connect()
+        except psycopg.Error:
+            return False
+        try:
             row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (self.name,)).fetchone()
         except psycopg.Error:
+            conn.close()
             return False
         if not row or not row[0]:
             conn.close()

@@ -12,6 +12,13 @@ node states this controller reads), then for every node with a session:
   minutes) without a verdict: ``node.acceptance.failed`` with reason
   ``timeout`` (sticky like any failure: nodes.adopt starts the next attempt).
 
+A pass that fails (the store away), leadership lost (its lock lives on a
+PostgreSQL connection), or a store that refuses writes while reads work (SQLite
+on a full disk) makes the controller blind: the gateways may not have written
+heartbeats meanwhile, so silence before the next pass that succeeds (with
+writes going through) does not count, and no node is marked unreachable until
+``unreachable_after`` has passed since then.
+
 The verdict on an attempt comes from the node's signed journal through the
 gateway, not from here; a failed attempt stays failed until nodes.adopt.
 A pass is idempotent: running it twice, or on two processes at once, records
@@ -62,10 +69,29 @@ class NodeLifecycle:
         self.acceptance_timeout = acceptance_timeout
         # (node uuid, attempt) -> when that attempt started; read once from the aggregate.
         self._attempt_started: dict[tuple[str, int], datetime | None] = {}
+        self._blind = False  # the last pass failed
+        self._sight_since: datetime | None = None  # silence before this does not count
 
     def reconcile(self) -> PassReport:
+        try:
+            return self._reconcile()
+        except Exception:
+            self.lost_sight()
+            raise
+
+    def lost_sight(self) -> None:
+        """Passes stopped (a failure, the leadership lost): silence until the next pass
+        that succeeds does not count."""
+        self._blind = True
+
+    def _reconcile(self) -> PassReport:
         report = PassReport()
         service = self.nodes.service
+        if service.store.guard.write_failure is not None:
+            # Reads work, writes fail (SQLite on a full disk): the gateway's heartbeats are
+            # not written either. Blind until a write goes through again.
+            self.lost_sight()
+            service.sql.probe_write()
         service.projections.catch_up("capacity")
         self._time_out_attempts(report)
         states = read_node_states(
@@ -76,6 +102,8 @@ class NodeLifecycle:
             return report
         heard = self.presence.last_seen()
         now = service.clock()
+        if self._blind:
+            self._blind, self._sight_since = False, now
         for state in states:
             uuid = UUID(state.uuid)
             if (state.session == SESSION_CONNECTED and state.provision_state == "adopting"
@@ -83,7 +111,9 @@ class NodeLifecycle:
                     and self.nodes.start_first_acceptance(uuid) is not None):
                 report.acceptance_started.append(state.id)
             last = _last_heard(state.session_since, heard.get(state.uuid), state.session_epoch)
-            if last is not None and now - last > self.unreachable_after \
+            counted = last if last is None or self._sight_since is None \
+                else max(last, self._sight_since)
+            if counted is not None and now - counted > self.unreachable_after \
                     and self.nodes.mark_unreachable(uuid, state.session_epoch, last):
                 report.unreachable.append(state.id)
         return report

@@ -8,7 +8,9 @@ what is due at ``now`` (the service's database time unless a test passes it):
 * binding and no report from the node for BIND_TIMEOUT (5 minutes): a
   failure, placed again at most twice, then ``reservation.failed``;
 * any live reservation past its end: ``reservation.released`` (reason
-  ``expired``), bookings ended, quota refunded, assignment removed.
+  ``expired``), bookings ended, quota refunded, assignment removed;
+* a queued reservation past its queue timeout: ``reservation.expired`` (it held
+  nothing, so nothing ends and nothing is refunded).
 
 A pass is idempotent (each change re-reads its reservation inside its own
 save) and never sleeps: tests move the clock.
@@ -31,10 +33,11 @@ class TickReport:
     binding: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
+    queue_expired: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
-        return bool(self.binding or self.timed_out or self.expired)
+        return bool(self.binding or self.timed_out or self.expired or self.queue_expired)
 
 
 class ReservationTimers:
@@ -51,7 +54,11 @@ class ReservationTimers:
             acted = False
             for row in due:
                 uuid = UUID(str(row["uuid"]))
-                if row["end_at"] <= at.timestamp():
+                if row["state"] == "queued":
+                    if service.expire_queued(uuid, at):
+                        report.queue_expired.append(str(row["id"]))
+                        acted = True
+                elif row["end_at"] <= at.timestamp():
                     if service.expire(uuid, at):
                         report.expired.append(str(row["id"]))
                         acted = True

@@ -1,16 +1,23 @@
 """Running the controllers inside ``serve``: elected, woken by events and by a tick.
 
 ``run_controllers`` is a lifespan task. It tries to become the leader
-every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass
-whenever the process's event hub reads a node.* or reservation.* event and at least every
+every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass and the
+reservation timers, and beside them (its own loop, so a release never waits
+for their pass) the queue dispatcher, whenever the process's event hub
+reads a node.*, reservation.*, bookings.*, quota.* or pool.* event and at least every
 ``tick`` seconds (the timers), and checks it still holds the lock before
 each pass. Each pass also records the API tokens whose end has passed
-(``token.expired``, api/tokens.py). A pass that fails is logged and retried on the next tick.
+(``token.expired``, api/tokens.py). A pass that fails is retried on the next tick (logged once per run
+of failures: a store outage fails every pass until the store is back). On
+PostgreSQL the lock lives on the leader's own connection, so an outage ends
+it: every replica tries again every ``retry`` seconds, and one leads again
+once the store is back.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -29,20 +36,24 @@ from better_compute.api.controllers.node_lifecycle import (
     UNREACHABLE_AFTER,
     NodeLifecycle,
 )
+from better_compute.api.controllers.queue import QueueDispatcher
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.eventlog import EventFilter
 from better_compute.api.node_presence import Presence
 from better_compute.api.node_service import NodeService
 from better_compute.api.reservation_service import reservations
 from better_compute.api.settings import env_seconds
+from better_compute.api.supervise import Retry
 from better_compute.api.tokens import TokenExpiry, TokenService
 from better_compute.domain.events import compile_type_filter
 
 log = logging.getLogger("better_compute.controllers")
 
-# The controllers react to node and reservation events only; anything else (a site
-# created, a token minted, a heartbeat summary) waits for the next tick.
-_WAKE_ON = EventFilter(types=compile_type_filter(["node.*", "reservation.*"]))
+# The controllers react to node, reservation, booking, quota and pool events only (what can
+# free GPUs or quota); anything else (a site created, a token minted, a heartbeat summary)
+# waits for the next tick.
+_WAKE_ON = EventFilter(types=compile_type_filter(["node.*", "reservation.*", "bookings.*",
+                                                  "quota.*", "pool.*"]))
 
 
 def unreachable_after(env: Any) -> timedelta:
@@ -73,8 +84,12 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
     lifecycle = await anyio.to_thread.run_sync(lifecycle_for, runtime)
     timers = ReservationTimers(reservations(runtime.service))
     expiry = TokenExpiry(TokenService(runtime.service))
+    dispatcher = QueueDispatcher(reservations(runtime.service))
     hub = state.extra.get("watch_hub")
     limiter = anyio.CapacityLimiter(1)
+    passes = {"lifecycle": Retry("a NodeLifecycle pass", log),
+              "timers": Retry("a reservations pass", log),
+              "tokens": Retry("a tokens pass", log)}
     task_status.started()
     try:
         while True:
@@ -83,29 +98,55 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
                 continue
             log.info("this process runs the controllers")
             state.extra["controllers_leader"] = True
-            while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
-                position = hub.head if hub is not None else 0
-                try:
-                    await anyio.to_thread.run_sync(as_actor(CONTROLLER_NODES, lifecycle.reconcile),
-                                                   limiter=limiter)
-                except Exception:
-                    log.exception("a NodeLifecycle pass failed; retrying on the next tick")
-                try:
-                    await anyio.to_thread.run_sync(
-                        as_actor(CONTROLLER_RESERVATIONS, timers.tick), limiter=limiter)
-                except Exception:
-                    log.exception("a reservations pass failed; retrying on the next tick")
-                try:
-                    await anyio.to_thread.run_sync(as_actor(CONTROLLER_TOKENS, expiry.tick),
-                                                   limiter=limiter)
-                except Exception:
-                    log.exception("a tokens pass failed; retrying on the next tick")
-                if hub is not None:
-                    await hub.wait_beyond(position, tick, _WAKE_ON)
-                else:
-                    await anyio.sleep(tick)
+            async with anyio.create_task_group() as dispatching:
+                dispatching.start_soon(_dispatch, dispatcher, hub, tick)
+                await _lead(lead, passes, (
+                    ("lifecycle", CONTROLLER_NODES, lifecycle.reconcile),
+                    ("timers", CONTROLLER_RESERVATIONS, timers.tick),
+                    ("tokens", CONTROLLER_TOKENS, expiry.tick)), hub, tick, limiter)
+                dispatching.cancel_scope.cancel()
             state.extra["controllers_leader"] = False
+            lifecycle.lost_sight()
             log.warning("lost the controllers' lock; trying to take it again")
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lead.release, limiter=limiter)
+
+
+async def _dispatch(dispatcher: QueueDispatcher, hub: Any, tick: float) -> None:
+    """The queue dispatcher's own loop, beside the others: a release is not kept waiting by
+    a NodeLifecycle or timers pass (only the leader runs it; cancelled with leadership)."""
+    limiter = anyio.CapacityLimiter(1)
+    retry = Retry("a queue dispatch pass", log)
+    while True:
+        position = hub.head if hub is not None else 0
+        try:
+            await anyio.to_thread.run_sync(as_actor(CONTROLLER_RESERVATIONS, dispatcher.run),
+                                           limiter=limiter)
+        except Exception as exc:  # retried on the next wake or tick
+            retry.failed(exc)
+        else:
+            retry.succeeded()
+        if hub is not None:
+            await hub.wait_beyond(position, tick, _WAKE_ON)
+        else:
+            await anyio.sleep(tick)
+
+
+async def _lead(lead: Leadership, passes: dict[str, Retry],
+                work: tuple[tuple[str, str, Callable[[], Any]], ...], hub: Any, tick: float,
+                limiter: anyio.CapacityLimiter) -> None:
+    """The NodeLifecycle, timers and tokens passes, while this process holds the lock."""
+    while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
+        position = hub.head if hub is not None else 0
+        for name, actor, run in work:
+            try:
+                await anyio.to_thread.run_sync(as_actor(actor, run), limiter=limiter)
+            except Exception as exc:  # retried on the next tick
+                passes[name].failed(exc)
+            else:
+                passes[name].succeeded()
+        if hub is not None:
+            await hub.wait_beyond(position, tick, _WAKE_ON)
+        else:
+            await anyio.sleep(tick)

@@ -10,6 +10,12 @@ Wake-ups: one task follows the process's event hub (the /watch follower)
 and pokes the session of every node an event is about, so a changed desired
 state goes down at once, whichever replica recorded it. Heartbeats are kept
 in memory and written to ``bc_node_presence`` once per ``flush_interval``.
+
+Store outages: the gateway keeps listening and its sessions stay up. A flush
+that fails keeps its heartbeats for the next one; a session's store call that
+fails answers ``unavailable`` (a journal entry is nacked with that code, so
+bcd sends it again); a node that connects meanwhile is refused with that code
+and reconnects with backoff. Nothing a session raises ends the listener.
 """
 
 from __future__ import annotations
@@ -45,7 +51,9 @@ from better_compute.api.gateway.session import (
 from better_compute.api.join_service import NODE_CERTIFICATE_LIFETIME
 from better_compute.api.node_presence import Presence, Reports
 from better_compute.api.node_service import NodeService
+from better_compute.api.outage import outage_error, unavailable_on_outage
 from better_compute.api.service import ComputeService
+from better_compute.api.supervise import Retry
 from better_compute.api.wire.gateway import Hello, Refused, decode_to_gateway, encode
 from better_compute.domain.errors import BetterComputeError, InvalidInput, Unavailable
 from better_compute.domain.ids import parse_id
@@ -103,9 +111,12 @@ class Gateway:
         self.reports: dict[str, tuple[int, datetime, dict[str, Any]]] = {}
         self.stats: Counter[str] = Counter()
         self.port = 0
+        self.listening = False
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        """``fn`` in a worker thread; a store outage comes back as ``Unavailable``."""
+        with unavailable_on_outage():
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     # -------------------------------------------------------------- running
 
@@ -115,29 +126,48 @@ class Gateway:
         tcp = await anyio.create_tcp_listener(local_host=host, local_port=port)
         self.port = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
         listener = _QuietTLSListener(tcp, self.ssl_context, standard_compatible=False)
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(self._flush_loop)
-            if self.hub is not None:
-                tg.start_soon(self._follow_events)
-            task_status.started(self.port)
-            await listener.serve(self._connection, task_group=tg)
+        try:
+            async with listener, anyio.create_task_group() as tg:
+                tg.start_soon(self._flush_loop)
+                if self.hub is not None:
+                    tg.start_soon(self._follow_events)
+                self.listening = True
+                task_status.started(self.port)
+                await listener.serve(self._connection, task_group=tg)
+        finally:
+            self.listening = False
 
     async def _flush_loop(self) -> None:
+        retry = Retry("writing the nodes' heartbeats", log)
         while True:
             await anyio.sleep(self.flush_interval)
-            await self.flush_heartbeats()
+            try:
+                await self.flush_heartbeats()
+            except Exception as exc:  # kept for the next flush (a store outage, say)
+                retry.failed(exc)
+            else:
+                retry.succeeded()
 
     async def flush_heartbeats(self) -> int:
-        """Write the newest heartbeat and report summary of each node heard since last time."""
+        """Write the newest heartbeat and report summary of each node heard since last time.
+
+        When the write fails they are kept (newer ones heard meanwhile win) and the
+        error is raised: the next flush writes them.
+        """
         beats, self.beats = self.beats, {}
         reports, self.reports = self.reports, {}
         written = 0
-        if beats:
-            rows = [(uuid, epoch, at) for uuid, (epoch, at) in beats.items()]
-            written += await self.call(self.presence.record, rows)
-        if reports:
-            docs = [(uuid, epoch, at, doc) for uuid, (epoch, at, doc) in reports.items()]
-            await self.call(self.report_rows.record, docs)
+        try:
+            if beats:
+                rows = [(uuid, epoch, at) for uuid, (epoch, at) in beats.items()]
+                written += await self.call(self.presence.record, rows)
+            if reports:
+                docs = [(uuid, epoch, at, doc) for uuid, (epoch, at, doc) in reports.items()]
+                await self.call(self.report_rows.record, docs)
+        except BaseException:
+            self.beats = {**beats, **self.beats}
+            self.reports = {**reports, **self.reports}
+            raise
         return written
 
     def keep_report(self, session: Session, summary: dict[str, Any]) -> None:
@@ -239,10 +269,25 @@ class Gateway:
                 await stream.send(encode(Refused(code=refusal.code, message=refusal.message)))
         except (TimeoutError, *_CLOSED):
             pass
+        except Exception as exc:  # a store outage or a bug: this session ends, not the listener
+            await self._failed(stream, session, exc)
         finally:
             if session is not None:
                 await self._close(session)
             await anyio.aclose_forcefully(stream)
+
+    async def _failed(self, stream: TLSStream, session: Session | None,
+                      exc: Exception) -> None:
+        error = _project_error(exc)
+        if error is None:
+            log.error("gateway: a session failed", exc_info=exc)
+            return
+        log.warning("gateway: %s: %s", f"node {session.node_id}'s session ended"
+                    if session is not None else "a session was refused", error.message)
+        if session is None:  # not admitted: say why, so bcd retries with backoff
+            self.stats["refused_sessions"] += 1
+            with anyio.move_on_after(2), contextlib.suppress(*_CLOSED):
+                await stream.send(encode(Refused(code=error.code, message=error.message)))
 
     async def _close(self, session: Session) -> None:
         if self.sessions.get(session.node_id) is session:
@@ -253,6 +298,21 @@ class Gateway:
             try:
                 await self.call(self.nodes.session_closed, session.uuid, session.epoch,
                                 session.reason)
-            except BetterComputeError:
-                log.exception("gateway: could not record the end of node %s's session",
-                              session.node_id)
+            except BetterComputeError as exc:
+                log.warning("gateway: could not record the end of node %s's session: %s",
+                            session.node_id, exc.message)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _project_error(exc: BaseException) -> BetterComputeError | None:
+    """The project error (or store outage) that ended a session, if that is what it was."""
+    for leaf in _leaves(exc):
+        error = leaf if isinstance(leaf, BetterComputeError) else outage_error(leaf)
+        if error is not None:
+            return error
+    return None

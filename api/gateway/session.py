@@ -38,7 +38,8 @@ from better_compute.api.wire.gateway import (
     decode_to_gateway,
     encode,
 )
-from better_compute.domain.errors import BetterComputeError, InvalidInput
+from better_compute.domain.errors import BetterComputeError, InvalidInput, Unavailable
+from better_compute.domain.gpus import gpu_is_healthy
 from better_compute.domain.node import Node
 from better_compute.domain.node_rules import SESSION_UNREACHABLE
 
@@ -56,6 +57,7 @@ def removed_message(node: Node) -> str:
     return (f"node {node.public_id} was removed from its pool at {removal.get('at')} "
             f"({removal.get('reason') or 'removed'}); its certificate is revoked. To bring "
             "the machine back, run bcd join with a new join token: it gets the same node back")
+STORE_RETRY = 1.0  # seconds before a session retries a store read that found it away
 _CLOSED = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
            anyio.ClosedResourceError, anyio.DelimiterNotFound, OSError)
 
@@ -65,7 +67,7 @@ def _health(gpus: list[dict[str, Any]]) -> dict[str, tuple[bool, tuple[str, ...]
     for g in gpus:
         if isinstance(g, dict) and isinstance(g.get("uuid"), str):
             reasons = tuple(str(r) for r in g.get("healthReasons") or [])
-            out[g["uuid"]] = (bool(g.get("healthy", True)) and not reasons, reasons)
+            out[g["uuid"]] = (gpu_is_healthy(g), reasons)
     return out
 
 
@@ -139,6 +141,12 @@ class Session:
                 await self.send(Refused(code=NODE_REMOVED, message=removed_message(node)))
                 self.fence()
                 return
+            try:
+                node = await self.gateway.call(self.gateway.nodes.load, self.uuid)
+            except Unavailable:  # the store is away: the session stays, try again soon
+                await anyio.sleep(STORE_RETRY)
+                self.poke.set()
+                continue
             if node is None or node.session_epoch != self.epoch:
                 self.fence()
                 return
@@ -241,7 +249,10 @@ class Session:
         changed = [g for g in gpus if isinstance(g, dict) and g.get("uuid") in self.health
                    and health.get(g["uuid"]) != self.health[g["uuid"]]]
         if changed:
-            await gateway.call(gateway.nodes.gpu_health, self.uuid, self.epoch, changed)
+            try:
+                await gateway.call(gateway.nodes.gpu_health, self.uuid, self.epoch, changed)
+            except Unavailable:
+                return  # the store is away: the next report carries the change again
             self.health.update({k: v for k, v in health.items() if k in self.health})
 
     async def _journal(self, message: Journal) -> None:

@@ -19,9 +19,12 @@ class ReservationsCreate(Params, kw_only=True):
     product: str | None = None
     selector: str | None = None
     nvlink: bool = False
-    start: str | None = None  # +2h or RFC 3339; default now
+    start: str | None = None  # +2h, RFC 3339 or "earliest"; default now
     key: str | None = None
     kubernetes: bool = False  # hand the hold to the kubelet (pool with policy.kubernetes)
+    queue: bool = False  # queued when it cannot be placed (docs/reservations.md, the queue)
+    queue_timeout: str | None = None  # with queue: how long it waits (default 6h)
+    move_earlier: bool = False  # with a later start: move earlier when GPUs free up
 
 
 class CapacityPreview(Params, kw_only=True):
@@ -55,12 +58,14 @@ class ReservationsExtend(Params, kw_only=True):
 
 @method("reservations.create", ReservationsCreate,
         "Reserve GPUs of a pool for a duration: the placer books them on one node with their "
-        "host CPUs and memory; key makes it retry-safe.")
+        "host CPUs and memory (now, at start, or at the earliest start); key makes it "
+        "retry-safe; queue waits in the pool's queue when it cannot be placed.")
 def reservations_create(call: Call, p: ReservationsCreate) -> dict[str, Any]:
     return reservations(call.service).create(
         call.principal, tenant_id=p.tenant_id, pool_id=p.pool_id, gpus=p.gpus,
         duration=p.duration, model=p.model, product=p.product, selector=p.selector,
-        nvlink=p.nvlink, start=p.start, key=p.key, kubernetes=p.kubernetes,
+        nvlink=p.nvlink, start=p.start, key=p.key, kubernetes=p.kubernetes, queue=p.queue,
+        queue_timeout=p.queue_timeout, move_earlier=p.move_earlier,
     )
 
 
@@ -82,7 +87,7 @@ def reservations_release(call: Call, p: ReservationRef) -> dict[str, Any]:
 
 
 @method("reservations.cancel", ReservationRef,
-        "Withdraw a reservation that has not started yet.")
+        "Withdraw a reservation that has not started yet (a queued one leaves the queue).")
 def reservations_cancel(call: Call, p: ReservationRef) -> dict[str, Any]:
     return reservations(call.service).release(call.principal, p.reservation_id, cancel=True)
 
@@ -94,7 +99,8 @@ def reservations_extend(call: Call, p: ReservationsExtend) -> dict[str, Any]:
 
 
 @method("capacity.preview", CapacityPreview,
-        "Would a reservation fit now, and with which host CPUs and memory? Books nothing.")
+        "Would a reservation fit now, and with which host CPUs and memory? When not, the "
+        "earliest start at which it fits. Books nothing.")
 def capacity_preview(call: Call, p: CapacityPreview) -> dict[str, Any]:
     return reservations(call.service).preview(
         call.principal, tenant_id=p.tenant_id, pool_id=p.pool_id, gpus=p.gpus,

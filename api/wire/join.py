@@ -40,9 +40,16 @@ class HardwareGpu(Wire, kw_only=True):
     name: str
     serial: str | None = None
     pci_bus_id: str | None = None
-    memory_mib: int | None = None
+    memory_mib: int | None = msgspec.field(default=None, name="memoryMiB")
     nvlink_domain: str | None = None
     healthy: bool = True
+    # What bcd before 0.1.1 sent (camel-casing made it memoryMib): read, never written.
+    legacy_memory_mib: int | None = msgspec.field(default=None, name="memoryMib")
+
+    def __post_init__(self) -> None:
+        if self.memory_mib is None:
+            self.memory_mib = self.legacy_memory_mib
+        self.legacy_memory_mib = None
 
 
 class HardwareFacts(Wire, kw_only=True):
@@ -51,8 +58,14 @@ class HardwareFacts(Wire, kw_only=True):
     macs: list[str] = []
     hostname: str | None = None
     cpus: int | None = None
-    memory_gib: float | None = None
+    memory_gib: float | None = msgspec.field(default=None, name="memoryGiB")
     gpus: list[HardwareGpu] = []
+    legacy_memory_gib: float | None = msgspec.field(default=None, name="memoryGib")  # as above
+
+    def __post_init__(self) -> None:
+        if self.memory_gib is None:
+            self.memory_gib = self.legacy_memory_gib
+        self.legacy_memory_gib = None
 
 
 class JoinRequest(Wire, kw_only=True):

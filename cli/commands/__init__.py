@@ -4,6 +4,7 @@ from better_compute.cli.commands import (
     api,
     capacity,
     catalog,
+    completion,
     daemon,
     events,
     join_tokens,
@@ -16,4 +17,4 @@ from better_compute.cli.commands import (
 )
 
 GROUPS = (setup, api, catalog, join_tokens, daemon, nodes, capacity, reservations, events,
-          projections, usage, store)
+          projections, usage, store, completion)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from better_compute.cli.registry import add_verb
+from better_compute.cli.tables import CAPACITY
 
 # (add_arguments(parser), run(ctx, args) -> bool handled) pairs other features plug in.
 EXTENSIONS: list[tuple[Callable[[argparse.ArgumentParser], None],
@@ -22,13 +23,16 @@ def capacity(ctx: Any, a: argparse.Namespace) -> None:
     for _, run in EXTENSIONS:
         if run(ctx, a):
             return
-    ctx.emit(ctx.call("capacity.get", poolId=a.pool))
+    ctx.emit(ctx.call("capacity.get", poolId=a.pool), CAPACITY)
 
 
 def register(sub: Any) -> None:
     p = add_verb(sub, "capacity", capacity,
                  "A pool's capacity per resource: total, allocatable, allocated, reserved, "
-                 "available, and GPUs provisioning, unhealthy, in maintenance, unreachable.")
+                 "available, and GPUs provisioning, unhealthy, in maintenance, unreachable.",
+                 examples=["better-compute capacity --pool $POOL",
+                           "better-compute capacity --preview --pool $POOL --gpus 4 --for 2h",
+                           "better-compute capacity --pool $POOL --query resources.gpu.available"])
     p.add_argument("--pool", required=True, metavar="POOL", help="the pool (pool_…)")
     for add_arguments, _ in EXTENSIONS:
         add_arguments(p)

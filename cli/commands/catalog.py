@@ -9,6 +9,7 @@ from typing import Any
 
 from better_compute.cli.files import check_new_file, write_new_secret
 from better_compute.cli.registry import add_group, add_verb
+from better_compute.cli.tables import POOLS, SITES, TOKENS
 from better_compute.domain.errors import InvalidInput
 
 
@@ -21,7 +22,7 @@ def tenants_get(ctx: Any, a: argparse.Namespace) -> None:
 
 
 def tenants_list(ctx: Any, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("tenants.list"))
+    ctx.emit(ctx.call("tenants.list"))  # the generic table: ID, NAME, CREATEDAT
 
 
 def tokens_create(ctx: Any, a: argparse.Namespace) -> None:
@@ -36,7 +37,7 @@ def tokens_create(ctx: Any, a: argparse.Namespace) -> None:
 
 
 def tokens_list(ctx: Any, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("tokens.list", tenantId=ctx.tenant))
+    ctx.emit(ctx.call("tokens.list", tenantId=ctx.tenant), TOKENS)
 
 
 def tokens_revoke(ctx: Any, a: argparse.Namespace) -> None:
@@ -53,16 +54,16 @@ def tokens_rotate(ctx: Any, a: argparse.Namespace) -> None:
     ctx.emit(rotated)
 
 
-TOKENS_CREATE_EXAMPLES = """\
-examples:
-  better-compute tokens create --tenant acme --role member --name ci --ttl 30d --out ci.token
-  better-compute tokens create --role read-only --name dashboards   # the default TTL"""
+TOKENS_CREATE_EXAMPLES = [
+    'better-compute tokens create --tenant acme --role member --name ci --ttl 30d --out ci.token',
+    'better-compute tokens create --role read-only --name dashboards   # the default TTL',
+]
 
-TOKENS_ROTATE_EXAMPLES = """\
-examples:
-  better-compute tokens rotate tok_… --out ci.token          # the old secret works 1h more
-  better-compute tokens rotate tok_… --grace 24h --ttl 30d --out ci.token
-  better-compute tokens rotate tok_… --grace 0s              # the old secret stops now"""
+TOKENS_ROTATE_EXAMPLES = [
+    'better-compute tokens rotate tok_… --out ci.token          # the old secret works 1h more',
+    'better-compute tokens rotate tok_… --grace 24h --ttl 30d --out ci.token',
+    'better-compute tokens rotate tok_… --grace 0s              # the old secret stops now',
+]
 
 
 def sites_create(ctx: Any, a: argparse.Namespace) -> None:
@@ -74,7 +75,7 @@ def sites_get(ctx: Any, a: argparse.Namespace) -> None:
 
 
 def sites_list(ctx: Any, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("sites.list"))
+    ctx.emit(ctx.call("sites.list"), SITES)
 
 
 def read_policy_file(path: str) -> dict[str, Any]:
@@ -103,7 +104,7 @@ def pools_get(ctx: Any, a: argparse.Namespace) -> None:
 
 
 def pools_list(ctx: Any, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("pools.list", siteId=a.site))
+    ctx.emit(ctx.call("pools.list", siteId=a.site), POOLS)
 
 
 def parse_quota(items: list[str]) -> dict[str, Any]:
@@ -122,17 +123,27 @@ def pools_offer(ctx: Any, a: argparse.Namespace) -> None:
 
 
 def register(sub: Any) -> None:
-    g = add_group(sub, "tenants", "Tenants: the customers, and root (the platform operator).")
-    p = add_verb(g, "create", tenants_create, "Create a tenant; its id is what --to and --tenant take.")
+    g = add_group(sub, "tenants", "Tenants: the customers, and root (the platform operator).",
+                  examples=["better-compute tenants create acme", "better-compute tenants list"])
+    p = add_verb(g, "create", tenants_create, "Create a tenant; its id is what --to and --tenant take.",
+                 examples=["better-compute tenants create acme",
+                           "better-compute tenants create acme --name 'Acme Corp'"])
     p.add_argument("id", help="the tenant id, for example acme")
     p.add_argument("--name", help="a display name (default: the id)")
-    p = add_verb(g, "get", tenants_get, "Show one tenant.")
+    p = add_verb(g, "get", tenants_get, "Show one tenant.",
+                 examples=["better-compute tenants get acme"])
     p.add_argument("id")
-    add_verb(g, "list", tenants_list, "List the tenants you see.")
+    add_verb(g, "list", tenants_list, "List the tenants you see.",
+             examples=["better-compute tenants list", "better-compute tenants list -o name"])
 
-    g = add_group(sub, "tokens", "API tokens (biam_…): shown once, stored only as a hash.")
+    g = add_group(sub, "tokens", "API tokens (biam_…): shown once, stored only as a hash.",
+                  examples=["better-compute tokens create --tenant acme --role admin --out acme-token"])
     p = add_verb(g, "create", tokens_create, "Mint a token for a tenant with a role.",
-                 epilog=TOKENS_CREATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                 examples=["better-compute tokens create --tenant acme --role admin --out acme-token",
+                           "better-compute tokens create --tenant acme --role member --name ci "
+                           "--ttl 30d --out ci.token",
+                           "better-compute tokens create --role read-only --name dashboards "
+                           "--query token"])
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
     p.add_argument("--role", required=True, help="admin, member or read-only")
     p.add_argument("--name", help="what the token is for")
@@ -141,14 +152,15 @@ def register(sub: Any) -> None:
                    "BETTER_COMPUTE_TOKEN_TTL and BETTER_COMPUTE_TOKEN_MAX_TTL, 90d and 365d)")
     p.add_argument("--out", metavar="FILE", help="write the secret to FILE (0600, never overwritten)")
     p = add_verb(g, "list", tokens_list,
-                 "List a tenant's tokens (never their secrets): state, end, last use.")
+                 "List a tenant's tokens (never their secrets): state, end, last use.",
+                 examples=["better-compute tokens list --tenant acme"])
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
-    p = add_verb(g, "revoke", tokens_revoke, "Revoke a token.")
+    p = add_verb(g, "revoke", tokens_revoke, "Revoke a token.",
+                 examples=["better-compute tokens revoke tok_…"])
     p.add_argument("token_id", metavar="TOKEN_ID", help="tok_… as tokens list shows")
     p = add_verb(g, "rotate", tokens_rotate,
                  "A new secret (and id) for a token's tenant, role and name; the old secret keeps "
-                 "working for a grace period.", epilog=TOKENS_ROTATE_EXAMPLES,
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                 "working for a grace period.", examples=TOKENS_ROTATE_EXAMPLES)
     p.add_argument("token_id", metavar="TOKEN_ID", help="tok_… as tokens list shows")
     p.add_argument("--grace", metavar="DURATION",
                    help="how long the old secret keeps working, 0s to 7d (default: the server's "
@@ -158,18 +170,29 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="FILE", help="write the new secret to FILE (0600, never "
                    "overwritten)")
 
-    g = add_group(sub, "sites", "Sites: where machines live (root tenant: shared or dedicated).")
-    p = add_verb(g, "create", sites_create, "Create a platform site.")
+    g = add_group(sub, "sites", "Sites: where machines live (root tenant: shared or dedicated).",
+                  examples=["export SITE=$(better-compute sites create --kind shared --region "
+                            "eu-1 --key site-eu-1 --query id)", "better-compute sites list"])
+    p = add_verb(g, "create", sites_create, "Create a platform site.",
+                 examples=["export SITE=$(better-compute sites create --kind shared --region "
+                           "eu-1 --key site-eu-1 --query id)"])
     p.add_argument("--kind", required=True, help="shared (offered to tenants) or dedicated")
     p.add_argument("--region", required=True, help="for example eu-1")
     p.add_argument("--name", help="a display name")
     p.add_argument("--key", help="idempotency key: the same key returns the same site")
-    p = add_verb(g, "get", sites_get, "Show one site.")
+    p = add_verb(g, "get", sites_get, "Show one site.",
+                 examples=["better-compute sites get $SITE"])
     p.add_argument("site", metavar="SITE", help="site_… as sites create printed")
-    add_verb(g, "list", sites_list, "List the sites you see.")
+    add_verb(g, "list", sites_list, "List the sites you see.",
+             examples=["better-compute sites list", "better-compute sites list -o name"])
 
-    g = add_group(sub, "pools", "Pools: machines of one GPU model with one policy.")
-    p = add_verb(g, "create", pools_create, "Create a pool on a site.")
+    g = add_group(sub, "pools", "Pools: machines of one GPU model with one policy.",
+                  examples=["better-compute pools get $POOL",
+                            "better-compute pools offer $POOL --to acme --quota gpu=16"])
+    p = add_verb(g, "create", pools_create, "Create a pool on a site.",
+                 examples=["export POOL=$(better-compute pools create --site $SITE --class "
+                           "metal-host --gpu-model H100 --policy-file pool-policy.json "
+                           "--key pool-eu-1-h100 --query id)"])
     p.add_argument("--site", required=True, metavar="SITE", help="the site (site_…) of the pool")
     p.add_argument("--class", dest="node_class", required=True, metavar="CLASS",
                    help="metal-host: joining machines become host nodes whose GPUs are held")
@@ -178,11 +201,15 @@ def register(sub: Any) -> None:
                    help='JSON: {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}')
     p.add_argument("--name", help="a display name")
     p.add_argument("--key", help="idempotency key: the same key returns the same pool")
-    p = add_verb(g, "get", pools_get, "Show one pool with its policy and offerings.")
+    p = add_verb(g, "get", pools_get, "Show one pool with its policy and offerings.",
+                 examples=["better-compute pools get $POOL",
+                           "better-compute pools get $POOL --query policy -o yaml"])
     p.add_argument("pool", metavar="POOL", help="pool_… as pools create printed")
-    p = add_verb(g, "list", pools_list, "List the pools you own or are offered.")
+    p = add_verb(g, "list", pools_list, "List the pools you own or are offered.",
+                 examples=["better-compute pools list", "better-compute pools list --site $SITE"])
     p.add_argument("--site", metavar="SITE", help="only the pools of this site")
-    p = add_verb(g, "offer", pools_offer, "Offer a pool to a tenant with a gpu quota.")
+    p = add_verb(g, "offer", pools_offer, "Offer a pool to a tenant with a gpu quota.",
+                 examples=["better-compute pools offer $POOL --to acme --quota gpu=16"])
     p.add_argument("pool", metavar="POOL", help="pool_… as pools create printed")
     p.add_argument("--to", required=True, metavar="TENANT", help="the tenant id, for example acme")
     p.add_argument("--quota", required=True, action="append", metavar="gpu=N",

@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import sys
-from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -24,9 +23,9 @@ from better_compute.cli.registry import add_group, add_verb
 from better_compute.domain.errors import Conflict, InvalidInput
 
 ARCHES = ("amd64", "arm64")
-_VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+~-]{0,63}$")
-_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
-_PIN_RE = re.compile(r"^sha256/[A-Za-z0-9+/]{43}=$")
+_VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+~-]{0,63}\Z")
+_HEX_RE = re.compile(r"^[0-9a-f]{64}\Z")
+_PIN_RE = re.compile(r"^sha256/[A-Za-z0-9+/]{43}=\Z")
 _URL_UNSAFE = re.compile(r"[\s\"'\\`$]")
 
 BCD_UNIT = """\
@@ -117,6 +116,8 @@ def render_script(*, pool: str, site: str, base_url: str, gateway_url: str | Non
         "SHA256_AMD64": digests.get("amd64", ""),
         "SHA256_ARM64": digests.get("arm64", ""),
     }
+    from importlib import resources
+
     ca = str(pki["servingCaCertificate"])
     text = resources.files("better_compute.api").joinpath("install_bcd.sh").read_text()
     raw = {"POOL": pool, "SITE": site, "VERSION_TEXT": version,
@@ -164,11 +165,19 @@ def install_script(ctx: Any, a: argparse.Namespace) -> None:
           f"sudo sh {Path(a.out).name} < join-token", file=sys.stderr)
 
 
+_EXAMPLE = ("better-compute daemon install-script --pool $POOL --site $SITE --base-url "
+            "https://compute.example.com --bcd-version 0.1.0 --sha256 amd64=$(sha256sum "
+            "dist/bcd_0.1.0_linux_amd64 | cut -d' ' -f1) --out install-bcd.sh")
+
+
 def register(sub: Any) -> None:
-    g = add_group(sub, "daemon", "bcd, the node agent: the install script.")
+    g = add_group(sub, "daemon", "bcd, the node agent: the install script.",
+                  examples=[_EXAMPLE])
     p = add_verb(g, "install-script", install_script,
                  "Generate install-bcd.sh: downloads and verifies bcd, writes its config with "
-                 "the pins, runs bcd doctor and bcd join, enables bcd.service.", output=False)
+                 "the pins, runs bcd doctor and bcd join, enables bcd.service.", output=False,
+                 examples=["scripts/build-bcd      # prints dist/bcd_0.1.0_linux_amd64 <sha256>",
+                           _EXAMPLE])
     p.add_argument("--pool", required=True, metavar="POOL", help="the pool the machines join")
     p.add_argument("--site", required=True, metavar="SITE", help="the pool's site")
     p.add_argument("--gateway-url", metavar="URL",

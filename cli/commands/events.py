@@ -1,26 +1,26 @@
-"""events watch and events list: the event log, one JSON line per event.
+"""events watch and events list: the event log, one line per event.
 
 ``watch`` streams ``GET …/events/watch`` and, when the connection drops or
 the server restarts, reconnects with backoff and resumes after the last
 sequence it printed (or the last heartbeat's head), so nothing is missed or
 printed twice. Without BETTER_COMPUTE_URL it follows the local store.
 An ``expired`` answer is final: the log cannot continue from that sequence.
+
+On a terminal each event is one readable line (cli/event_lines.py); piped, or with
+``-o json``, one JSON line as the server sent it. ``--subject ID`` keeps one aggregate's
+events (filtered here: the position still moves past the others, so a resume skips nothing).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any, TextIO
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TextIO
 
-import httpx
-import msgspec
-
-from better_compute.cli.client import HttpClient
+from better_compute.cli import event_lines
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.domain.errors import (
     BetterComputeError,
@@ -28,6 +28,11 @@ from better_compute.domain.errors import (
     Unavailable,
     error_from_code,
 )
+
+if TYPE_CHECKING:
+    import httpx
+
+    from better_compute.cli.client import StreamClient
 
 RETRY_FIRST = 0.25
 RETRY_MAX = 5.0
@@ -43,6 +48,20 @@ def _types(values: list[str] | None) -> str | None:
 def _write(out: TextIO, lines: list[str]) -> None:
     out.write("".join(line + "\n" for line in lines))
     out.flush()
+
+
+Printer = Callable[[str, dict[str, Any]], str | None]
+
+
+def printer(output: str | None, out: TextIO, env: Mapping[str, str]) -> Printer:
+    """What to print for one event: its JSON line, or a readable line on a terminal."""
+    readable = output in ("table", "wide") or (output is None and out.isatty())
+    colour = readable and event_lines.use_colour(out, env)
+
+    def show(line: str, doc: dict[str, Any]) -> str | None:
+        return event_lines.line(doc, colour=colour) if readable else line
+
+    return show
 
 
 class Resumer:
@@ -65,7 +84,8 @@ class Resumer:
         return True
 
 
-def _stream_lines(client: HttpClient, resumer: Resumer, types: str | None,
+def _stream_lines(client: StreamClient, resumer: Resumer, types: str | None,
+                  connected: Callable[[], None] = lambda: None,
                   audit: Mapping[str, str] | None = None
                   ) -> Iterator[tuple[str, dict[str, Any]]]:
     params: dict[str, Any] = dict(audit or {})
@@ -77,6 +97,7 @@ def _stream_lines(client: HttpClient, resumer: Resumer, types: str | None,
         if response.status_code != 200:
             response.read()
             _raise_http_error(client.base, response)
+        connected()
         for line in response.iter_lines():
             if not line.strip():
                 continue
@@ -106,19 +127,32 @@ _FINAL = ("expired", "invalid_input", "unauthenticated", "permission_denied", "n
 
 
 def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
-               out: TextIO, err: TextIO, audit: Mapping[str, str] | None = None) -> None:
+               out: TextIO, err: TextIO, show: Printer,
+               audit: Mapping[str, str] | None = None) -> None:
+    import random
+
+    from better_compute.cli.client import StreamClient, httpx_module
+
+    httpx = httpx_module()
     url = env["BETTER_COMPUTE_URL"].strip()
     token = env.get("BETTER_COMPUTE_TOKEN", "").strip() or None
-    client = HttpClient(url, token, env, timeout=READ_TIMEOUT)
+    client = StreamClient(url, token, env, timeout=READ_TIMEOUT)
     resumer = Resumer(since)
     delay = RETRY_FIRST
+
+    def connected() -> None:
+        where = (f"after sequence {resumer.position}" if resumer.position is not None
+                 else "from now on")
+        print(f"events watch: following {client.base}/events/watch {where}", file=err,
+              flush=True)
+
     try:
         while True:
             try:
-                for line, doc in _stream_lines(client, resumer, types, audit):
+                for line, doc in _stream_lines(client, resumer, types, connected, audit):
                     delay = RETRY_FIRST
-                    if resumer.accept(doc):
-                        _write(out, [line])
+                    if resumer.accept(doc) and (shown := show(line, doc)) is not None:
+                        _write(out, [shown])
                 reason = "the server ended the stream"
             except BetterComputeError as exc:
                 if exc.code in _FINAL:
@@ -137,7 +171,7 @@ def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
 
 
 def watch_local(env: Mapping[str, str], since: int | None, types: str | None,
-                out: TextIO, audit: Mapping[str, str] | None = None) -> None:
+                out: TextIO, show: Printer, audit: Mapping[str, str] | None = None) -> None:
     """No server: follow the local store directly (as the local operator)."""
     from better_compute.api.eventlog import AuditFilter, EventLog, filter_for
     from better_compute.api.runtime import Runtime
@@ -156,8 +190,10 @@ def watch_local(env: Mapping[str, str], since: int | None, types: str | None,
         log.check_position(position)
         while True:
             entries, read_to = log.scan(flt, position)
-            if entries:
-                _write(out, [e.line.decode() for e in entries])
+            lines = [shown for e in entries
+                     if (shown := show(e.line.decode(), json.loads(e.line))) is not None]
+            if lines:
+                _write(out, lines)
             if read_to == position:
                 time.sleep(LOCAL_POLL)
             position = read_to
@@ -192,11 +228,15 @@ def events_watch(ctx: Any, a: argparse.Namespace) -> int:
     since = a.since
     if since is None and "from" in audit:
         since = 0  # --from names a time in the past: read the log from its start, by time
+    from better_compute.cli.signals import interruptible
+
+    show = printer(ctx.output, sys.stdout, ctx.env)
     try:
-        if ctx.env.get("BETTER_COMPUTE_URL", "").strip():
-            watch_http(ctx.env, since, types, sys.stdout, sys.stderr, audit)
-        else:
-            watch_local(ctx.env, since, types, sys.stdout, audit)
+        with interruptible():
+            if ctx.env.get("BETTER_COMPUTE_URL", "").strip():
+                watch_http(ctx.env, since, types, sys.stdout, sys.stderr, show, audit)
+            else:
+                watch_local(ctx.env, since, types, sys.stdout, show, audit)
     except BrokenPipeError:  # the reader went away (| head): a normal end
         return 0
     return 0
@@ -205,14 +245,20 @@ def events_watch(ctx: Any, a: argparse.Namespace) -> int:
 def events_list(ctx: Any, a: argparse.Namespace) -> int:
     if a.limit is not None and a.limit < 1:
         raise InvalidInput(f"--limit {a.limit} must be at least 1")
+    import msgspec
+
     types = _types(a.types)
     audit = _audit(a)
+    show = printer(ctx.output, sys.stdout, ctx.env)
     since = a.since
     printed = 0
     while a.limit is None or printed < a.limit:
         want = 1000 if a.limit is None else min(1000, a.limit - printed)
         page = ctx.call("events.list", since=since, types=types, limit=want, **audit)
-        lines = [msgspec.json.encode(e).decode() for e in page["events"]]
+        lines = [shown for e in page["events"]
+                 if (shown := show(msgspec.json.encode(e).decode(), e)) is not None]
+        if a.limit is not None:
+            lines = lines[:a.limit - printed]
         if lines:
             _write(sys.stdout, lines)
         printed += len(lines)
@@ -220,21 +266,6 @@ def events_list(ctx: Any, a: argparse.Namespace) -> int:
         if since >= page["head"]:
             break
     return 0
-
-
-WATCH_EXAMPLES = """\
-examples:
-  better-compute events watch --types 'node.*,reservation.*'
-  better-compute events watch --since 1200          # resume after sequence 1200
-  better-compute events watch --actor tok_…         # what one token does, live
-  better-compute events watch --from now-1h --subject node_…"""
-
-LIST_EXAMPLES = """\
-examples:
-  better-compute events list --limit 20
-  better-compute events list --actor tok_… --from 2026-11-01 --to 2026-12-01
-  better-compute events list --subject rsv_… --types 'reservation.*'
-  better-compute events list --from now-24h --actor controller:reservations"""
 
 
 def _audit_flags(p: Any) -> None:
@@ -251,13 +282,26 @@ def _audit_flags(p: Any) -> None:
                    help="only events before TIME (same forms as --from)")
 
 
-def register(sub: Any) -> None:
-    from argparse import RawDescriptionHelpFormatter
+def _format_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", "-o", choices=["table", "json"], default=argparse.SUPPRESS,
+                   help="table: one readable line per event (default on a terminal); json: the "
+                   "server's JSON lines (default when piped)")
 
-    g = add_group(sub, "events", "The event log: one JSON line per event, by sequence.")
+
+def register(sub: Any) -> None:
+    g = add_group(sub, "events", "The event log: one line per event, by sequence.",
+                  examples=["better-compute events watch --types 'node.*,reservation.*'",
+                            "better-compute events list --since 0 --limit 20"])
     p = add_verb(g, "watch", events_watch,
-                 "Follow the events live; reconnects and resumes after the last sequence printed.",
-                 output=False, epilog=WATCH_EXAMPLES, formatter_class=RawDescriptionHelpFormatter)
+                 "Follow the events live; reconnects and resumes after the last sequence printed. "
+                 "A readable line per event on a terminal, JSON lines when piped or with -o json.",
+                 output=False,
+                 examples=["better-compute events watch --types 'node.*,reservation.*'",
+                           "better-compute events watch --subject $RSV",
+                           "better-compute events watch --since 120 -o json | jq .type",
+                           "better-compute events watch --actor tok_…",
+                           "better-compute events watch --from now-1h --subject node_…"])
+    _format_flag(p)
     p.add_argument("--types", action="append", metavar="GLOB,GLOB",
                    help="only these event types, e.g. 'node.*,reservation.*'")
     p.add_argument("--since", type=int, metavar="SEQUENCE",
@@ -266,7 +310,12 @@ def register(sub: Any) -> None:
     _audit_flags(p)
     p = add_verb(g, "list", events_list,
                  "Print the events after --since, oldest first, the same lines as watch.",
-                 output=False, epilog=LIST_EXAMPLES, formatter_class=RawDescriptionHelpFormatter)
+                 output=False,
+                 examples=["better-compute events list --since 0 --limit 20",
+                           "better-compute events list --types 'reservation.*' --subject $RSV",
+                           "better-compute events list --actor tok_… --from 2026-11-01 --to 2026-12-01",
+                           "better-compute events list --from now-24h --actor controller:reservations"])
+    _format_flag(p)
     p.add_argument("--types", action="append", metavar="GLOB,GLOB",
                    help="only these event types, e.g. 'node.*,reservation.*'")
     p.add_argument("--since", type=int, default=0, metavar="SEQUENCE",

@@ -9,6 +9,7 @@ from typing import Any
 
 from better_compute.cli.files import check_new_file, write_new_secret
 from better_compute.cli.registry import add_group, add_verb
+from better_compute.cli.tables import JOIN_TOKENS
 from better_compute.domain.errors import Conflict
 
 
@@ -39,7 +40,7 @@ def create(ctx: Any, a: argparse.Namespace) -> None:
 
 
 def list_tokens(ctx: Any, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("joinTokens.list", tenantId=ctx.tenant, poolId=a.pool))
+    ctx.emit(ctx.call("joinTokens.list", tenantId=ctx.tenant, poolId=a.pool), JOIN_TOKENS)
 
 
 def get(ctx: Any, a: argparse.Namespace) -> None:
@@ -50,11 +51,19 @@ def revoke(ctx: Any, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("joinTokens.revoke", joinTokenId=a.join_token))
 
 
+_CREATE_EXAMPLE = ("better-compute join-tokens create --pool $POOL --ttl 2h --max-uses 1 "
+                   "--expect-serial SN-7701 --key join-sn-7701 --out ./join-token")
+
+
 def register(sub: Any) -> None:
     g = add_group(sub, "join-tokens",
-                  "Join tokens (bcjt_…): let machines join a pool with bcd join; shown once.")
+                  "Join tokens (bcjt_…): let machines join a pool with bcd join; shown once.",
+                  examples=[_CREATE_EXAMPLE, "better-compute join-tokens list --pool $POOL"])
     p = add_verb(g, "create", create,
-                 "Mint a join token for a pool; write it to a file with --out.")
+                 "Mint a join token for a pool; write it to a file with --out.",
+                 examples=[_CREATE_EXAMPLE,
+                           "better-compute join-tokens create --pool $POOL --ttl 30m "
+                           "--max-uses 4 --out ./rack-7-token"])
     p.add_argument("--pool", required=True, metavar="POOL", help="the pool machines join")
     p.add_argument("--ttl", required=True, metavar="DURATION",
                    help="how long the token works: 1m to 24h (for example 2h)")
@@ -71,10 +80,13 @@ def register(sub: Any) -> None:
     p.add_argument("--key", help="idempotency key: the same key returns the same token")
     p.add_argument("--out", metavar="FILE",
                    help="write the secret to FILE (mode 0600, never overwritten)")
-    p = add_verb(g, "list", list_tokens, "List a tenant's join tokens (never their secrets).")
+    p = add_verb(g, "list", list_tokens, "List a tenant's join tokens (never their secrets).",
+                 examples=["better-compute join-tokens list --pool $POOL"])
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
     p.add_argument("--pool", metavar="POOL", help="only this pool's tokens")
-    p = add_verb(g, "get", get, "Show one join token: state, uses, binding, expiry.")
+    p = add_verb(g, "get", get, "Show one join token: state, uses, binding, expiry.",
+                 examples=["better-compute join-tokens get jt_… --query state"])
     p.add_argument("join_token", metavar="JOIN_TOKEN", help="jt_… as join-tokens list shows")
-    p = add_verb(g, "revoke", revoke, "Revoke a join token; no machine joins with it after.")
+    p = add_verb(g, "revoke", revoke, "Revoke a join token; no machine joins with it after.",
+                 examples=["better-compute join-tokens revoke jt_…"])
     p.add_argument("join_token", metavar="JOIN_TOKEN", help="jt_… as join-tokens list shows")

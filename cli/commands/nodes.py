@@ -6,10 +6,11 @@ import argparse
 from typing import Any
 
 from better_compute.cli.registry import add_group, add_verb
+from better_compute.cli.tables import EVENTS, NODES
 
 
 def nodes_list(ctx: Any, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("nodes.list", tenantId=ctx.tenant, poolId=a.pool))
+    ctx.emit(ctx.call("nodes.list", tenantId=ctx.tenant, poolId=a.pool), NODES)
 
 
 def nodes_get(ctx: Any, a: argparse.Namespace) -> None:
@@ -17,7 +18,7 @@ def nodes_get(ctx: Any, a: argparse.Namespace) -> None:
 
 
 def nodes_events(ctx: Any, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("nodes.events", nodeId=a.node))
+    ctx.emit(ctx.call("nodes.events", nodeId=a.node), EVENTS)
 
 
 def nodes_cordon(ctx: Any, a: argparse.Namespace) -> None:
@@ -36,46 +37,58 @@ def nodes_remove(ctx: Any, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("nodes.remove", nodeId=a.node, reason=a.reason, force=a.force or None))
 
 
-DRAIN_EXAMPLES = """\
-examples:
-  better-compute nodes drain node_… --reason "replace PSU"
-  better-compute nodes get node_… --query maintenance.state   # draining, then drained
-  better-compute nodes uncordon node_…                         # take work again"""
+DRAIN_EXAMPLES = [
+    'better-compute nodes drain node_… --reason "replace PSU"',
+    'better-compute nodes get node_… --query maintenance.state   # draining, then drained',
+    'better-compute nodes uncordon node_…                         # take work again',
+]
 
-REMOVE_EXAMPLES = """\
-examples:
-  better-compute nodes remove node_… --reason retired          # once drained
-  better-compute nodes remove node_… --force --reason "fire"   # releases what it holds
-  bcd join …   # on the machine: the same node comes back, adopting"""
+REMOVE_EXAMPLES = [
+    'better-compute nodes remove node_… --reason retired          # once drained',
+    'better-compute nodes remove node_… --force --reason "fire"   # releases what it holds',
+    'bcd join …   # on the machine: the same node comes back, adopting',
+]
 
 
 def register(sub: Any) -> None:
-    g = add_group(sub, "nodes", "Machines that joined a pool: lifecycle, conditions, events.")
-    p = add_verb(g, "list", nodes_list, "Nodes of the tenant (root: every tenant's).")
+    g = add_group(sub, "nodes", "Machines that joined a pool: lifecycle, conditions, events.",
+                  examples=["better-compute nodes list --pool $POOL",
+                            "better-compute nodes get $NODE --query provisionState"])
+    p = add_verb(g, "list", nodes_list, "Nodes of the tenant (root: every tenant's).",
+                 examples=["better-compute nodes list --pool $POOL",
+                           "better-compute nodes list -o wide",
+                           "export NODE=$(better-compute nodes list --pool $POOL --query '[0].id')",
+                           "for n in $(better-compute nodes list -o name); do "
+                           "better-compute nodes get $n --query provisionState; done"])
     p.add_argument("--pool", metavar="POOL", help="only the nodes of this pool")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
     p = add_verb(g, "get", nodes_get,
-                 "One node; --query provisionState or --query conditions picks a part.")
+                 "One node; --query provisionState or --query conditions picks a part.",
+                 examples=["better-compute nodes get $NODE --query provisionState",
+                           "better-compute nodes get $NODE --query conditions"])
     p.add_argument("node", metavar="NODE", help="a node id (node_…)")
     p = add_verb(g, "events", nodes_events,
-                 "The node's events, oldest first (node.joined, node.connected, …).")
+                 "The node's events, oldest first (node.joined, node.connected, …).",
+                 examples=["better-compute nodes events $NODE",
+                           "better-compute nodes events $NODE --query '[].type'"])
     p.add_argument("node", metavar="NODE", help="a node id (node_…)")
     p = add_verb(g, "cordon", nodes_cordon,
-                 "Put the node in maintenance: no new placements; holds on it stay.")
+                 "Put the node in maintenance: no new placements; holds on it stay.",
+                 examples=["better-compute nodes cordon $NODE --reason 'replace PSU 2'"])
     p.add_argument("node", metavar="NODE", help="a node id (node_…)")
     p.add_argument("--reason", help="why (shown in its conditions and events)")
-    p = add_verb(g, "uncordon", nodes_uncordon, "End the node's maintenance.")
+    p = add_verb(g, "uncordon", nodes_uncordon, "End the node's maintenance.",
+                 examples=["better-compute nodes uncordon $NODE"])
     p.add_argument("node", metavar="NODE", help="a node id (node_…)")
     p = add_verb(g, "drain", nodes_drain,
                  "Drain the node: no new placements; holds and future bookings stay until they "
-                 "end; maintenance.state goes draining, then drained.", epilog=DRAIN_EXAMPLES,
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                 "end; maintenance.state goes draining, then drained.", examples=DRAIN_EXAMPLES)
     p.add_argument("node", metavar="NODE", help="a node id (node_…)")
     p.add_argument("--reason", help="why (shown in its conditions and events)")
     p = add_verb(g, "remove", nodes_remove,
                  "Remove the node from its pool; refused while anything is held or booked unless "
                  "--force. Its bcd is refused and stops; the machine may join again.",
-                 epilog=REMOVE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                 examples=REMOVE_EXAMPLES)
     p.add_argument("node", metavar="NODE", help="a node id (node_…)")
     p.add_argument("--force", action="store_true",
                    help="release every reservation held or booked on it first (reason "

@@ -18,9 +18,13 @@ def projections_rebuild(ctx: Any, a: argparse.Namespace) -> None:
 
 def register(sub: Any) -> None:
     g = add_group(sub, "projections",
-                  "Read models kept from the event log, each with its tracking position.")
+                  "Read models kept from the event log, each with its tracking position.",
+                  examples=["better-compute projections status"])
     add_verb(g, "status", projections_status,
-             "Each read model's position in the event log, the head, and the lag between them.")
+             "Each read model's position in the event log, the head, and the lag between them.",
+             examples=["better-compute projections status"])
     p = add_verb(g, "rebuild", projections_rebuild,
-                 "Empty a read model (default: all) and apply the whole log again from sequence 0.")
+                 "Empty a read model (default: all) and apply the whole log again from sequence 0.",
+                 examples=["better-compute projections rebuild",
+                           "better-compute projections rebuild listings"])
     p.add_argument("name", nargs="?", metavar="NAME", help="one projection, e.g. listings")

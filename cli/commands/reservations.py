@@ -1,21 +1,31 @@
-"""reserve, release, extend, reservations list|get, and capacity --preview."""
+"""reserve, release, extend, reservations list|get, and capacity --preview.
+
+``reserve`` creates the reservation with an idempotency key (retrying the same key while the
+server is unreachable), then with ``--wait SECONDS`` (default 20) waits until it is ``active``
+or in a final state (cli/waiting.py), with a spinner on a terminal. A new key is printed on
+standard error only once the request was accepted (or its outcome is unknown), never for
+input the server refused.
+"""
 
 from __future__ import annotations
 
 import argparse
-import secrets
 import sys
 import time
 from typing import Any
 
 from better_compute.cli.commands import capacity
+from better_compute.cli.commands.queue_wait import wait_while_queued
 from better_compute.cli.registry import add_group, add_verb
+from better_compute.cli.tables import RESERVATIONS
 from better_compute.domain.errors import InvalidInput, Unavailable
 
 DEFAULT_WAIT_S = 20.0
 
 
 def new_key() -> str:
+    import secrets
+
     return "rsv-" + secrets.token_hex(10)
 
 
@@ -30,28 +40,39 @@ def _wait_seconds(text: str) -> float:
     return value
 
 
-def reserve(ctx: Any, a: argparse.Namespace) -> None:
+def _print_key(key: str) -> None:
+    print(f"idempotency key: {key} (run again with --key {key} to retry without booking "
+          "twice)", file=sys.stderr)
+
+
+def reserve_params(ctx: Any, a: argparse.Namespace, key: str) -> dict[str, Any]:
+    """reservations.create's params from the flags (flags other features add go here)."""
+    return {"tenantId": ctx.tenant, "poolId": a.pool, "gpus": a.gpus, "duration": a.duration,
+            "model": a.model, "product": a.product, "selector": a.selector,
+            "nvlink": True if a.nvlink else None, "start": a.start, "key": key,
+            "kubernetes": True if a.kubernetes else None,
+            "queue": True if a.queue else None, "queueTimeout": a.queue_timeout,
+            "moveEarlier": True if a.move_earlier else None}
+
+
+def reserve(ctx: Any, a: argparse.Namespace) -> int:
+    from better_compute.cli.waiting import create_with_retries, wait_until_settled
+
     key = a.key or new_key()
-    if not a.key:
-        print(f"idempotency key: {key} (run again with --key {key} to retry without booking "
-              "twice)", file=sys.stderr)
-    params = {"tenantId": ctx.tenant, "poolId": a.pool, "gpus": a.gpus, "duration": a.duration,
-              "model": a.model, "product": a.product, "selector": a.selector,
-              "nvlink": True if a.nvlink else None, "start": a.start, "key": key,
-              "kubernetes": True if a.kubernetes else None}
     deadline = time.monotonic() + a.wait
-    delay = 0.25
-    while True:
-        try:
-            result = ctx.call("reservations.create", **params)
-            break
-        except Unavailable:
-            # The same key makes the retry safe: at most one reservation is ever booked.
-            if time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+    try:
+        result = create_with_retries(ctx, reserve_params(ctx, a, key), a.wait)
+    except Unavailable:
+        if not a.key:  # the outcome is unknown: the key is how to retry without booking twice
+            _print_key(key)
+        raise
+    if not a.key:
+        _print_key(key)
+    if ctx.env.get("BETTER_COMPUTE_URL", "").strip():  # a server's controllers place the queue
+        result = wait_while_queued(ctx, result, deadline)  # its position, on a terminal
+    result, code = wait_until_settled(ctx, result, max(0.0, deadline - time.monotonic()))
     ctx.emit(result)
+    return code
 
 
 def release(ctx: Any, a: argparse.Namespace) -> None:
@@ -69,7 +90,8 @@ def reservations_get(ctx: Any, a: argparse.Namespace) -> None:
 
 
 def reservations_list(ctx: Any, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("reservations.list", tenantId=ctx.tenant, poolId=a.pool, state=a.state))
+    ctx.emit(ctx.call("reservations.list", tenantId=ctx.tenant, poolId=a.pool, state=a.state),
+             RESERVATIONS)
 
 
 def _narrowing(p: argparse.ArgumentParser) -> None:
@@ -79,7 +101,8 @@ def _narrowing(p: argparse.ArgumentParser) -> None:
                    help="keep GPUs this expression is true for, e.g. \"vramGiB >= 80\" "
                         "(docs/reservations.md, selectors)")
     p.add_argument("--nvlink", action="store_true", help="all GPUs in one NVLink domain")
-    p.add_argument("--start", metavar="WHEN", help="+2h or an RFC 3339 time (default: now)")
+    p.add_argument("--start", metavar="WHEN",
+                   help="+2h or an RFC 3339 time (default: now); reserve also takes earliest")
 
 
 def _preview_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,40 +136,65 @@ capacity.EXTENSIONS.append((_preview_arguments, _preview))
 
 def register(sub: Any) -> None:
     p = add_verb(sub, "reserve", reserve,
-                 "Reserve GPUs of a pool for a while; prints the new idempotency key on "
-                 "standard error.")
+                 "Reserve GPUs of a pool for a while and wait until the hold is active; prints "
+                 "the new idempotency key on standard error once the request is accepted.",
+                 examples=["better-compute reserve --pool $POOL --gpus 4 --for 2h",
+                           "export RSV=$(better-compute reserve --pool $POOL --gpus 4 --for 2h "
+                           "--query id)",
+                           "better-compute reserve --pool $POOL --gpus 8 --for 1d --nvlink "
+                           "--selector 'vramGiB >= 80' --start +2h",
+                           "better-compute reserve --pool $POOL --gpus 4 --for 2h --key "
+                           "rsv-3f9a… --wait 0"])
     p.add_argument("--pool", required=True, metavar="POOL", help="the pool (pool_…)")
     p.add_argument("--gpus", required=True, type=int, metavar="N", help="how many GPUs")
     p.add_argument("--for", dest="duration", required=True, metavar="DURATION",
                    help="how long: 30m, 2h, 1d")
     _narrowing(p)
+    p.add_argument("--queue", action="store_true",
+                   help="when it cannot be placed (no node can hold it yet, or over quota), "
+                        "wait in the pool's queue instead of failing; starts as early as it can")
+    p.add_argument("--queue-timeout", metavar="DURATION",
+                   help="with --queue: how long it may wait before it expires (default 6h)")
+    p.add_argument("--move-earlier", action="store_true",
+                   help="with a later --start: move it earlier when GPUs free up")
     p.add_argument("--key", help="an idempotency key: the same key returns the same reservation")
     p.add_argument("--kubernetes", action="store_true",
                    help="hand the GPUs to the kubelet through bcd's device plugin "
                         "(a pool with policy.kubernetes; docs/kubernetes.md)")
     p.add_argument("--wait", type=_wait_seconds, default=DEFAULT_WAIT_S, metavar="SECONDS",
-                   help=f"how long to wait for the placement (default {DEFAULT_WAIT_S:.0f})")
+                   help="how long to wait for the reservation to be active or final (a queued "
+                   "one: placed), retrying while the server is unreachable (default "
+                   f"{DEFAULT_WAIT_S:.0f}; 0: return once placed or queued)")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
 
     p = add_verb(sub, "release", release,
                  "End a reservation now (bookings end, quota is refunded, the hold leaves the "
-                 "node); --cancel withdraws one that has not started.")
+                 "node); --cancel withdraws one that has not started.",
+                 examples=["better-compute release $RSV", "better-compute release $RSV --cancel"])
     p.add_argument("reservation", metavar="RSV", help="rsv_… as reserve printed")
     p.add_argument("--cancel", action="store_true", help="withdraw a reservation before its start")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
 
     p = add_verb(sub, "extend", extend,
-                 "Extend a reservation when its GPUs are free for the extra time.")
+                 "Extend a reservation when its GPUs are free for the extra time.",
+                 examples=["better-compute extend $RSV --by 2h"])
     p.add_argument("reservation", metavar="RSV", help="rsv_…")
     p.add_argument("--by", required=True, metavar="DURATION", help="how much longer, e.g. 2h")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
 
-    g = add_group(sub, "reservations", "Reservations: list them or show one.")
-    p = add_verb(g, "list", reservations_list, "A tenant's reservations, oldest first.")
+    g = add_group(sub, "reservations", "Reservations: list them or show one.",
+                  examples=["better-compute reservations list",
+                            "better-compute reservations get $RSV --query state"])
+    p = add_verb(g, "list", reservations_list, "A tenant's reservations, oldest first.",
+                 examples=["better-compute reservations list",
+                           "better-compute reservations list --pool $POOL --state active -o wide",
+                           "better-compute reservations list -o name"])
     p.add_argument("--pool", metavar="POOL", help="only this pool's")
     p.add_argument("--state", help="only these states, e.g. active or placed,binding")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
     p = add_verb(g, "get", reservations_get,
-                 "One reservation; --query state or --query binding as in the tutorial.")
+                 "One reservation; --query state or --query binding as in the tutorial.",
+                 examples=["better-compute reservations get $RSV --query state",
+                           "better-compute reservations get $RSV --query binding"])
     p.add_argument("reservation", metavar="RSV", help="rsv_…")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")

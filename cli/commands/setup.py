@@ -81,7 +81,9 @@ def server_unit(ctx: Any, args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     p = add_verb(sub, "init", init, "Create the store, the sealed PKI bundle and the root tenant; "
-                 "print the root administrator's token once.", output=False)
+                 "print the root administrator's token once.", output=False,
+                 examples=["better-compute init --out root-token",
+                           "BETTER_COMPUTE_DATABASE_URL=postgresql://bc@db/bc better-compute init"])
     p.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600, never overwritten)")
     p = add_verb(sub, "serve", serve, "Serve the API over TLS with a certificate from the serving CA. "
                  "Every flag has a config file key and most an environment variable; a flag "

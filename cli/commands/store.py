@@ -16,21 +16,21 @@ from typing import Any
 
 from better_compute.cli.registry import add_group, add_verb
 
-BACKUP_EXAMPLES = """\
-examples:
-  better-compute store backup --out /backups/store-$(date +%F).sqlite   # while serve runs
-  BETTER_COMPUTE_DATA_DIR=/srv/bc better-compute store backup --out /backups/bc.sqlite"""
+BACKUP_EXAMPLES = [
+    'better-compute store backup --out /backups/store-$(date +%F).sqlite   # while serve runs',
+    'BETTER_COMPUTE_DATA_DIR=/srv/bc better-compute store backup --out /backups/bc.sqlite',
+]
 
-RESTORE_EXAMPLES = """\
-examples:
-  BETTER_COMPUTE_DATA_DIR=/srv/bc-new better-compute store restore /backups/bc.sqlite
-  cp /safe/master.key /srv/bc-new/master.key     # the backup does not hold the master key
-  BETTER_COMPUTE_DATA_DIR=/srv/bc-new better-compute store verify"""
+RESTORE_EXAMPLES = [
+    'BETTER_COMPUTE_DATA_DIR=/srv/bc-new better-compute store restore /backups/bc.sqlite',
+    'cp /safe/master.key /srv/bc-new/master.key     # the backup does not hold the master key',
+    'BETTER_COMPUTE_DATA_DIR=/srv/bc-new better-compute store verify',
+]
 
-VERIFY_EXAMPLES = """\
-examples:
-  better-compute store verify                 # a progress bar on a terminal; exit 1 on problems
-  better-compute store verify --query problems"""
+VERIFY_EXAMPLES = [
+    'better-compute store verify                 # a progress bar on a terminal; exit 1 on problems',
+    'better-compute store verify --query problems',
+]
 
 
 def _config(ctx: Any) -> Any:
@@ -97,19 +97,19 @@ def store_verify(ctx: Any, a: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    raw = argparse.RawDescriptionHelpFormatter
-    g = add_group(sub, "store", "The local store's files: backup, restore, verify.")
+    g = add_group(sub, "store", "The local store's files: backup, restore, verify.",
+                  examples=[*BACKUP_EXAMPLES[:1], *VERIFY_EXAMPLES[:1]])
     p = add_verb(g, "backup", store_backup,
                  "Copy the store to FILE while the server runs (SQLite's online backup: one "
                  "consistent snapshot); on PostgreSQL, says the pg_dump command to use.",
-                 epilog=BACKUP_EXAMPLES, formatter_class=raw)
+                 examples=BACKUP_EXAMPLES)
     p.add_argument("--out", required=True, metavar="FILE",
                    help="the backup file to write (mode 0600, never overwritten)")
     p = add_verb(g, "restore", store_restore,
                  "Put a backup into a fresh data dir (refused over an existing store).",
-                 epilog=RESTORE_EXAMPLES, formatter_class=raw)
+                 examples=RESTORE_EXAMPLES)
     p.add_argument("backup", metavar="FILE", help="a file `store backup` wrote")
     add_verb(g, "verify", store_verify,
              "Read every event: sequences, decoding, each aggregate's replay, and each read "
              "model against a rebuild in a scratch copy; exit 1 on any problem.",
-             epilog=VERIFY_EXAMPLES, formatter_class=raw)
+             examples=VERIFY_EXAMPLES)

@@ -10,12 +10,12 @@ from typing import Any
 from better_compute.cli.output import apply_query, emit
 from better_compute.cli.registry import add_verb
 
-EXAMPLES = """\
-examples:
-  better-compute usage --from 2026-11-01 --to 2026-12-01                 # every tenant (root)
-  better-compute usage --tenant acme --from 2026-11-01 --to 2026-12-01 --by pool,day
-  better-compute usage --from now-24h --by day -o csv > usage.csv            # for billing
-  better-compute usage --pool pool_… --from 2026-11-01 --query total.bookedGpuHours"""
+EXAMPLES = [
+    'better-compute usage --from 2026-11-01 --to 2026-12-01                 # every tenant (root)',
+    'better-compute usage --tenant acme --from 2026-11-01 --to 2026-12-01 --by pool,day',
+    'better-compute usage --from now-24h --by day -o csv > usage.csv            # for billing',
+    'better-compute usage --pool pool_… --from 2026-11-01 --query total.bookedGpuHours',
+]
 
 
 def usage(ctx: Any, a: argparse.Namespace) -> None:
@@ -46,8 +46,7 @@ def register(sub: Any) -> None:
     p = add_verb(sub, "usage", usage,
                  "GPU-hours booked and held active in [--from, --to), exact to the second; "
                  "running reservations count to now. Root sees every tenant, others their own.",
-                 output=False, epilog=EXAMPLES,
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                 output=False, examples=EXAMPLES)
     p.add_argument("--from", dest="from_time", required=True, metavar="TIME",
                    help="the window's start: RFC 3339, a date (midnight UTC) or now-DURATION "
                    "(e.g. now-30d)")

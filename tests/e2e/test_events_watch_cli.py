@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
+import subprocess
 import threading
+from pathlib import Path
 
-from tests.support import CLI, client_env, free_port, initialize, open_runtime, run, serve
+from tests.support import (
+    CLI,
+    Server,
+    client_env,
+    free_port,
+    initialize,
+    open_runtime,
+    run,
+    serve,
+    wait_for_line,
+)
 from tests.watching import CliWatcher, log_sequences, watch_env, write_sites
 
 
@@ -64,7 +78,7 @@ def test_kill_9_during_a_stream_then_the_cli_resumes_without_gap_or_duplicate(
             assert got == log_sequences(runtime, start)  # every event once, in order
             assert watcher.no_more_events(within=1.0)
             code, stderr = watcher.stop(signal.SIGTERM)
-        assert code in (0, -signal.SIGTERM) and "Traceback" not in stderr
+        assert code == 143 and "Traceback" not in stderr  # SIGTERM: 128 + 15
     finally:
         stop.set()
         if thread.is_alive():
@@ -77,6 +91,76 @@ def test_expired_is_final_with_a_clear_message(env: dict[str, str]) -> None:
     with serve(watch_env(env)) as server:
         done = run([CLI, "events", "watch", "--since", "999999"],
                    client_env(env, server, token), timeout=60)
-    assert done.returncode == 1
+    assert done.returncode == 9 and "\nerror [expired]: " in "\n" + done.stderr
     assert "beyond the head" in done.stderr and "--since 0" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _watch_started_like_a_background_job(env: dict[str, str], *args: str
+                                         ) -> subprocess.Popen[str]:
+    """`events watch` with SIGINT ignored on entry, as a non-interactive shell starts a
+    background job (`scripts/test & scripts/test`): Python then leaves SIGINT ignored unless
+    the program asks for it."""
+    return subprocess.Popen([CLI, "events", "watch", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+
+
+def _interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
+    process.send_signal(signal.SIGINT)
+    try:
+        code = process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise AssertionError("events watch went on after Ctrl-C (SIGINT)") from None
+    assert process.stderr is not None
+    return code, process.stderr.read()
+
+
+def test_ctrl_c_ends_a_connected_watch_at_once(env: dict[str, str]) -> None:
+    token = initialize(env)
+    with serve(watch_env(env)) as server:
+        process = _watch_started_like_a_background_job(client_env(env, server, token),
+                                                       "--since", "0")
+        wait_for_line(process, '"sequence"')
+        code, stderr = _interrupt(process)
+    assert code == 130 and "Traceback" not in stderr
+
+
+def test_ctrl_c_ends_a_watch_that_is_backing_off(env: dict[str, str], tmp_path: Path) -> None:
+    port = free_port()  # nothing listens: every attempt is refused, then it backs off
+    process = _watch_started_like_a_background_job(
+        {**client_env(env, Server(None, f"https://127.0.0.1:{port}", port), "biam_x"),  # type: ignore[arg-type]
+         "BETTER_COMPUTE_CA_FILE": ""})
+    assert process.stderr is not None
+    line = process.stderr.readline()
+    assert "reconnecting in" in line, line
+    code, stderr = _interrupt(process)
+    assert code == 130 and "Traceback" not in stderr
+
+
+def test_ctrl_c_ends_a_watch_that_is_reconnecting(env: dict[str, str]) -> None:
+    """A server that accepts the connection and never answers: the watch waits in the
+    handshake, and Ctrl-C still ends it at once."""
+    accepted = threading.Event()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        held: list[socket.socket] = []
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):
+                held.append(listener.accept()[0])
+                accepted.set()
+
+        threading.Thread(target=accept, daemon=True).start()
+        process = _watch_started_like_a_background_job(
+            {**client_env(env, Server(None, f"https://127.0.0.1:{port}", port), "biam_x"),  # type: ignore[arg-type]
+             "BETTER_COMPUTE_CA_FILE": ""})
+        assert accepted.wait(30), "events watch never connected"
+        code, stderr = _interrupt(process)
+        for conn in held:
+            conn.close()
+    assert code == 130 and "Traceback" not in stderr

@@ -53,4 +53,4 @@ def test_same_key_same_object_after_sigkill(env: dict[str, str], tmp_path: Path)
         server.kill(signal.SIGKILL)
     assert [s["id"] for s in sites] == [site]
     assert [p["id"] for p in pools] == [pool]
-    assert clash.returncode == 1 and "different parameters" in clash.stderr
+    assert clash.returncode == 6 and "different parameters" in clash.stderr  # conflict

@@ -48,7 +48,8 @@ def test_reserve_bind_use_release(cluster: Cluster) -> None:
         assert "idempotency key" in err
         placed = json.loads(out)
         rsv, alloc = placed["id"], placed["allocationId"]
-        eventually(lambda: c.state(rsv) == "active", "the reservation is active")
+        # reserve waits (--wait, default 20 s) until bcd bound the hold: it answers `active`.
+        assert placed["state"] == "active" and placed["binding"]["nodeId"] == c.node
         binding = c.cli_json("reservations", "get", rsv, "--query", "binding")
         assert binding["nodeId"] == c.node
         assert binding["cgroupParent"] == f"bcd-alloc-{alloc}.slice"
@@ -72,8 +73,9 @@ def test_reserve_bind_use_release(cluster: Cluster) -> None:
         assert (gpu["allocated"], gpu["available"]) == (4, 4)
 
         assert c.cli("release", rsv, "--query", "state") == "released"
-        eventually(lambda: not c.spec_path(alloc).exists(), "bcd removed the hold's CDI spec")
-        assert not env_file.exists()
+        # bcd removes the spec, then the env file: two steps, so both are awaited.
+        eventually(lambda: not c.spec_path(alloc).exists() and not env_file.exists(),
+                   "bcd removed the hold's CDI spec and env file")
         eventually(lambda: c.gpu_capacity()["available"] == 8, "available goes back up")
         types = [e["type"] for e in watch.until("reservation.released")
                  if e["type"].startswith("reservation.")]

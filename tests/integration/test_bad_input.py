@@ -10,6 +10,7 @@ name the problem and the fix.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from better_compute.api.runtime import Runtime
+from better_compute.cli import exit_codes
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.support import POLICY, cli_inprocess, initialize, open_runtime
 
@@ -33,11 +35,16 @@ class Store:
     def head(self) -> int:
         return self.rt.store.recorder.max_notification_id() or 0
 
-    def refused(self, argv: list[str], *needles: str, code: int = 1,
+    def refused(self, argv: list[str], *needles: str, code: int | None = None,
                 env: dict[str, str] | None = None) -> str:
+        """``code`` None: the exit status of the error class `error [CODE]:` names."""
         before = self.head()
         got, out, err = cli_inprocess(argv, {**self.env, **(env or {})})
-        assert got == code, f"{argv}: exit {got}, stdout={out!r} stderr={err!r}"
+        if code is None:
+            named = re.search(r"^error \[(\w+)\]: ", err, re.M)
+            assert named is not None, f"{argv}: no `error [code]:` line in {err!r}"
+            code = exit_codes.for_code(named.group(1))
+        assert got == code != 0, f"{argv}: exit {got}, stdout={out!r} stderr={err!r}"
         assert out == "", f"{argv} printed a result although it failed: {out!r}"
         for needle in needles:
             assert needle in err, f"{argv}: {needle!r} not in {err!r}"
@@ -182,7 +189,7 @@ def test_malformed_ids(store: Store) -> None:
     store.refused(["pools", "create", "--site", "site-eu-1", "--class", "metal-host",
                    "--gpu-model", "H100", "--policy-file", store.ids["policy"]],
                   "is not a site id")
-    store.refused(["pools", "get", "pool_" + "a" * 25 + "q"], "no pool", code=1)
+    store.refused(["pools", "get", "pool_" + "a" * 25 + "q"], "no pool", code=3)
 
 
 def test_plain_http_to_a_remote_host_is_refused(store: Store) -> None:
@@ -216,19 +223,23 @@ def test_out_file_that_exists_is_never_overwritten(store: Store) -> None:
 
 
 @pytest.mark.parametrize("argv,needles", [
-    (["api", "pools.offer", "poolId={pool}", "toTenantId=acme", "quota=16"],
+    (["api", "pools.offer", "poolId={pool}", "toTenantId=acme", "quota:=16"],
      ("invalid params for pools.offer", "Expected `object`, got `int`", "$.quota")),
-    (["api", "pools.offer", "poolId={pool}", "toTenantId=acme", "quota={{\"gpu\":\"16\"}}"],
+    (["api", "pools.offer", "poolId={pool}", "toTenantId=acme", "quota=16"],
+     ("invalid params for pools.offer", "Expected `object`, got `str`", "$.quota")),
+    (["api", "pools.offer", "poolId={pool}", "toTenantId=acme", "quota:={{\"gpu\":\"16\"}}"],
      ("is not a whole number",)),
-    (["api", "tenants.create", "tenantId=42"], ("Expected `str`, got `int`", "$.tenantId")),
+    (["api", "tenants.create", "tenantId:=42"], ("Expected `str`, got `int`", "$.tenantId")),
+    (["api", "sites.create", "kind=shared", "region=eu-3", "name:=oops"],
+     ("the value after := is not JSON",)),
     (["api", "sites.create", "kind=shared", "region=eu-3", "colour=red"],
      ("unknown field `colour`", "rpc.discover")),
     (["api", "sites.get"], ("missing required field `siteId`",)),
-    (["api", "sites.create", "kind", "shared"], ("is not key=value",)),
+    (["api", "sites.create", "kind", "shared"], ("is not name=value or name:=JSON",)),
     (["api", "sites.creat", "kind=shared", "region=eu-3"], ("no method 'sites.creat'",
                                                              "sites.create")),
     (["api", "pools.create", "siteId={site}", "class=metal-host", "gpuModel=H100",
-      "policy=[1]"], ("$.policy",)),
+      "policy:=[1]"], ("$.policy",)),
 ])
 def test_wrong_params_through_api(store: Store, argv: list[str], needles: tuple[str, ...]) -> None:
     store.refused([a.format(**store.ids) for a in argv], *needles)
@@ -255,11 +266,11 @@ def test_other_bad_catalog_input(store: Store) -> None:
 
 def test_a_store_that_was_never_initialized(tmp_path: Path, env: dict[str, str]) -> None:
     code, out, err = cli_inprocess(["pki", "show"], env)
-    assert (code, out) == (1, "")
+    assert (code, out) == (10, "") and err.startswith("error [not_initialized]: ")
     assert "better-compute init" in err
     code, _, err = cli_inprocess(["api", "system.whoami"], {**env, "BETTER_COMPUTE_TOKEN":
                                                            FORGED_TOKEN})
-    assert code == 1 and "unknown or revoked" in err
+    assert code == 4 and "error [unauthenticated]: " in err and "unknown or revoked" in err
     rt = open_runtime(env)
     try:
         assert (rt.store.recorder.max_notification_id() or 0) == 0

@@ -264,3 +264,20 @@ async def test_a_refused_session_is_retried_and_reported(tmp_path: Path) -> None
         assert status["session"]["state"] == "connecting"
         assert "node-retired" in status["session"]["lastError"]
         group.cancel_scope.cancel()
+
+
+async def test_an_entry_nacked_unavailable_is_sent_again_in_the_same_session(
+        tmp_path: Path) -> None:  # fmt: skip
+    """The control plane's store was away when the entry came: bcd keeps it and sends it
+    again a heartbeat later, without waiting for a new session (the session stays up)."""
+    gateway, root = _setup(tmp_path)
+    gateway.nack_unavailable = 2
+    async with anyio.create_task_group() as group:
+        _point_at(root, await group.start(gateway.serve))
+        agent = _agent(root, io.StringIO())
+        await group.start(agent.run)
+        await gateway.wait_for(lambda: 1 in gateway.accepted)
+        assert gateway.received == [(1, 1), (1, 1), (1, 1)]  # nacked twice, then acked
+        await _until(lambda: not agent.journal.unsettled())
+        assert agent.session.epoch == 1 and len(gateway.hellos) == 1
+        group.cancel_scope.cancel()

@@ -119,7 +119,7 @@ def test_a_second_init_is_refused_and_changes_nothing(env: dict[str, str], tmp_p
     before = head(env)
     target = tmp_path / "second-token"
     code, out, err = cli_inprocess(["init", "--out", str(target)], env)
-    assert code == 1 and out == ""
+    assert code == 6 and out == "" and err.startswith("error [conflict]: ")
     assert "already initialized" in err
     assert not target.exists()
     assert head(env) == before
@@ -131,7 +131,7 @@ def test_out_never_overwrites_and_then_nothing_is_initialized(env: dict[str, str
     existing = tmp_path / "token"
     existing.write_text("precious\n")
     code, out, err = cli_inprocess(["init", "--out", str(existing)], env)
-    assert (code, out) == (1, "")
+    assert (code, out) == (6, "")  # conflict
     assert "already exists" in err and "never overwritten" in err
     assert existing.read_text() == "precious\n"
     assert head(env) == 0

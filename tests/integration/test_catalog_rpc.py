@@ -117,7 +117,7 @@ def test_stable_codes_for_domain_errors(client: tuple[Http, str]) -> None:
 
 def test_protocol_errors(client: tuple[Http, str]) -> None:
     http, token = client
-    headers = {"authorization": f"Bearer {token}"}
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
     answer = call(http, "sites.creat", token)
     assert error_code(answer) == (-32601, "method_not_found")
     assert "sites.create" in answer["error"]["message"]

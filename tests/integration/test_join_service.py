@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from cryptography import x509
 
 from better_compute.api import pki
 from better_compute.api.join_service import JoinService
 from better_compute.api.runtime import Runtime
+from better_compute.api.wire.join import HardwareFacts, HardwareGpu
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.errors import (
     BetterComputeError,
@@ -220,3 +222,21 @@ def test_a_join_without_master_key_is_unavailable(plane: Plane) -> None:
         plane.joins.join(sealed)
     assert plane.nodes() == []
 
+
+
+def test_joined_hardware_says_memory_mib_and_gib_as_everything_else(plane: Plane) -> None:
+    """node.joined used to say `memoryMib`/`memoryGib` where every other document says
+    `memoryMiB`/`memoryGiB`; an older bcd that still sends the old names is read."""
+    _, secret = plane.mint(expect_serial="SN-7701")
+    plane.join(JoinAttempt(secret, hardware(serial="SN-7701")))
+    node = plane.nodes()[0]
+    assert node["hardware"]["memoryGiB"] == 512.0 and "memoryGib" not in node["hardware"]
+    assert node["gpus"][0]["memoryMiB"] == 81559 and "memoryMib" not in node["gpus"][0]
+
+    old = msgspec.json.decode(b'{"uuid": "GPU-1", "name": "H100", "memoryMib": 81559}',
+                              type=HardwareGpu)
+    assert old.memory_mib == 81559
+    facts = msgspec.json.decode(b'{"memoryGib": 512.5}', type=HardwareFacts)
+    assert facts.memory_gib == 512.5
+    assert b'"memoryMiB":81559' in msgspec.json.encode(old)
+    assert b'"memoryMib":null' in msgspec.json.encode(old)  # never the old name with a value

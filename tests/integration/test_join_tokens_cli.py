@@ -52,16 +52,16 @@ def test_create_writes_the_secret_once_to_a_new_file(env: dict[str, str], tmp_pa
 
     # The same command again: --out exists, so nothing is minted and the file is untouched.
     code, _, err = cli_inprocess(argv, env)
-    assert code == 1 and "never overwritten" in err
+    assert code == 6 and "never overwritten" in err  # conflict
     assert out.read_text().strip() == secret
     # The same key to a new file: the same token, whose secret is not shown again.
     code, _, err = cli_inprocess([*argv[:-1], str(tmp_path / "again")], env)
-    assert code == 1 and doc["id"] in err and "shown once" in err
+    assert code == 6 and doc["id"] in err and "shown once" in err
     assert not (tmp_path / "again").exists()
     # The same key with other parameters: a conflict.
     code, _, err = cli_inprocess(["join-tokens", "create", "--pool", pool, "--ttl", "1h",
                                   "--key", "join-sn-7701"], env)
-    assert code == 1 and "different parameters" in err
+    assert code == 6 and "different parameters" in err
     assert [t["id"] for t in _tokens(env)] == [doc["id"]]
 
 
@@ -103,7 +103,7 @@ def test_list_get_revoke(env: dict[str, str], tmp_path: Path) -> None:
     code, out, err = cli_inprocess(["join-tokens", "revoke", token_id, "--query", "state"], env)
     assert (code, out.strip()) == (0, "revoked"), err
     code, _, err = cli_inprocess(["join-tokens", "revoke", token_id], env)
-    assert code == 1 and "already revoked" in err
+    assert code == 6 and "already revoked" in err
     assert _tokens(env)[0]["state"] == "revoked"
 
 

@@ -176,7 +176,7 @@ def test_a_removed_node_rejoins_only_its_own_tenant(plane: Plane) -> None:
     runtime = plane.runtime
     runtime.service.tenants_create(OP, "acme", None)
     theirs = build_node(plane.pool, "acme")
-    uuid = machine_node_uuid("serial:SN-4242")
+    uuid = machine_node_uuid("serial:SN-4242", runtime.service.id_namespace())
     node = Node(id=uuid, tenant_id="acme", pool_id=plane.pool, site_id=plane.site,
                 join_token_id="jt_x", role="node", hardware_key="serial:SN-4242",
                 hardware=theirs.hardware, gpus=theirs.gpus, key_pin="sha256/x",

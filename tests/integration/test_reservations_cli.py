@@ -86,6 +86,7 @@ def test_bad_input_is_refused_with_the_fix_and_books_nothing(env: dict[str, str]
             base[flag] = value
         code, _, err = cli(env, "reserve", *[x for kv in base.items() for x in kv])
         assert code != 0 and words in err, (argv, err)
+        assert "idempotency key: rsv-" not in err  # printed only once a request is accepted
     code, out, _ = cli(env, "reservations", "list")
     assert json.loads(out) == []
     code, _, err = cli(env, "capacity", "--pool", pool, "--gpus", "4")

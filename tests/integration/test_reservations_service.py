@@ -259,3 +259,28 @@ def test_a_node_that_never_reports_times_out(runtime: Any) -> None:
     timers.tick()  # no third node: the next timeout fails it
     doc = rs.get_doc(OP, a["id"])
     assert doc["state"] == "failed" and doc["failure"]["reason"] == "timeout"
+
+
+@pytest.mark.parametrize("trouble,cause", [
+    ("cordoned", "in maintenance"), ("unhealthy", "unhealthy"), ("unreachable", "unreachable"),
+])
+def test_no_capacity_names_the_true_cause(runtime: Any, trouble: str, cause: str) -> None:
+    """A pool whose only node is cordoned used to answer "Ask for fewer GPUs"."""
+    rs, clock, pool, (node_id,) = setup(runtime, nodes=1, quota=None)
+    service = runtime.service
+    subject = node(runtime, node_id)
+    if trouble == "cordoned":
+        NodeService(service).cordon(OP, node_id, "replace PSU 2")
+    elif trouble == "unhealthy":
+        for gpu in list(subject.gpus):
+            subject.set_gpu_health(gpu["uuid"], False, ["xid 79"], at=clock.now)
+        runtime.store.save(subject)
+    else:
+        subject.connect(clock.now, "0.1.0")
+        subject.mark_unreachable(at=clock.now, last_seen=clock.now)
+        runtime.store.save(subject)
+    with pytest.raises(NoCapacity) as refused:
+        reserve(rs, pool, 4)
+    message = refused.value.message
+    assert f"8 GPUs {cause}" in message, message
+    assert "Ask for fewer GPUs" not in message

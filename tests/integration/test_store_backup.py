@@ -102,11 +102,11 @@ def test_a_backup_during_writes_restores_to_the_same_log_and_capacity(
     code, second, err = cli(env, "store", "backup", "--out", str(tmp_path / "after.sqlite"))
     assert code == 0, err
     code, _, err = cli(env, "store", "backup", "--out", str(tmp_path / "after.sqlite"))
-    assert code == 1 and "never overwrites" in err
+    assert code == 6 and "never overwrites" in err  # conflict (docs/cli.md)
     again_env = {**env, "BETTER_COMPUTE_DATA_DIR": str(tmp_path / "again")}
     assert cli(again_env, "store", "restore", str(tmp_path / "after.sqlite"))[0] == 0
     code, _, err = cli(again_env, "store", "restore", str(tmp_path / "after.sqlite"))
-    assert code == 1 and "fresh data dir" in err
+    assert code == 6 and "fresh data dir" in err  # conflict
     back = open_runtime(again_env)
     try:
         assert second["head"] == rt.store.recorder.max_notification_id()
@@ -161,7 +161,7 @@ def test_backup_on_postgresql_names_the_pg_dump_command(env: dict[str, str],
                                                         tmp_path: Path) -> None:
     initialize(env)
     code, _, err = cli(env, "store", "backup", "--out", str(tmp_path / "x.dump"))
-    assert code == 1
+    assert code == 2  # invalid_input: PostgreSQL is backed up with pg_dump
     schema = env["BETTER_COMPUTE_DATABASE_URL"].rsplit("schema=", 1)[1]
     assert f"pg_dump --format=custom --schema={schema} --file={tmp_path / 'x.dump'}" in err
     assert "pg_restore" in err and "PGPASSWORD" in err

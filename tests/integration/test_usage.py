@@ -157,7 +157,9 @@ def test_the_cli_writes_csv_for_billing(world: Any, capsys: pytest.CaptureFixtur
 
     args = build_parser().parse_args(["usage", "--from", DAY[0], "--to", DAY[1],
                                       "--by", "tenant,day", "-o", "csv"])
-    args.run(Context(env={}, args=args, _client=InProcess()), args)  # type: ignore[arg-type]
+    ctx = Context(env={}, args=args)
+    ctx._client = InProcess()  # type: ignore[assignment]
+    args.run(ctx, args)
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert list(rows[0]) == ["tenantId", "day", "reservations", "bookedGpuSeconds",
                              "bookedGpuHours", "activeGpuSeconds", "activeGpuHours"]

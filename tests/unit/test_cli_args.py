@@ -15,20 +15,32 @@ from better_compute.cli.files import write_new_secret
 from better_compute.domain.errors import Conflict, InvalidInput
 
 
-def test_api_values_that_parse_as_json_are_json() -> None:
+def test_api_values_are_strings_and_colon_equals_types_them() -> None:
+    # httpie's convention: `siteId=1` is the string "1" (it used to become the number 1, which
+    # the server refused); `name:=JSON` is how a number, boolean, list or object is written.
     assert parse_assignments([
-        "tenantId=acme", "quota={\"gpu\": 16}", "n=16", "flag=true", "none=null", "list=[1]",
-        "reason=GPU 3 reseated", "eq=a=b", "empty=", "quoted=\"16\"",
+        "siteId=1", "tenantId=acme", "flag=true", "reason=GPU 3 reseated", "eq=a=b", "empty=",
+        "json={\"gpu\": 16}",
     ]) == {
-        "tenantId": "acme", "quota": {"gpu": 16}, "n": 16, "flag": True, "none": None,
-        "list": [1], "reason": "GPU 3 reseated", "eq": "a=b", "empty": "", "quoted": "16",
+        "siteId": "1", "tenantId": "acme", "flag": "true", "reason": "GPU 3 reseated",
+        "eq": "a=b", "empty": "", "json": "{\"gpu\": 16}",
     }
+    assert parse_assignments([
+        "quota:={\"gpu\": 16}", "n:=16", "flag:=true", "none:=null", "list:=[1]", "quoted:=\"16\"",
+        "eq:=\"a=b\"",
+    ]) == {"quota": {"gpu": 16}, "n": 16, "flag": True, "none": None, "list": [1],
+           "quoted": "16", "eq": "a=b"}
 
 
-@pytest.mark.parametrize("item", ["tenantId", "=acme", ""])
+@pytest.mark.parametrize("item", ["tenantId", "=acme", "", ":=1"])
 def test_api_params_must_be_key_value(item: str) -> None:
-    with pytest.raises(InvalidInput, match="is not key=value"):
+    with pytest.raises(InvalidInput, match="is not name=value or name:=JSON"):
         parse_assignments([item])
+
+
+def test_a_typed_value_must_be_json() -> None:
+    with pytest.raises(InvalidInput, match="the value after := is not JSON"):
+        parse_assignments(["n:=sixteen"])
 
 
 def test_quota_flags() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+from collections.abc import Callable
 
 import pytest
 
@@ -22,11 +23,12 @@ def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
     return paths
 
 
-def run(argv: list[str]) -> tuple[int, str, str]:
+def run(argv: list[str], entry: Callable[[list[str]], int] = main) -> tuple[int, str, str]:
+    """A command line's main() in this process (the CLI's, or bcd's with ``entry``)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = main(argv)
+            code = entry(argv)
         except SystemExit as exc:
             code = int(exc.code or 0)
     return code, out.getvalue(), err.getvalue()

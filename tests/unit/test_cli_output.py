@@ -43,7 +43,7 @@ def test_tables_on_a_terminal_and_json_when_asked() -> None:
     out = Tty()
     emit([SITE, {**SITE, "id": "site_def"}], out=out)
     table = out.getvalue()
-    assert "site_abc" in table and "site_def" in table and "region" in table
+    assert "site_abc" in table and "site_def" in table and "REGION" in table
     assert not table.lstrip().startswith("[")
     out = Tty()
     emit(SITE, out=out, output="json")
@@ -53,7 +53,7 @@ def test_tables_on_a_terminal_and_json_when_asked() -> None:
 def test_table_forced_when_piped() -> None:
     text = render(SITE, output="table")
     assert "site_abc" in text and not text.lstrip().startswith("{")
-    assert "(none)" in render([], output="table")
+    assert "No resources found." in render([], output="table")
 
 
 def test_a_bad_query_is_invalid_input() -> None:

@@ -34,7 +34,7 @@ from eventsourcing.utils import get_topic
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import better_compute.domain
+import better_compute.domain.aggregates
 from better_compute.api.codec import EventMapper, MsgspecTranscoder, field_kinds, has_tags
 from better_compute.api.eventlog import render
 from better_compute.domain.events import public_event

@@ -40,3 +40,11 @@ def test_every_event_type_has_a_section_in_the_reference() -> None:
     assert not missing, f"docs/events.md has no section for {sorted(missing)}"
     assert not (PENDING & documented), "documented now: remove from PENDING"
     assert not (documented - public_types()), "sections for types no event has"
+
+
+def test_memory_fields_say_mib_and_gib_as_every_other_document() -> None:
+    """Event data used to say memoryGib (reservation.placed) where documents say memoryGiB."""
+    from better_compute.domain.events import _camel
+
+    assert [_camel(n) for n in ("memory_gib", "memory_used_mib", "memory_mib", "node_id")] == [
+        "memoryGiB", "memoryUsedMiB", "memoryMiB", "nodeId"]

@@ -1,0 +1,75 @@
+"""The queue dispatcher: places queued reservations and moves placed ones earlier, by itself.
+
+Each pass (``run(now)``) catches the free-GPU and reservations projections up and looks at
+the pools whose capacity may have grown since its last pass (a booking ended: release,
+cancel, failed binding, end time, a move; a node changed: adopted, uncordoned, a GPU
+healthy again; a quota changed) or that have new queued reservations, and runs
+``ReservationQueue.dispatch`` on each: first come first served, with backfill that never
+delays the head (docs/reservations.md, "The queue"). The first pass after it takes the
+controllers' lock looks at every pool.
+
+Like the other controllers it runs in the elected ``serve`` process only, woken by the
+events that free GPUs; a pass is idempotent (each change re-reads its reservation inside its
+own save) and never sleeps: tests move the clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from better_compute.api.reservation_queue import DispatchReport
+from better_compute.api.reservation_service import ReservationService
+from better_compute.projections.earliest_index import changed_pools
+from better_compute.projections.reservations import queued_pools
+
+log = logging.getLogger("better_compute.controllers")
+
+
+@dataclass
+class PassReport:
+    """What one pass did, per pool."""
+
+    pools: dict[str, DispatchReport] = field(default_factory=dict)
+
+    @property
+    def placed(self) -> list[str]:
+        return [r for report in self.pools.values() for r in report.placed]
+
+    @property
+    def rescheduled(self) -> list[str]:
+        return [r for report in self.pools.values() for r in report.rescheduled]
+
+    @property
+    def changed(self) -> bool:
+        return any(report.changed for report in self.pools.values())
+
+
+class QueueDispatcher:
+    def __init__(self, reservations: ReservationService) -> None:
+        self.reservations = reservations
+        self.seen = 0  # the log position up to which changes were looked at
+
+    def run(self, now: datetime | None = None) -> PassReport:
+        report = PassReport()
+        service = self.reservations
+        runner = service.projections
+        runner.catch_up("free_gpus")
+        runner.catch_up("reservations")
+        mark = min(runner.position(runner.get("free_gpus")),
+                   runner.position(runner.get("reservations")))
+        pools = set(changed_pools(service.sql, self.seen)) | set(queued_pools(service.sql,
+                                                                               self.seen))
+        for pool_id in sorted(pools):
+            try:
+                report.pools[pool_id] = service.dispatch(pool_id, now)
+                undecided = report.pools[pool_id].undecided
+            except Exception:  # one pool's trouble never stops the others
+                log.exception("dispatching pool %s failed; it is looked at again next pass",
+                              pool_id)
+                undecided = True
+            if undecided:
+                mark = min(mark, self.seen)  # the next pass looks at it again
+        self.seen = max(self.seen, mark)
+        return report

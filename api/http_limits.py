@@ -1,0 +1,183 @@
+"""Bounds of the HTTP surface: request bodies, content types and calls per token.
+
+- A request body is at most ``MAX_BODY`` (1 MiB). A ``Content-Length`` over it
+  is refused (HTTP 413) before a byte is read; a body without one (chunked) or
+  with a false one is read chunk by chunk and cut off (413) as soon as it
+  passes the cap. So a request never holds more than 1 MiB and one chunk.
+  Every refusal made before the body is read closes the connection, and
+  ``protocol_class`` aborts it one second later if the body is still coming
+  (a TLS close otherwise goes on reading, and decrypting, whatever the client
+  sends for up to 30 s while it waits for the client's close_notify).
+- The content type is ``application/json`` (parameters such as a charset
+  allowed); anything else, or none, is HTTP 415.
+- Calls per token (``Admission``): the store's worker threads are shared by
+  every caller (the server's CapacityLimiter). One token, or one anonymous
+  client address, runs at most a quarter of them at once; its further calls
+  wait their turn in order, up to ``QUEUE_PER_CALLER`` of them, and beyond
+  that are refused at once with ``rate_limited`` (HTTP 429, ``Retry-After:
+  1``). So one caller, however many calls it sends in parallel, leaves most
+  workers (and most of the interpreter's time: the workers share one GIL) to
+  everybody else, and holds a bounded amount of memory while it waits. A
+  quarter, not a half: with 10 parallel maximal selectors from one token,
+  root's whoami p99 went from 326 to 146 ms (docs/performance.md).
+
+The table of every bound is in docs/security.md ("Bounds").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from better_compute.domain.errors import RateLimited
+
+MAX_BODY = 1 << 20
+ABORT_UNREAD_BODY_AFTER = 1.0  # seconds a refused request's body may go on arriving
+QUEUE_PER_CALLER = 16
+JSON_TYPES = ("application/json",)
+
+
+def _rpc_error(status: int, message: str, *, rpc_code: int = -32600,
+               code: str = "invalid_request", request_id: Any = None,
+               headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse(
+        {"jsonrpc": "2.0", "id": request_id,
+         "error": {"code": rpc_code, "message": message, "data": {"code": code}}},
+        status_code=status, headers=headers,
+    )
+
+
+# A refusal sent before the body was read closes the connection after it: otherwise the
+# server would go on receiving (and decrypting) an unwanted body to reach the next request.
+_CLOSE = {"connection": "close"}
+
+
+def too_large() -> Response:
+    return _rpc_error(413, "request body over 1 MiB: send one JSON-RPC request of at most "
+                           "1 MiB (1,048,576 bytes)", headers=_CLOSE)
+
+
+def refuse_headers(request: Request) -> Response | None:
+    """A refusal decided from the headers alone (size, content type), before the body."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.strip().isdigit():
+            return _rpc_error(400, f"Content-Length {length[:40]!r} is not a number of bytes",
+                              headers=_CLOSE)
+        if int(length) > MAX_BODY:
+            return too_large()
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media not in JSON_TYPES:
+        shown = repr(media[:60]) if media else "no content type"
+        return _rpc_error(415, f"the body must be JSON-RPC with Content-Type: application/json; "
+                               f"this request has {shown}", headers=_CLOSE)
+    return None
+
+
+async def read_body(request: Request, limit: int = MAX_BODY) -> bytes | None:
+    """The body, read chunk by chunk; None (and no more reading) once it passes ``limit``."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def caller_key(request: Request | None, token: str | None) -> str:
+    """Whose turn a call takes: its bearer token's (hashed), or its client address's."""
+    if token:
+        return "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
+    client = request.client.host if request is not None and request.client else "unknown"
+    return "anonymous:" + client
+
+
+class _Id(msgspec.Struct):
+    id: int | str | None = None
+
+
+_ID = msgspec.json.Decoder(_Id)
+
+
+def rate_limited(exc: RateLimited, body: bytes) -> Response:
+    try:
+        request_id = _ID.decode(body).id
+    except Exception:  # a body too broken to name its id: answered with id null
+        request_id = None
+    return _rpc_error(429, exc.message, rpc_code=exc.rpc_code, code=exc.code,
+                      request_id=request_id, headers={"retry-after": "1"})
+
+
+@dataclass
+class _Gate:
+    semaphore: anyio.Semaphore
+    users: int = 0  # running and waiting
+
+
+class Admission:
+    """At most ``per_caller`` calls of one caller at once, ``queue`` more waiting in order."""
+
+    def __init__(self, per_caller: int, queue: int = QUEUE_PER_CALLER) -> None:
+        self.per_caller = max(1, per_caller)
+        self.queue = queue
+        self._gates: dict[str, _Gate] = {}
+
+    @classmethod
+    def for_limiter(cls, limiter: anyio.CapacityLimiter) -> Admission:
+        """A quarter of the shared workers per caller (at least one)."""
+        return cls(int(limiter.total_tokens) // 4)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, key: str) -> AsyncIterator[None]:
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _Gate(anyio.Semaphore(self.per_caller))
+        if gate.users >= self.per_caller + self.queue:
+            raise RateLimited(
+                f"this token already has {gate.users} calls running or waiting (at most "
+                f"{self.per_caller} run at once and {self.queue} wait): wait for them, then "
+                "retry",
+                data={"running": self.per_caller, "waiting": gate.users - self.per_caller},
+            )
+        gate.users += 1
+        try:
+            async with gate.semaphore:
+                yield
+        finally:
+            gate.users -= 1
+            if gate.users == 0:
+                del self._gates[key]
+
+
+def protocol_class() -> Any:
+    """uvicorn's HTTP/1.1 protocol (httptools) that ends a connection whose request body
+    is still arriving ``ABORT_UNREAD_BODY_AFTER`` seconds after its response completed
+    and closed the connection; "auto" where httptools is not installed."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # pragma: no cover - httptools is a dependency
+        return "auto"
+
+    class BoundedHttpProtocol(HttpToolsProtocol):
+        def on_response_complete(self) -> None:
+            cycle = self.cycle
+            super().on_response_complete()
+            if self.transport.is_closing() and cycle is not None and cycle.more_body:
+                self.loop.call_later(ABORT_UNREAD_BODY_AFTER, _abort, self.transport)
+
+    return BoundedHttpProtocol
+
+
+def _abort(transport: Any) -> None:
+    with contextlib.suppress(Exception):  # already gone: nothing to end
+        transport.abort()

@@ -1,0 +1,369 @@
+"""Benchmark of a server under hostile load: its peak memory, and root's latency meanwhile.
+
+    .venv/bin/python -m better_compute.benchmarks.hostile [--backend sqlite|postgres]
+        [--pg-url postgresql://…] [--posts 4] [--post-mb 300] [--watchers 100]
+        [--names 150] [--name-mb 1] [--selectors 10] [--events 2000] [--seconds 10]
+
+It makes a fresh store, starts a real ``better-compute serve`` over TLS, and
+runs at once (issue #10's acceptance):
+
+- ``--posts`` anonymous POSTs of ``--post-mb`` MB to /api/compute/rpc, half
+  announced by Content-Length, half streamed chunked; each sends until the
+  server cuts it off;
+- ``--watchers`` /watch streams (a read-only token of tenant acme, and root's
+  for half of them) that never read a byte, with tiny receive buffers;
+- ``--names`` attempts by acme's admin to mint a token whose name is
+  ``--name-mb`` MB (each a body just under the 1 MiB cap);
+- ``--selectors`` threads sending ``capacity.preview`` with a selector of the
+  maximal length (domain/selectors.py MAX_LENGTH), over and over, as acme's read-only token;
+- ``--events`` sites created meanwhile by another root administrator's token (events
+  the watchers do not read);
+- root's ``system.whoami`` in a loop on one kept-alive connection, from a
+  separate process (so the attackers' threads do not delay its own timing).
+
+It samples the server's resident memory (VmRSS) every 20 ms and prints the
+peak, and root's whoami p50/p99/max. The latency is printed, not asserted;
+tests/e2e/test_hostile_memory.py asserts the memory bound with the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from better_compute.benchmarks.reservations import _drop  # a PostgreSQL schema goes too
+
+CLI = str(Path(sys.executable).parent / "better-compute")
+MB = 1_000_000
+
+
+@dataclass
+class Scenario:
+    posts: int = 4
+    post_mb: int = 300
+    watchers: int = 100
+    names: int = 150
+    name_mb: float = 1.0
+    selectors: int = 10
+    events: int = 500
+    seconds: float = 10.0
+
+
+@dataclass
+class Target:
+    """A running server and what the attacks need of it."""
+
+    url: str  # https://127.0.0.1:PORT
+    pid: int
+    ca_file: str
+    tokens: dict[str, str]  # root, writer (root admin), admin (acme), reader (acme read-only)
+    pool: str
+
+
+@dataclass
+class Report:
+    rss_before_mb: float = 0.0
+    rss_peak_mb: float = 0.0
+    rss_after_mb: float = 0.0
+    whoami_ms: list[float] = field(default_factory=list)
+    outcomes: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def pct(self, q: float) -> float:
+        values = sorted(self.whoami_ms)
+        return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        return {"rss_before_mb": round(self.rss_before_mb, 1),
+                "rss_peak_mb": round(self.rss_peak_mb, 1),
+                "rss_after_mb": round(self.rss_after_mb, 1),
+                "whoami_calls": len(self.whoami_ms), "whoami_p50_ms": round(self.pct(0.5), 1),
+                "whoami_p99_ms": round(self.pct(0.99), 1),
+                "whoami_max_ms": round(max(self.whoami_ms, default=float("nan")), 1),
+                "outcomes": {k: dict(v) for k, v in self.outcomes.items()}}
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _tls(target: Target) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=target.ca_file)
+
+
+def _raw(target: Target, rcvbuf: int | None = None) -> ssl.SSLSocket:
+    host, port = target.url.removeprefix("https://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(30)
+    sock.connect((host, int(port)))
+    return _tls(target).wrap_socket(sock, server_hostname=host)
+
+
+def _status(sock: ssl.SSLSocket) -> str:
+    try:
+        head = sock.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace")
+        return head.split(" ")[1] if " " in head else "closed"
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def anonymous_post(target: Target, megabytes: int, chunked: bool) -> str:
+    """One huge anonymous POST: sends until the server stops it; its HTTP status."""
+    sock = _raw(target)
+    length = megabytes * MB
+    framing = "transfer-encoding: chunked" if chunked else f"content-length: {length}"
+    sock.sendall(f"POST /api/compute/rpc HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                 f"application/json\r\n{framing}\r\n\r\n".encode())
+    chunk = b" " * 65536
+    piece = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
+    sent = 0
+    try:
+        while sent < length:
+            sock.sendall(piece)
+            sent += len(chunk)
+    except OSError:
+        pass  # cut off by the server: what is wanted
+    status = _status(sock)
+    sock.close()
+    return f"{status} after {sent // MB} MB"
+
+
+def silent_watcher(target: Target, token: str) -> ssl.SSLSocket:
+    """A /watch stream whose reader never reads (a tiny receive buffer, nothing read)."""
+    sock = _raw(target, rcvbuf=4096)
+    sock.sendall(f"GET /api/compute/events/watch HTTP/1.1\r\nhost: x\r\n"
+                 f"authorization: Bearer {token}\r\n\r\n".encode())
+    return sock
+
+
+def _rpc(http: httpx.Client, token: str, method: str, params: dict[str, Any]) -> str:
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    try:
+        response = http.post("/api/compute/rpc", content=json.dumps(body),
+                             headers={"authorization": f"Bearer {token}",
+                                      "content-type": "application/json"})
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+    if response.status_code != 200:
+        return f"HTTP {response.status_code}"
+    answer = response.json()
+    return str(answer["error"]["data"]["code"]) if "error" in answer else "ok"
+
+
+def max_selector() -> str:
+    """A selector of the maximal length the server takes, of as many tokens as it can."""
+    from better_compute.domain.selectors import MAX_LENGTH
+
+    text = "index in [" + ",".join(str(i % 10) for i in range(MAX_LENGTH))
+    return text[:MAX_LENGTH - 1].rsplit(",", 1)[0] + "]"
+
+
+def attack(target: Target, scenario: Scenario) -> Report:
+    """Run every attack at once against ``target``; the server's memory and root's latency."""
+    report = Report(rss_before_mb=rss_mb(target.pid))
+    outcomes: dict[str, Counter[str]] = {k: Counter() for k in
+                                         ("posts", "names", "selectors", "events")}
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def note(kind: str, outcome: str) -> None:
+        with lock:
+            outcomes[kind][outcome] += 1
+
+    def sample() -> None:
+        while not stop.is_set():
+            report.rss_peak_mb = max(report.rss_peak_mb, rss_mb(target.pid))
+            stop.wait(0.02)
+
+    def client() -> httpx.Client:
+        return httpx.Client(base_url=target.url, verify=_tls(target), timeout=120)
+
+    def names(count: int) -> None:
+        name = "n" * int(scenario.name_mb * MB)
+        with client() as http:
+            for _ in range(count):
+                note("names", _rpc(http, target.tokens["admin"], "tokens.create",
+                                   {"role": "member", "name": name}))
+
+    def selectors() -> None:
+        params = {"poolId": target.pool, "gpus": 1, "duration": "1h",
+                  "selector": max_selector()}
+        with client() as http:
+            while not stop.is_set():
+                note("selectors", _rpc(http, target.tokens["reader"], "capacity.preview",
+                                       params))
+
+    def events(part: range) -> None:
+        with client() as http:
+            for i in part:
+                note("events", _rpc(http, target.tokens["writer"], "sites.create",
+                                    {"kind": "shared", "region": "eu-1",
+                                     "name": f"site {i} " + "s" * 180}))
+
+    def whoami() -> None:
+        probe = subprocess.Popen(
+            [sys.executable, "-m", "better_compute.benchmarks.hostile", "--_whoami",
+             target.url, target.ca_file, target.tokens["root"]],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert probe.stdin is not None and probe.stdout is not None
+        stop.wait()
+        probe.stdin.close()
+        done = json.loads(probe.stdout.read())
+        probe.wait(timeout=60)
+        report.whoami_ms.extend(done["ms"])
+        for outcome, count in done["outcomes"].items():
+            outcomes["whoami"][outcome] += count
+
+    threading.Thread(target=sample, daemon=True).start()
+    silent = [silent_watcher(target, target.tokens["reader" if i % 2 else "root"])
+              for i in range(scenario.watchers)]
+    background = [threading.Thread(target=whoami, daemon=True)]
+    background += [threading.Thread(target=selectors, daemon=True)
+                   for _ in range(scenario.selectors)]
+    finite = [threading.Thread(target=lambda c=i: note("posts", anonymous_post(
+        target, scenario.post_mb, chunked=c % 2 == 1)), daemon=True)
+        for i in range(scenario.posts)]
+    per = [scenario.names // 5 + (1 if i < scenario.names % 5 else 0) for i in range(5)]
+    finite += [threading.Thread(target=names, args=(n,), daemon=True) for n in per if n]
+    finite += [threading.Thread(target=events, args=(range(i, scenario.events, 4),),
+                                daemon=True) for i in range(4)]
+    outcomes["whoami"] = Counter()
+    started = time.monotonic()
+    for thread in background + finite:
+        thread.start()
+    for thread in finite:
+        thread.join()
+    stop.wait(max(0.0, scenario.seconds - (time.monotonic() - started)))
+    stop.set()
+    for thread in background:
+        thread.join(timeout=60)
+    report.rss_peak_mb = max(report.rss_peak_mb, rss_mb(target.pid))
+    for sock in silent:
+        sock.close()
+    report.rss_after_mb = rss_mb(target.pid)
+    report.outcomes = outcomes
+    return report
+
+
+def _whoami_probe(url: str, ca_file: str, token: str) -> None:
+    """root's whoami in a loop until stdin closes; prints the latencies as JSON."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    ms: list[float] = []
+    outcomes: Counter[str] = Counter()
+    with httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca_file),
+                      timeout=120) as http:
+        while not done.is_set():
+            started = time.perf_counter()
+            outcome = _rpc(http, token, "system.whoami", {})
+            ms.append((time.perf_counter() - started) * 1000)
+            if outcome != "ok":
+                outcomes[outcome] += 1
+    print(json.dumps({"ms": ms, "outcomes": outcomes}))
+
+
+# ------------------------------------------------------------------------- main
+
+
+def populate(env: dict[str, str]) -> tuple[dict[str, str], str]:
+    """On an initialized store: tenant acme with an admin and a read-only token, another
+    root administrator's token (``writer``: it writes the events, so that root's whoami
+    never waits behind its own token's calls), and a pool offered to acme. Returns those
+    tokens (``admin``, ``reader``, ``writer``) and the pool's id."""
+    from better_compute.api.runtime import Runtime
+    from better_compute.domain.access import LOCAL_OPERATOR
+
+    runtime = Runtime.open(env)
+    try:
+        service = runtime.service
+        service.tenants_create(LOCAL_OPERATOR, "acme", None)
+        tokens = {role: service.tokens_create(LOCAL_OPERATOR, tenant, name, None)["token"]
+                  for role, tenant, name in (("admin", "acme", "admin"),
+                                             ("reader", "acme", "read-only"),
+                                             ("writer", "root", "admin"))}
+        site = service.sites_create(LOCAL_OPERATOR, "shared", "eu-1", None, None)["id"]
+        pool = service.pools_create(
+            LOCAL_OPERATOR, site, "metal-host", "H100",
+            {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}, None, None)["id"]
+        service.pools_offer(LOCAL_OPERATOR, pool, "acme", {"gpu": 8})
+    finally:
+        runtime.close()
+    return tokens, pool
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m better_compute.benchmarks.hostile",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--pg-url", default=os.environ.get("BC_TEST_PG_URL"))
+    defaults = Scenario()
+    for name, value in vars(defaults).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    parser.add_argument("--_whoami", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args._whoami:
+        _whoami_probe(*args._whoami)
+        return 0
+    scenario = Scenario(**{k: getattr(args, k) for k in vars(defaults)})
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"PATH": os.environ.get("PATH", ""), "BETTER_COMPUTE_DATA_DIR": tmp}
+        if args.backend == "postgres":
+            if not args.pg_url:
+                raise SystemExit("--backend postgres needs --pg-url (or BC_TEST_PG_URL)")
+            env["BETTER_COMPUTE_DATABASE_URL"] = f"{args.pg_url}?schema=h_{uuid.uuid4().hex[:12]}"
+        done = subprocess.run([CLI, "init"], env=env, capture_output=True, text=True,
+                              check=True)
+        tokens, pool = populate(env)
+        tokens["root"] = done.stdout.strip().splitlines()[-1]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen([CLI, "serve", "--listen", f"127.0.0.1:{port}"], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert server.stdout is not None
+            line = server.stdout.readline()
+            if "serving" not in line:
+                raise SystemExit(f"serve did not start: {line}")
+            target = Target(f"https://127.0.0.1:{port}", server.pid,
+                            str(Path(tmp) / "serving-ca.pem"), tokens, pool)
+            load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+            report = attack(target, scenario)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+            _drop(env)
+    summary = report.summary()
+    print(f"backend {args.backend}; scenario {vars(scenario)}; load average before {load}, "
+          f"after {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    print(f"server RSS: {summary['rss_before_mb']} MB before, peak {summary['rss_peak_mb']} MB, "
+          f"{summary['rss_after_mb']} MB after")
+    print(f"root system.whoami: {summary['whoami_calls']} calls, p50 "
+          f"{summary['whoami_p50_ms']} ms, p99 {summary['whoami_p99_ms']} ms, max "
+          f"{summary['whoami_max_ms']} ms")
+    print("outcomes: " + json.dumps(summary["outcomes"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

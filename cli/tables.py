@@ -1,0 +1,255 @@
+"""Tables a person reads: curated columns per resource, plain aligned text, ids never cut.
+
+Like kubectl's: an upper-case header, two spaces between columns, one line per object, the
+columns that answer "what is it and how is it doing" (``-o wide`` adds the rest of the useful
+scalars). A column marked ``varies`` shows only when the rows differ in it (the POOL of
+reservations listed for one pool says nothing), and always with ``-o wide``. Times are ages
+("5m") or offsets from now ("in 1h55m", "12m ago"), so a row fits a 120-column terminal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from better_compute.cli.event_lines import summary
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+Getter = Callable[[dict[str, Any]], Any]
+
+
+class Column(NamedTuple):
+    header: str
+    get: Getter
+    wide: bool = False  # only with -o wide
+    varies: bool = False  # left out when every row has the same value (unless -o wide)
+
+
+def _as_rows(value: Any) -> list[dict[str, Any]]:
+    return value if isinstance(value, list) else [value]
+
+
+class Table(NamedTuple):
+    columns: tuple[Column, ...]
+    rows: Callable[[Any], list[dict[str, Any]]] = _as_rows
+    footer: Callable[[Any], str] | None = None
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else f"{value:.1f}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def _parse_time(text: Any) -> datetime | None:
+    from datetime import UTC, datetime
+
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def span(seconds: float) -> str:
+    """kubectl's short durations: 45s, 12m, 1h55m, 3h, 2d4h, 12d."""
+    s = int(abs(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        h, m = divmod(s // 60, 60)
+        return f"{h}h{m}m" if m and h < 10 else f"{h}h"
+    d, h = divmod(s // 3600, 24)
+    return f"{d}d{h}h" if h and d < 10 else f"{d}d"
+
+
+def _now() -> datetime:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+def age(text: Any, now: datetime | None = None) -> str:
+    moment = _parse_time(text)
+    if moment is None:
+        return ""
+    return span(((now or _now()) - moment).total_seconds())
+
+
+def offset(text: Any, now: datetime | None = None) -> str:
+    """A time as seen from now: "in 1h55m" or "12m ago"."""
+    moment = _parse_time(text)
+    if moment is None:
+        return ""
+    seconds = (moment - (now or _now())).total_seconds()
+    return f"in {span(seconds)}" if seconds > 0 else f"{span(seconds)} ago"
+
+
+def _text_rows(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    out = []
+    for row in [headers, *rows]:
+        out.append("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    return "".join(line + "\n" for line in out)
+
+
+def render(value: Any, table: Table, *, wide: bool = False) -> str:
+    rows = table.rows(value)
+    if not rows:
+        return "No resources found.\n"
+    columns = [c for c in table.columns if wide or not c.wide]
+    cells = [[cell(c.get(r)) for c in columns] for r in rows]
+    keep = [i for i, c in enumerate(columns)
+            if wide or not c.varies or len({row[i] for row in cells}) > 1]
+    text = _text_rows([columns[i].header for i in keep], [[row[i] for i in keep] for row in cells])
+    if table.footer is not None:
+        text += table.footer(value)
+    return text
+
+
+def generic_table(value: Any) -> str:
+    """Any other answer: a list of objects by its scalar fields, an object field by field."""
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        headers: list[str] = []
+        for row in value:
+            headers.extend(k for k, v in row.items()
+                           if k not in headers and not isinstance(v, dict | list))
+        return _text_rows([h.upper() for h in headers],
+                          [[cell(row.get(h)) for h in headers] for row in value])
+    if isinstance(value, list):
+        return "".join(cell(v) + "\n" for v in value) if value else "No resources found.\n"
+    if isinstance(value, dict):
+        return _text_rows(["FIELD", "VALUE"], [[k, cell(v)] for k, v in value.items()])
+    return cell(value) + "\n"
+
+
+# --------------------------------------------------------------------------- the resources
+
+
+def _get(*path: str) -> Getter:
+    def get(doc: dict[str, Any]) -> Any:
+        value: Any = doc
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    return get
+
+
+def _node_state(doc: dict[str, Any]) -> str:
+    parts = [str(doc.get("provisionState") or "")]
+    if _get("acceptance", "state")(doc) == "failed":
+        parts.append("failed")
+    if _get("maintenance", "cordoned")(doc):
+        parts.append("cordoned")
+    return ",".join(p for p in parts if p)
+
+
+def _node_gpus(doc: dict[str, Any]) -> str:
+    gpus = doc.get("gpus") or []
+    return f"{sum(1 for g in gpus if g.get('healthy', True))}/{len(gpus)}"
+
+
+NODES = Table((
+    Column("ID", _get("id")),
+    Column("POOL", _get("poolId")),
+    Column("STATE", _node_state),
+    Column("GPUS", _node_gpus),
+    Column("HELD", lambda d: d.get("heldGpus", 0)),
+    Column("SESSION", _get("session", "state")),
+    Column("AGE", lambda d: age(d.get("joinedAt"))),
+    Column("TENANT", _get("tenantId"), wide=True),
+    Column("SITE", _get("siteId"), wide=True),
+    Column("EPOCH", _get("session", "epoch"), wide=True),
+    Column("LAST SEEN", lambda d: age(_get("session", "lastSeen")(d)), wide=True),
+    Column("BCD", _get("bcdVersion"), wide=True),
+))
+
+RESERVATIONS = Table((
+    Column("ID", _get("id")),
+    Column("POOL", _get("poolId"), varies=True),
+    Column("GPUS", _get("gpuCount")),
+    Column("STATE", _get("state")),
+    Column("NODE", _get("nodeId")),
+    Column("START", lambda d: offset(d.get("start"))),
+    Column("END", lambda d: offset(d.get("endedAt") or d.get("end"))),
+    Column("TENANT", _get("tenantId"), wide=True),
+    Column("ALLOCATION", _get("allocationId"), wide=True),
+    Column("KEY", _get("key"), wide=True),
+))
+
+_CAPACITY_FIELDS = ("total", "allocatable", "allocated", "reserved", "available",
+                    "provisioning", "unhealthy", "maintenance", "unreachable")
+
+
+def _capacity_rows(value: Any) -> list[dict[str, Any]]:
+    resources = value.get("resources", {}) if isinstance(value, dict) else {}
+    rows = []
+    for name, numbers in resources.items():
+        unit = numbers.get("unit")
+        rows.append({"resource": f"{name} ({unit})" if unit else name, **numbers})
+    return rows
+
+
+def _capacity_footer(value: Any) -> str:
+    nodes = value.get("nodes") if isinstance(value, dict) else None
+    if not isinstance(nodes, dict):
+        return ""
+    return "nodes: " + ", ".join(f"{v} {k}" for k, v in nodes.items()) + "\n"
+
+
+CAPACITY = Table(
+    (Column("RESOURCE", _get("resource")),
+     *(Column(f.upper(), _get(f)) for f in _CAPACITY_FIELDS)),
+    rows=_capacity_rows, footer=_capacity_footer)
+
+SITES = Table((
+    Column("ID", _get("id")), Column("KIND", _get("kind")), Column("REGION", _get("region")),
+    Column("NAME", _get("name")), Column("AGE", lambda d: age(d.get("createdAt"))),
+    Column("TENANT", _get("tenantId"), wide=True), Column("KEY", _get("key"), wide=True),
+))
+
+POOLS = Table((
+    Column("ID", _get("id")), Column("SITE", _get("siteId")), Column("CLASS", _get("class")),
+    Column("MODEL", _get("gpuModel")), Column("NAME", _get("name")),
+    Column("OFFERED TO", lambda d: ",".join(o["tenantId"] for o in d.get("offerings") or [])),
+    Column("AGE", lambda d: age(d.get("createdAt"))),
+    Column("TENANT", _get("tenantId"), wide=True), Column("KEY", _get("key"), wide=True),
+))
+
+JOIN_TOKENS = Table((
+    Column("ID", _get("id")), Column("POOL", _get("poolId")), Column("STATE", _get("state")),
+    Column("USES", lambda d: f"{d.get('uses', 0)}/{d.get('maxUses', '')}"),
+    Column("EXPIRES", lambda d: offset(d.get("expiresAt"))),
+    Column("EXPECT", lambda d: ",".join(f"{k}={v}" for k, v in (d.get("expect") or {}).items()),
+           wide=True),
+    Column("KEY", _get("key"), wide=True),
+))
+
+TOKENS = Table((
+    Column("ID", _get("id")), Column("TENANT", _get("tenantId")), Column("ROLE", _get("role")),
+    Column("NAME", _get("name")), Column("AGE", lambda d: age(d.get("createdAt"))),
+    Column("REVOKED", lambda d: age(d.get("revokedAt")) and age(d.get("revokedAt")) + " ago"),
+))
+
+EVENTS = Table((
+    Column("SEQUENCE", _get("sequence")),
+    Column("TIME", _get("time")),
+    Column("TYPE", _get("type")),
+    Column("SUMMARY", lambda d: summary(d)),
+    Column("SUBJECT", _get("subject"), wide=True),
+))

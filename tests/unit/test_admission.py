@@ -1,0 +1,53 @@
+"""Calls per token (api/http_limits.py): one caller never takes every store worker.
+
+One token (or one anonymous address) runs at most a quarter of the shared workers
+at once; its next calls wait in order up to a bound, then get ``rate_limited``
+at once. Another caller is admitted meanwhile without waiting.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from better_compute.api.http_limits import Admission
+from better_compute.domain.errors import RateLimited
+
+
+def test_one_caller_runs_half_the_workers_and_queues_a_bounded_number() -> None:
+    async def main() -> None:
+        admission = Admission.for_limiter(anyio.CapacityLimiter(8))
+        assert admission.per_caller == 2
+        admission = Admission(per_caller=2, queue=3)
+        release = anyio.Event()
+        running: list[int] = []
+        order: list[int] = []
+
+        async def call(i: int) -> None:
+            async with admission.slot("token:a"):
+                running.append(i)
+                order.append(i)
+                await release.wait()
+                running.remove(i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(5):  # 2 run, 3 wait
+                tg.start_soon(call, i)
+            with anyio.fail_after(5):
+                while len(running) < 2:
+                    await anyio.sleep(0.001)
+            await wait_all_tasks_blocked()  # the waiting ones had every chance to (wrongly) start
+            assert sorted(running) == [0, 1]
+            with pytest.raises(RateLimited) as err:  # the 6th: refused at once
+                async with admission.slot("token:a"):
+                    pass
+            assert err.value.code == "rate_limited" and "retry" in err.value.message
+            with anyio.fail_after(1):  # another token is not held up
+                async with admission.slot("token:b"):
+                    pass
+            release.set()
+        assert order == [0, 1, 2, 3, 4]  # waiting calls ran in order
+        assert admission._gates == {}  # nothing kept for callers that are done
+
+    anyio.run(main)
