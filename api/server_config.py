@@ -88,6 +88,8 @@ SETTINGS: tuple[Setting, ...] = (
             "how often tokens' last use is written"),
     Setting("watch.window", None, "BETTER_COMPUTE_WATCH_WINDOW", "10000", "number",
             "events the /watch hub keeps in memory for its streams"),
+    Setting("watch.window_bytes", None, "BETTER_COMPUTE_WATCH_WINDOW_BYTES", "16777216",
+            "number", "bytes of events the /watch hub keeps in memory at most (16 MiB)"),
     Setting("watch.poll", None, "BETTER_COMPUTE_WATCH_POLL", "0.005", "duration",
             "how often the /watch hub reads an SQLite store for new events"),
     Setting("watch.heartbeat", None, "BETTER_COMPUTE_WATCH_HEARTBEAT", "5s", "duration",

@@ -77,6 +77,11 @@ def parse_database_url(url: str) -> dict[str, str]:
         raise InvalidInput(
             f"BETTER_COMPUTE_DATABASE_URL {shown!r} is not a URL libpq accepts: "
             f"{redacted(str(exc))}. Write {URL_FORM}; every libpq parameter is allowed") from None
+    ports = str(params.get("port") or "5432")
+    if not all(p.strip().isdigit() and 0 < int(p) < 65536 for p in ports.split(",")):
+        raise InvalidInput(
+            f"BETTER_COMPUTE_DATABASE_URL {shown!r} has a port that is not a number from 1 to "
+            f"65535: write {URL_FORM}")
     settings = {
         "POSTGRES_HOST": str(params.get("host") or ""),
         "POSTGRES_PORT": str(params.get("port") or "5432"),
@@ -113,7 +118,8 @@ def describe(pg: Mapping[str, str]) -> str:
     where = []
     for n, host in enumerate(hosts):
         port = ports[n] if n < len(ports) else ports[-1]
-        where.append(f"socket {host} port {port}" if host.startswith("/") or not host
+        where.append("the default socket" if not host
+                     else f"socket {host} port {port}" if host.startswith("/")
                      else f"{f'[{host}]' if ':' in host else host}:{port}")
     extras = [f"{k}={kwargs[k]}" for k in ("sslmode", "target_session_attrs") if k in kwargs]
     return (f"PostgreSQL {','.join(where)}/{kwargs.get('dbname') or pg.get('POSTGRES_DBNAME')} "
