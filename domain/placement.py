@@ -189,8 +189,8 @@ _OUT_OF_REACH = (
                      "shows their acceptance)"),
     ("unreachable", "unreachable (their bcd is away: see `better-compute nodes get NODE "
                     "--query session`)"),
-    ("maintenance", "in maintenance (cordoned nodes: `better-compute nodes uncordon NODE` ends "
-                    "it)"),
+    ("maintenance", "in maintenance (cordoned or draining nodes: `better-compute nodes "
+                    "uncordon NODE` ends it)"),
     ("unhealthy", "unhealthy (see `better-compute nodes get NODE --query gpus`)"),
     ("allocated", "held by running reservations"),
     ("reserved", "booked for later reservations"),

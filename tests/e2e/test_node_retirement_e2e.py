@@ -55,13 +55,14 @@ def test_drain_remove_force_and_rejoin(cluster: Cluster) -> None:
     assert drained["maintenance"]["state"] == "draining"
     code, _, err = cli_inprocess(["reserve", "--pool", c.pool, "--gpus", "1", "--for", "1h"],
                                  c.env)
-    assert code == 1 and f"pool {c.pool}" in err, err
+    assert code == 8 and err.startswith("error [no_capacity]:") and f"pool {c.pool}" in err, err
+    assert "cordoned or draining" in err, err
     assert c.state(held["id"]) == "active" and c.spec_path(held["allocationId"]).exists()
     assert c.cli("nodes", "get", c.node, "--query", "maintenance.state") == "draining"
 
     # Remove: refused while it holds the reservation; --force releases it first.
     code, _, err = cli_inprocess(["nodes", "remove", c.node], c.env)
-    assert code == 1 and held["id"] in err and "--force" in err, err
+    assert code == 6 and held["id"] in err and "--force" in err, err
     assert c.provision_state(c.node) == "adopted"
     removed = c.cli_json("nodes", "remove", c.node, "--force", "--reason", "retired")
     assert removed["provisionState"] == "removed"

