@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from better_compute.benchmarks.reservations import _drop  # a PostgreSQL schema goes too
+from better_compute.benchmarks.placer import _drop  # a PostgreSQL schema goes too
 
 CLI = str(Path(sys.executable).parent / "better-compute")
 MB = 1_000_000

@@ -46,7 +46,7 @@ from typing import Any
 from better_compute.api.reservation_service import reservations
 from better_compute.api.runtime import Runtime
 from better_compute.benchmarks.fleet import add_nodes, make_pool
-from better_compute.benchmarks.reservations import _drop, _store_env
+from better_compute.benchmarks.placer import _drop, _store_env
 from better_compute.domain.access import LOCAL_OPERATOR, Principal, Role
 from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.reservation import new_allocation_id

@@ -1,163 +1,387 @@
-"""Benchmark of the placer: reservations placed per second, and placement latency by fleet size.
+"""Reservations as users feel them: creates and releases through `serve` over HTTPS.
 
     .venv/bin/python -m better_compute.benchmarks.reservations [--backend sqlite|postgres|both]
-        [--pg-url postgresql://…] [--clients 1,4,16] [--nodes 1000] [--seconds 5]
-        [--latency-fleets 100,1000,10000] [--latency-samples 50]
+        [--pg-url postgresql://…] [--clients 1,8,16,32] [--nodes 2200] [--seconds 5]
+        [--live 2000] [--window 100] [--live-clients 16] [--workers N] [--client-procs 4]
+    .venv/bin/python -m better_compute.benchmarks.reservations --placer [placer options]
+        (the pure placer, in process: benchmarks/placer.py)
 
-For each backend, in a fresh store:
+For each backend, in a fresh store (SQLite in a throwaway data dir; PostgreSQL in a
+throwaway schema of ``--pg-url``, as the tests use one):
 
-1. throughput: a simulated pool of ``--nodes`` adopted nodes x 8 GPUs; N client
-   threads call ``reservations.create`` (1 GPU for 1h each, a new key each) through
-   the service for ``--seconds``; reported in reservations placed per second.
-   Between client counts every reservation is released, so each run starts on
-   an empty pool.
-2. latency: pools of 100, 1,000 and 10,000 nodes; one client places
-   ``--latency-samples`` reservations one after the other; p50 and p95 of one
-   create (catch-up, projection read, placement, one atomic save). The goal is
-   a latency that does not grow with the fleet, because the placer reads the
-   free-GPU projection's few best candidates instead of loading nodes.
+0. the store's ceiling: one thread saves a new single-event aggregate (a site) in a
+   loop for ``--ceiling-seconds`` through the eventsourcing library, in another fresh
+   store of the same backend (same mapper, same recorder): saves per second. Every
+   rate below is also printed as a percentage of it.
+1. a simulated pool of ``--nodes`` adopted nodes x 8 GPUs (benchmarks/fleet.py), then a
+   real ``better-compute serve`` process over TLS on loopback (``--workers`` passed on
+   when given).
+2. for each client count: N clients (threads spread over ``--client-procs`` processes,
+   each with its own kept-alive HTTPS connection) call ``reservations.create`` (1 GPU,
+   1 h) for ``--seconds``; then ``reservations.release`` on every one of them. Each phase
+   prints ops/s, p50/p99 of one call as the client sees it, and the server's CPU per
+   operation (user + system of the server process and its children, from /proc).
+3. live reservations: ``--live-clients`` clients create ``--window`` reservations on an
+   empty pool (the rate of the first ones), fill the pool up to ``--live`` live
+   reservations, and create ``--window`` more (the rate after ``--live``); then release
+   them all.
 
-Setting up a fleet (nodes joined and adopted, the projections caught up) is
-timed separately and not part of the figures. Every phase is bounded in time.
+The load average is printed before and after each backend: this benchmark is meant
+for a machine shared with others, so read its figures with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
+import multiprocessing
 import os
+import ssl
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from better_compute.api.reservation_service import reservations
-from better_compute.api.runtime import Runtime
-from better_compute.benchmarks.fleet import add_nodes, make_pool
-from better_compute.domain.access import LOCAL_OPERATOR
+RPC_PATH = "/api/compute/rpc"
 
 
-def _store_env(backend: str, pg_url: str | None, tmp: Path) -> dict[str, str]:
-    env = {"BETTER_COMPUTE_DATA_DIR": str(tmp)}
-    if backend == "postgres":
-        if not pg_url:
-            raise SystemExit("--backend postgres needs --pg-url (or BC_TEST_PG_URL)")
-        env["BETTER_COMPUTE_DATABASE_URL"] = f"{pg_url}?schema=bench_{uuid.uuid4().hex[:12]}"
-    return env
+# ----------------------------------------------------------------- clients (own processes)
+
+class _Rpc:
+    """One kept-alive HTTPS connection speaking JSON-RPC."""
+
+    def __init__(self, port: int, token: str, ca_pem: str) -> None:
+        context = ssl.create_default_context(cadata=ca_pem)
+        self.conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=120)
+        self.headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+        self.n = 0
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        self.n += 1
+        body = json.dumps({"jsonrpc": "2.0", "id": self.n, "method": method, "params": params})
+        self.conn.request("POST", RPC_PATH, body, self.headers)
+        answer = json.loads(self.conn.getresponse().read())
+        if "error" in answer:
+            raise RuntimeError(f"{method}: {answer['error']}")
+        return answer["result"]
 
 
-def _drop(env: dict[str, str]) -> None:
-    url = env.get("BETTER_COMPUTE_DATABASE_URL")
-    if url:
-        import psycopg
-
-        base, _, schema = url.partition("?schema=")
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
-def _open(env: dict[str, str]) -> Runtime:
-    from better_compute.api import pki
-
-    runtime = Runtime.open(env)
-    key = pki.new_master_key()
-    bundle = pki.generate_bundle()
-    runtime.service.initialize(pki.public_parts(bundle),
-                               pki.seal_bundle(bundle, pki.parse_master_key(key)))
-    return runtime
-
-
-def _fleet(runtime: Runtime, nodes: int, key: str) -> tuple[str, float]:
-    started = time.perf_counter()
-    pool = make_pool(runtime.service, key=key)
-    add_nodes(runtime.service, pool, nodes)
-    runtime.projections.catch_up()
-    return pool, time.perf_counter() - started
-
-
-def throughput(runtime: Runtime, pool: str, clients: int, seconds: float) -> float:
-    service = reservations(runtime.service)
-    stop = time.monotonic() + seconds
-    placed: list[str] = []
-    errors: list[str] = []
+def _client_process(port: int, token: str, ca_pem: str, jobs: list[dict[str, Any]],
+                    ready: Any, go: Any, start: Any, results: Any) -> None:
+    """Runs one thread per job; each job is a create phase (``seconds`` from ``start``, or
+    ``count``) or a release phase (``release``: ids)."""
+    rpcs = [_Rpc(port, token, ca_pem) for _ in jobs]
+    for rpc in rpcs:
+        rpc.call("system.whoami", {})  # the TLS handshake, before the clock starts
+    ready.release()
+    go.wait()
+    out: list[tuple[list[float], list[str], list[str], float]] = []
     lock = threading.Lock()
 
-    def client() -> None:
-        while time.monotonic() < stop:
+    def run(rpc: _Rpc, job: dict[str, Any]) -> None:
+        lat: list[float] = []
+        ids: list[str] = []
+        errors: list[str] = []
+        until = start.value + job["seconds"] if job.get("seconds") else None
+        left = job.get("count", 0)
+        todo = list(job.get("release", ()))
+        while True:
+            if todo:
+                method, params = "reservations.release", {"reservationId": todo.pop()}
+            elif (until is not None and time.monotonic() < until) or left > 0:
+                left -= 1
+                method, params = "reservations.create", {"poolId": job["pool"], "gpus": 1,
+                                                         "duration": "1h"}
+            else:
+                break
+            started = time.perf_counter()
             try:
-                doc = service.create(LOCAL_OPERATOR, tenant_id=None, pool_id=pool, gpus=1,
-                                     duration="1h")
-            except Exception as exc:  # report, do not hide
-                with lock:
-                    errors.append(repr(exc))
-                return
-            with lock:
-                placed.append(doc["id"])
+                result = rpc.call(method, params)
+            except Exception as exc:  # counted and shown, never hidden
+                errors.append(repr(exc)[:300])
+                continue
+            lat.append(time.perf_counter() - started)
+            if method == "reservations.create":
+                ids.append(result["id"])
+        with lock:
+            out.append((lat, ids, errors, time.monotonic()))
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    started = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(rpc, job)) for rpc, job in zip(rpcs, jobs, strict=True)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - started
-    if errors:
-        print(f"    {len(errors)} client errors, first: {errors[0]}")
-    for rsv in placed:  # start the next run on an empty pool
-        service.release(LOCAL_OPERATOR, rsv)
-    return len(placed) / elapsed
+    results.put(out)
 
 
-def latency(runtime: Runtime, pool: str, samples: int) -> tuple[float, float]:
-    service = reservations(runtime.service)
-    times = []
-    for _ in range(samples):
-        started = time.perf_counter()
-        service.create(LOCAL_OPERATOR, tenant_id=None, pool_id=pool, gpus=1, duration="1h")
-        times.append((time.perf_counter() - started) * 1000)
-    times.sort()
-    return statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.95))]
+# ------------------------------------------------------------------------ the server side
 
-
-def run_backend(backend: str, args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        env = _store_env(backend, args.pg_url, Path(tmp))
-        runtime = _open(env)
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` and its live descendants (Linux /proc)."""
+    total = 0.0
+    pending = [pid]
+    while pending:
+        each = pending.pop()
         try:
-            pool, setup = _fleet(runtime, args.nodes, "bench-throughput")
-            print(f"{backend}: pool of {args.nodes} nodes x 8 GPUs set up in {setup:.1f}s")
-            for clients in [int(c) for c in args.clients.split(",")]:
-                rate = throughput(runtime, pool, clients, args.seconds)
-                print(f"  {backend} throughput, {clients:>2} clients: {rate:8.1f} placed/s")
-            for size in [int(n) for n in args.latency_fleets.split(",")]:
-                lat_pool, setup = _fleet(runtime, size, f"bench-latency-{size}")
-                p50, p95 = latency(runtime, lat_pool, args.latency_samples)
-                print(f"  {backend} latency, {size:>6} nodes: p50 {p50:6.1f} ms, "
-                      f"p95 {p95:6.1f} ms (fleet set up in {setup:.1f}s)")
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in Path(f"/proc/{each}/task").iterdir():
+                pending.extend(int(c) for c in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, env: dict[str, str], extra: Sequence[str]) -> None:
+        self.port = _free_port()
+        cli = str(Path(sys.executable).parent / "better-compute")
+        self.process = subprocess.Popen(
+            [cli, "serve", "--listen", f"127.0.0.1:{self.port}", *extra],
+            env={**env, "PATH": os.environ.get("PATH", "")}, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if "serving" not in line:
+            self.process.kill()
+            raise SystemExit(f"the server did not start: {line!r}")
+
+    def cpu(self) -> float:
+        return _cpu_seconds(self.process.pid)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# --------------------------------------------------------------------------- one phase
+
+class Bench:
+    def __init__(self, server: Server, token: str, ca_pem: str, pool: str, procs: int,
+                 ceiling: float) -> None:
+        self.server, self.token, self.ca_pem, self.pool = server, token, ca_pem, pool
+        self.procs, self.ceiling = procs, ceiling
+        self.ctx = multiprocessing.get_context("spawn")
+
+    def phase(self, jobs: list[dict[str, Any]], seconds: float | None = None
+              ) -> dict[str, Any]:
+        """Run ``jobs`` (one per client) over the client processes; the figures."""
+        groups = [jobs[i::self.procs] for i in range(min(self.procs, len(jobs)))]
+        ready, go, results = self.ctx.Semaphore(0), self.ctx.Event(), self.ctx.Queue()
+        start_at = self.ctx.Value("d", 0.0)
+        for job in jobs:
+            job["seconds"] = seconds
+        workers = [self.ctx.Process(target=_client_process, args=(
+            self.server.port, self.token, self.ca_pem, group, ready, go, start_at, results))
+            for group in groups]
+        for w in workers:
+            w.start()
+        for _ in workers:
+            if not ready.acquire(timeout=120):
+                raise SystemExit("a client process did not connect within 120 s")
+        start = start_at.value = time.monotonic()  # one clock in every process (Linux)
+        cpu0 = self.server.cpu()
+        go.set()
+        out: list[tuple[list[float], list[str], list[str], float]] = []
+        for _ in workers:
+            out.extend(results.get(timeout=900))
+        cpu = self.server.cpu() - cpu0
+        for w in workers:
+            w.join()
+        end = max(finished for *_, finished in out)
+        lat = sorted(x for each in out for x in each[0])
+        ids = [i for each in out for i in each[1]]
+        errors = [e for each in out for e in each[2]]
+        elapsed = max(1e-9, end - start)
+        ops = len(lat)
+        return {"ops": ops, "rate": ops / elapsed, "elapsed": elapsed, "ids": ids,
+                "errors": errors, "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99),
+                "cpu_ms": 1000 * cpu / ops if ops else float("nan"),
+                "cores": cpu / elapsed, "load": _load()}
+
+    def creates(self, clients: int, *, seconds: float | None = None, count: int = 0
+                ) -> dict[str, Any]:
+        if seconds is not None:
+            jobs = [{"pool": self.pool} for _ in range(clients)]
+            return self.phase(jobs, seconds)
+        jobs = [{"pool": self.pool, "count": count // clients + (i < count % clients)}
+                for i in range(clients)]
+        return self.phase(jobs)
+
+    def releases(self, clients: int, ids: list[str]) -> dict[str, Any]:
+        jobs = [{"pool": self.pool, "release": ids[i::clients]} for i in range(clients)]
+        return self.phase(jobs)
+
+    def show(self, backend: str, what: str, clients: int, r: dict[str, Any]) -> None:
+        share = 100 * r["rate"] / self.ceiling if self.ceiling else float("nan")
+        line = (f"  {backend:<10} {what:<22} {clients:>2} clients: {r['rate']:7.1f}/s "
+                f"({share:4.1f} % of the ceiling)  p50 {1000 * r['p50']:7.1f} ms  "
+                f"p99 {1000 * r['p99']:7.1f} ms  server CPU {r['cpu_ms']:5.2f} ms/op "
+                f"({r['cores']:.2f} cores)  load {r['load']}")
+        if r["errors"]:
+            line += f"\n    {len(r['errors'])} errors, first: {r['errors'][0]}"
+        print(line, flush=True)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(len(values) * q))] if q != 0.5 \
+        else statistics.median(values)
+
+
+# ----------------------------------------------------------------------- store set-up
+
+def _ceiling(backend: str, pg_url: str | None, seconds: float) -> float:
+    """Single-aggregate saves per second, one thread, in a fresh store of ``backend``."""
+    from better_compute.api.store import StoreConfig, open_store, setup_lock
+    from better_compute.benchmarks.placer import _drop, _store_env
+    from better_compute.domain.ids import new_uuid
+    from better_compute.domain.site import Site
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = _store_env(backend, pg_url, Path(tmp))
+        config = StoreConfig.from_env(env)
+        with setup_lock(config):
+            store = open_store(config)
+        try:
+            saves = 0
+            stop = time.perf_counter() + seconds
+            started = time.perf_counter()
+            while time.perf_counter() < stop:
+                store.save(Site.with_id(new_uuid(), tenant_id="root", kind="shared",
+                                        region="eu-1", name=f"s{saves}", key=None,
+                                        fingerprint=None))
+                saves += 1
+            return saves / (time.perf_counter() - started)
         finally:
-            runtime.close()
+            store.close()
             _drop(env)
 
 
+def _set_up(env: dict[str, str], nodes: int) -> tuple[str, str, str]:
+    """An initialized store with a pool of ``nodes``; (root token, serving CA, pool id)."""
+    from better_compute.api import pki
+    from better_compute.api.runtime import Runtime
+    from better_compute.benchmarks.fleet import add_nodes, make_pool
+
+    data = Path(env["BETTER_COMPUTE_DATA_DIR"])
+    key = pki.new_master_key()
+    fd = os.open(data / "master.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
+    runtime = Runtime.open(env)
+    try:
+        bundle = pki.generate_bundle()
+        public = pki.public_parts(bundle)
+        token = runtime.service.initialize(public, pki.seal_bundle(bundle,
+                                                                   pki.parse_master_key(key)))
+        pool = make_pool(runtime.service, key="bench-http")
+        add_nodes(runtime.service, pool, nodes)
+        runtime.projections.catch_up()
+    finally:
+        runtime.close()
+    return token, public["servingCaCertificate"], pool
+
+
+def run_backend(backend: str, args: argparse.Namespace) -> None:
+    from better_compute.benchmarks.placer import _drop, _store_env
+
+    print(f"{backend}: load average {_load()} at the start", flush=True)
+    ceiling = _ceiling(backend, args.pg_url, args.ceiling_seconds)
+    print(f"  {backend:<10} store ceiling (single-aggregate saves, 1 thread): {ceiling:7.1f}/s  "
+          f"load {_load()}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = _store_env(backend, args.pg_url, Path(tmp))
+        try:
+            started = time.perf_counter()
+            token, ca_pem, pool = _set_up(env, args.nodes)
+            print(f"  {backend:<10} pool of {args.nodes} nodes x 8 GPUs set up in "
+                  f"{time.perf_counter() - started:.1f}s", flush=True)
+            extra = ["--workers", str(args.workers)] if args.workers else []
+            server = Server(env, extra)
+            try:
+                bench = Bench(server, token, ca_pem, pool, args.client_procs, ceiling)
+                _phases(bench, backend, args)
+            finally:
+                server.close()
+        finally:
+            _drop(env)
+
+
+def _phases(bench: Bench, backend: str, args: argparse.Namespace) -> None:
+    for clients in [int(c) for c in args.clients.split(",") if c]:
+        made = bench.creates(clients, seconds=args.seconds)
+        bench.show(backend, "create", clients, made)
+        gone = bench.releases(clients, made["ids"])
+        bench.show(backend, "release", clients, gone)
+    if args.live <= 0:
+        return
+    c = args.live_clients
+    first = bench.creates(c, count=args.window)
+    bench.show(backend, f"create, first {args.window}", c, first)
+    fill = bench.creates(c, count=max(0, args.live - args.window))
+    bench.show(backend, f"create, to {args.live} live", c, fill)
+    after = bench.creates(c, count=args.window)
+    bench.show(backend, f"create, after {args.live}", c, after)
+    change = 100 * (after["rate"] / first["rate"] - 1) if first["rate"] else float("nan")
+    print(f"  {backend:<10} rate after {args.live} live vs the first {args.window}: "
+          f"{change:+.1f} %", flush=True)
+    gone = bench.releases(c, first["ids"] + fill["ids"] + after["ids"])
+    bench.show(backend, f"release, {args.live + args.window} live", c, gone)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--placer" in argv:
+        from better_compute.benchmarks import placer
+
+        argv.remove("--placer")
+        return placer.main(argv)
     parser = argparse.ArgumentParser(prog="python -m better_compute.benchmarks.reservations",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
     parser.add_argument("--pg-url", default=os.environ.get("BC_TEST_PG_URL"))
-    parser.add_argument("--clients", default="1,4,16")
-    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--clients", default="1,8,16,32")
+    parser.add_argument("--nodes", type=int, default=2200)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--latency-fleets", default="100,1000,10000")
-    parser.add_argument("--latency-samples", type=int, default=50)
+    parser.add_argument("--live", type=int, default=2000)
+    parser.add_argument("--window", type=int, default=100)
+    parser.add_argument("--live-clients", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=0,
+                        help="passed to serve as --workers (default: serve's own default)")
+    parser.add_argument("--client-procs", type=int, default=4)
+    parser.add_argument("--ceiling-seconds", type=float, default=3.0)
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     for backend in backends:
         run_backend(backend, args)
+        print(f"{backend}: load average {_load()} at the end", flush=True)
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
