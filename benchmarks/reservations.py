@@ -20,7 +20,8 @@ throwaway schema of ``--pg-url``, as the tests use one):
    each with its own kept-alive HTTPS connection) call ``reservations.create`` (1 GPU,
    1 h) for ``--seconds``; then ``reservations.release`` on every one of them. Each phase
    prints ops/s, p50/p99 of one call as the client sees it, and the server's CPU per
-   operation (user + system of the server process and its children, from /proc).
+   operation. Each client has its own token (the server admits 2 calls of one token at
+   once), as separate scripts or users would (user + system of the server process and its children, from /proc).
 3. live reservations: ``--live-clients`` clients create ``--window`` reservations on an
    empty pool (the rate of the first ones), fill the pool up to ``--live`` live
    reservations, and create ``--window`` more (the rate after ``--live``); then release
@@ -72,11 +73,11 @@ class _Rpc:
         return answer["result"]
 
 
-def _client_process(port: int, token: str, ca_pem: str, jobs: list[dict[str, Any]],
+def _client_process(port: int, ca_pem: str, jobs: list[dict[str, Any]],
                     ready: Any, go: Any, start: Any, results: Any) -> None:
     """Runs one thread per job; each job is a create phase (``seconds`` from ``start``, or
     ``count``) or a release phase (``release``: ids)."""
-    rpcs = [_Rpc(port, token, ca_pem) for _ in jobs]
+    rpcs = [_Rpc(port, job["token"], ca_pem) for job in jobs]
     for rpc in rpcs:
         rpc.call("system.whoami", {})  # the TLS handshake, before the clock starts
     ready.release()
@@ -150,13 +151,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _pythonpath(checkout: Path, into: Path) -> str:
+    from better_compute.benchmarks.rpc_path import _pythonpath as link
+
+    return link(checkout, into)
+
+
 class Server:
-    def __init__(self, env: dict[str, str], extra: Sequence[str]) -> None:
+    def __init__(self, env: dict[str, str], extra: Sequence[str], code: str | None) -> None:
         self.port = _free_port()
-        cli = str(Path(sys.executable).parent / "better-compute")
+        path = {"PYTHONPATH": _pythonpath(Path(code), Path(env["BETTER_COMPUTE_DATA_DIR"]) /
+                                          "code")} if code else {}
         self.process = subprocess.Popen(
-            [cli, "serve", "--listen", f"127.0.0.1:{self.port}", *extra],
-            env={**env, "PATH": os.environ.get("PATH", "")}, text=True,
+            [sys.executable, "-m", "better_compute.cli.main", "serve", "--listen",
+             f"127.0.0.1:{self.port}", *extra],
+            env={**env, "PATH": os.environ.get("PATH", ""), **path}, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
@@ -179,11 +188,11 @@ class Server:
 # --------------------------------------------------------------------------- one phase
 
 class Bench:
-    def __init__(self, server: Server, token: str, ca_pem: str, pool: str, procs: int,
+    def __init__(self, server: Server, tokens: list[str], ca_pem: str, pool: str, procs: int,
                  ceiling: float) -> None:
-        self.server, self.token, self.ca_pem, self.pool = server, token, ca_pem, pool
+        self.server, self.tokens, self.ca_pem, self.pool = server, tokens, ca_pem, pool
         self.procs, self.ceiling = procs, ceiling
-        self.ctx = multiprocessing.get_context("spawn")
+        self.ctx = multiprocessing.get_context("fork")  # no re-import: a file edited mid-run
 
     def phase(self, jobs: list[dict[str, Any]], seconds: float | None = None
               ) -> dict[str, Any]:
@@ -191,10 +200,10 @@ class Bench:
         groups = [jobs[i::self.procs] for i in range(min(self.procs, len(jobs)))]
         ready, go, results = self.ctx.Semaphore(0), self.ctx.Event(), self.ctx.Queue()
         start_at = self.ctx.Value("d", 0.0)
-        for job in jobs:
-            job["seconds"] = seconds
+        for i, job in enumerate(jobs):  # a token each: admission is per token (2 at once)
+            job["seconds"], job["token"] = seconds, self.tokens[i % len(self.tokens)]
         workers = [self.ctx.Process(target=_client_process, args=(
-            self.server.port, self.token, self.ca_pem, group, ready, go, start_at, results))
+            self.server.port, self.ca_pem, group, ready, go, start_at, results))
             for group in groups]
         for w in workers:
             w.start()
@@ -281,11 +290,13 @@ def _ceiling(backend: str, pg_url: str | None, seconds: float) -> float:
             _drop(env)
 
 
-def _set_up(env: dict[str, str], nodes: int) -> tuple[str, str, str]:
-    """An initialized store with a pool of ``nodes``; (root token, serving CA, pool id)."""
+def _set_up(env: dict[str, str], nodes: int, clients: int) -> tuple[list[str], str, str]:
+    """An initialized store with a pool of ``nodes``; (a root admin token per client, the
+    serving CA, the pool's id)."""
     from better_compute.api import pki
     from better_compute.api.runtime import Runtime
     from better_compute.benchmarks.fleet import add_nodes, make_pool
+    from better_compute.domain.access import LOCAL_OPERATOR
 
     data = Path(env["BETTER_COMPUTE_DATA_DIR"])
     key = pki.new_master_key()
@@ -296,14 +307,15 @@ def _set_up(env: dict[str, str], nodes: int) -> tuple[str, str, str]:
     try:
         bundle = pki.generate_bundle()
         public = pki.public_parts(bundle)
-        token = runtime.service.initialize(public, pki.seal_bundle(bundle,
-                                                                   pki.parse_master_key(key)))
+        runtime.service.initialize(public, pki.seal_bundle(bundle, pki.parse_master_key(key)))
+        tokens = [runtime.service.tokens_create(LOCAL_OPERATOR, None, "admin", f"bench-{i}")
+                  ["token"] for i in range(clients)]
         pool = make_pool(runtime.service, key="bench-http")
         add_nodes(runtime.service, pool, nodes)
         runtime.projections.catch_up()
     finally:
         runtime.close()
-    return token, public["servingCaCertificate"], pool
+    return tokens, public["servingCaCertificate"], pool
 
 
 def run_backend(backend: str, args: argparse.Namespace) -> None:
@@ -317,13 +329,15 @@ def run_backend(backend: str, args: argparse.Namespace) -> None:
         env = _store_env(backend, args.pg_url, Path(tmp))
         try:
             started = time.perf_counter()
-            token, ca_pem, pool = _set_up(env, args.nodes)
+            most = max([args.live_clients, *(int(c) for c in args.clients.split(",") if c)])
+            tokens, ca_pem, pool = _set_up(env, args.nodes, most)
             print(f"  {backend:<10} pool of {args.nodes} nodes x 8 GPUs set up in "
                   f"{time.perf_counter() - started:.1f}s", flush=True)
             extra = ["--workers", str(args.workers)] if args.workers else []
-            server = Server(env, extra)
+            server = Server(env, extra, args.code)
+            print(f"  {backend:<10} serve pid {server.process.pid}", flush=True)
             try:
-                bench = Bench(server, token, ca_pem, pool, args.client_procs, ceiling)
+                bench = Bench(server, tokens, ca_pem, pool, args.client_procs, ceiling)
                 _phases(bench, backend, args)
             finally:
                 server.close()
@@ -331,7 +345,52 @@ def run_backend(backend: str, args: argparse.Namespace) -> None:
             _drop(env)
 
 
+def _statement_calls(pg_url: str) -> dict[str, int] | None:
+    """pg_stat_statements' calls by statement, or None without the extension loaded."""
+    import psycopg
+
+    with psycopg.connect(pg_url.partition("?")[0], autocommit=True) as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            rows = conn.execute("SELECT query, calls FROM pg_stat_statements "
+                                "WHERE dbid = (SELECT oid FROM pg_database "
+                                "WHERE datname = current_database())").fetchall()
+        except psycopg.Error:
+            return None
+    out: dict[str, int] = {}
+    for query, calls in rows:
+        key = " ".join(str(query).split())[:90]
+        out[key] = out.get(key, 0) + int(calls)
+    return out
+
+
+def _count_statements(bench: Bench, backend: str, args: argparse.Namespace) -> None:
+    """SQL statements per create and per release (PostgreSQL, pg_stat_statements): every
+    statement of the server's processes, the controllers' passes included."""
+    for what in ("create", "release"):
+        before = _statement_calls(args.pg_url)
+        if before is None:
+            print("  (pg_stat_statements is not loaded: start PostgreSQL with "
+                  "shared_preload_libraries=pg_stat_statements to count statements)")
+            return
+        if what == "create":
+            r = bench.creates(1, count=args.statements)
+            made = r["ids"]
+        else:
+            r = bench.releases(1, made)
+        time.sleep(1.5)  # the controllers' passes woken by the last ones (settle, tick)
+        after = _statement_calls(args.pg_url) or {}
+        delta = {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+        total = sum(delta.values())
+        print(f"  {backend:<10} SQL statements per {what}: {total / max(1, r['ops']):.1f} "
+              f"({r['ops']} {what}s, 1 client)", flush=True)
+        for query, calls in sorted(delta.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"      {calls / max(1, r['ops']):6.2f}  {query}")
+
+
 def _phases(bench: Bench, backend: str, args: argparse.Namespace) -> None:
+    if args.statements and backend == "postgres":
+        _count_statements(bench, backend, args)
     for clients in [int(c) for c in args.clients.split(",") if c]:
         made = bench.creates(clients, seconds=args.seconds)
         bench.show(backend, "create", clients, made)
@@ -374,6 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0,
                         help="passed to serve as --workers (default: serve's own default)")
     parser.add_argument("--client-procs", type=int, default=4)
+    parser.add_argument("--statements", type=int, default=0, help="on PostgreSQL, first "
+                        "count the SQL statements of this many creates and their releases "
+                        "(pg_stat_statements)")
+    parser.add_argument("--code", help="serve another checkout's code (say, the commit before "
+                        "a change: git archive COMMIT | tar -x -C DIR); set-up uses ours")
     parser.add_argument("--ceiling-seconds", type=float, default=3.0)
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
