@@ -89,12 +89,23 @@ class ReservationBase:
 
     def choose(self, pool_id: str, request: PlacementRequest, start: datetime, end: datetime
                ) -> Placement:
-        """Read the free-GPU projection and place; NoCapacity says what is available."""
-        self.projections.catch_up("free_gpus")
+        """Read the free-GPU projection and place; NoCapacity says what is available.
+
+        The projection is followed (caught up only when this process knows of newer
+        events); a refusal is only given on a projection caught up from the store.
+        """
+        fresh = self.projections.follow("free_gpus")
         try:
             return place(request, fast_candidates(self.sql, pool_id, start, end, request.gpus))
         except NoCapacity:
             pass
+        if not fresh:
+            self.projections.catch_up("free_gpus")
+            try:
+                return place(request, fast_candidates(self.sql, pool_id, start, end,
+                                                      request.gpus))
+            except NoCapacity:
+                pass
         try:
             return place(request, all_candidates(self.sql, pool_id, start, end),
                          self._pool_gpus(pool_id))

@@ -255,8 +255,13 @@ class ReservationQueue(ReservationBase):
         return Shadow(rsv.public_id, rsv.tenant_id, request, slot, node, limit, held, t_now)
 
     def head_shadow(self, pool: Pool, now: datetime) -> Shadow | None:
-        """The shadow of the first queued reservation of ``pool`` (None: no queue, or none)."""
-        self.projections.catch_up("reservations")
+        """The shadow of the first queued reservation of ``pool`` (None: no queue, or none).
+
+        The reservations projection is followed, not caught up on every create: a
+        reservation queued by another process a moment ago may not be seen yet, as one
+        queued while this create runs never is (the check and the save are not atomic).
+        """
+        self.projections.follow("reservations")
         head = queue_head(self.sql, pool.public_id)
         rsv = self.get(Reservation, UUID(head)) if head else None
         return self.shadow(pool, rsv, now) if rsv is not None and rsv.queued else None

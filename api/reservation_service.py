@@ -198,7 +198,8 @@ class ReservationService(ReservationBinding, ReservationQueue):
                 except Conflict:
                     if time.monotonic() > give_up:
                         raise
-                    continue  # the projection was behind: it catches up and we place again
+                    self.projections.catch_up("free_gpus")  # it was behind: place again
+                    continue
                 rsv = Reservation(
                     id=uuid, tenant_id=tenant, pool_id=pool.public_id, gpu_count=gpus,
                     request=fields, start=begin, end=end, key=key, fingerprint=fp,
@@ -219,6 +220,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
                             f"within {PLACEMENT_DEADLINE_S:.0f}s; nothing was booked: run the "
                             "command again with the same --key"
                         ) from None
+                    self.projections.catch_up("free_gpus")
                     continue
                 return rsv.to_doc()
 

@@ -69,6 +69,7 @@ class Projections(ProjectionRunner):
         super().__init__(self.sql, source, [Listings(source), Capacity(),
                                             FreeGpus(source), Reservations(source),
                                             UsageProjection()])
+        store.add_commit_listener(self.notice_head)  # what ``follow`` knows of
 
 
 @dataclass

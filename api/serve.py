@@ -47,6 +47,7 @@ class ServeOptions:
     gateway_listen: str | None = None
     log_format: str = "text"
     metrics_listen: str | None = None  # loopback HOST:PORT for GET /metrics without a token
+    workers: int = 1  # processes serving the API on one socket (api/workers.py)
 
 
 class _Server(uvicorn.Server):
@@ -171,10 +172,22 @@ def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics", run
 
 
-def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
+def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int | None = None,
+          worker_index: int = 0) -> None:
+    """Serve until a signal. ``fd``: a worker of ``--workers`` on its parent's socket; only
+    worker 0 runs the controllers, the gateway and the /metrics listener (api/workers.py)."""
     logs.configure(options.log_level, options.log_format, filters=[RequestFields()])
     host, port = parse_listen(options.listen)
-    metrics = _metrics_listener(options.metrics_listen) if options.metrics_listen else None
+    if options.workers < 1:
+        raise InvalidInput(f"--workers {options.workers}: use 1 or more processes")
+    if options.workers > 1 and fd is None:
+        from better_compute.api.workers import supervise
+
+        supervise(options, env, host, port)
+        return
+    primary = worker_index == 0
+    metrics = _metrics_listener(options.metrics_listen) \
+        if options.metrics_listen and primary else None
     runtime = Runtime.open(env)
     runtime.service.pki()  # refuses early, with the fix, when `init` has not run
     gateway_url = options.gateway_url or runtime.env.get("BETTER_COMPUTE_GATEWAY_URL") or None
@@ -197,9 +210,10 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
         cert, key = tls_files(runtime, names)
         ssl = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
         scheme = "https"
-    tasks: list[LifespanTask] = [run_controllers, flush_token_use]
+    tasks: list[LifespanTask] = [run_controllers, flush_token_use] if primary \
+        else [flush_token_use]
     gateway_note = ""
-    if options.gateway_listen:
+    if options.gateway_listen and primary:
         gateway_url, task = _gateway(options, gateway_url)
         tasks.append(task)
         gateway_note = f"; gateway {gateway_url} (mutual TLS)"
@@ -214,7 +228,7 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None) -> None:
     config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
                             log_config=None,  # our handler and format (logs.configure)
                             access_log=False, lifespan="on", http=http_limits.protocol_class(),
-                            **ssl)  # type: ignore[arg-type]
+                            fd=fd, **ssl)  # type: ignore[arg-type]
     server = _Server(config, ready)
     try:
         server.run()

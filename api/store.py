@@ -310,7 +310,8 @@ class SqlRunner:
     @contextmanager
     def transaction(self, *, commit: bool) -> Iterator[Any]:
         with self.datastore.transaction(commit=commit) as cursor:
-            if self.postgres and self.schema:
+            if self.postgres and self.schema and \
+                    getattr(self.datastore, "search_path_set", None) != self.schema:
                 cursor.execute(f'SET LOCAL search_path TO "{self.schema}"')
             yield cursor
 

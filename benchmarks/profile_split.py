@@ -62,9 +62,9 @@ def part_of(frames: list[str]) -> str:
         return "TLS"
     if any(n in text for n in ("httptools", "h11", "uvicorn", "starlette", "http_limits",
                                "request_log", "metrics")):
-        return "HTTP (uvicorn, starlette, limits, logs, metrics)"
+        return "event loop: HTTP, TLS records, middleware, hand-offs"
     if "asyncio" in text or "anyio" in text:
-        return "event loop, thread hand-offs"
+        return "event loop: HTTP, TLS records, middleware, hand-offs"
     return "other"
 
 

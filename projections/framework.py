@@ -14,7 +14,7 @@ can catch up the same projection at once without applying anything twice.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -103,6 +103,11 @@ class ProjectionRunner:
         self.projections = {p.name: p for p in projections}
         self.batch_size = batch_size
         self.tracking = sql.tracking_recorder()
+        # Followed heads (``follow``): the newest sequence this process committed or its
+        # event hub read, and each projection's position as last applied or read here.
+        self.known_head = 0
+        self.head_source: Callable[[], int] | None = None
+        self._seen: dict[str, int] = {}
         statements: list[str] = []
         for projection in projections:
             statements.extend(projection.tables())
@@ -128,16 +133,48 @@ class ProjectionRunner:
             total += self._catch_up_one(self.get(each), until)
         return total
 
+    def notice_head(self, sequence: int) -> None:
+        """This process committed up to ``sequence`` (the store's commit listener)."""
+        if sequence > self.known_head:
+            self.known_head = sequence
+
+    def follow(self, name: str) -> bool:
+        """Catch ``name`` up when this process knows of events it has not applied: its own
+        commits, or what its event hub (``head_source``) read, other processes' included.
+
+        Returns False when it read nothing from the store. A caller whose answer may be stale
+        for that (the placer: no capacity, or a conflict) calls ``catch_up`` and asks again;
+        correctness never rests on the read model (the aggregates refuse a double booking).
+        """
+        head = self.known_head
+        if self.head_source is not None:
+            head = max(head, self.head_source())
+        if self._seen.get(name, -1) >= head:
+            return False
+        self.catch_up(name)
+        return True
+
     def _catch_up_one(self, projection: Projection, until: int | None) -> int:
         applied = 0
+        # Where this process last saw it, when it knows: one read fewer per catch-up (a
+        # batch re-reads the position under the projection's lock and skips what another
+        # process applied meanwhile).
+        known = self._seen.get(projection.name) if until is None else None
+        start = known if known is not None else self.position(projection)
         while True:
-            start = self.position(projection)
             if until is not None and start >= until:
                 return applied
             batch = self.source.select(start, self.batch_size)
             if not batch:
+                self._saw(projection, start)
                 return applied
             applied += self._apply_batch(projection, batch)
+            start = batch[-1].id  # applied up to here, by this batch or by another process
+            self._saw(projection, start)
+
+    def _saw(self, projection: Projection, position: int) -> None:
+        if position > self._seen.get(projection.name, -1):
+            self._seen[projection.name] = position
 
     def _apply_batch(self, projection: Projection, batch: Sequence[Notification]) -> int:
         with self.sql.transaction(commit=True) as cursor:
@@ -174,6 +211,7 @@ class ProjectionRunner:
                 for table in projection.table_names():
                     self.sql.execute(cursor, f"DELETE FROM {table}")
                 self._reset_tracking(cursor, projection)
+            self._seen.pop(projection.name, None)
             total += self._catch_up_one(projection, None)
         return total
 

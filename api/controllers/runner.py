@@ -1,12 +1,18 @@
 """Running the controllers inside ``serve``: elected, woken by events and by a tick.
 
 ``run_controllers`` is a lifespan task. It tries to become the leader
-every ``retry`` seconds; once it leads, it runs a NodeLifecycle pass and the
-reservation timers, and beside them (its own loop, so a release never waits
-for their pass) the queue dispatcher, whenever the process's event hub
-reads a node.*, reservation.*, bookings.*, quota.* or pool.* event and at least every
-``tick`` seconds (the timers), and checks it still holds the lock before
-each pass. Each pass also records the API tokens whose end has passed
+every ``retry`` seconds; once it leads, it runs three loops side by side, each
+woken by the events it acts on and at least every ``tick`` seconds: the
+NodeLifecycle and tokens passes (node sessions and acceptance, pool.* events), the
+reservation
+timers (reservation.* events) and the queue dispatcher (node.*, reservation.*,
+bookings.*, quota.* and pool.* events), so a burst of creates wakes neither the
+NodeLifecycle pass nor the tokens pass. Each loop checks it still holds the lock
+before each pass. A loop woken by an event runs at once when its last pass began
+``settle`` seconds ago or more (BETTER_COMPUTE_CONTROLLER_SETTLE, default 0.2 s),
+else waits until then: under a stream of creates a pass handles many at once
+instead of running once per create in the process that serves them
+(docs/performance.md). Each pass also records the API tokens whose end has passed
 (``token.expired``, api/tokens.py). A pass that fails is retried on the next tick (logged once per run
 of failures: a store outage fails every pass until the store is back). On
 PostgreSQL the lock lives on the leader's own connection, so an outage ends
@@ -17,6 +23,7 @@ once the store is back.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -54,6 +61,15 @@ log = logging.getLogger("better_compute.controllers")
 # waits for the next tick.
 _WAKE_ON = EventFilter(types=compile_type_filter(["node.*", "reservation.*", "bookings.*",
                                                   "quota.*", "pool.*"]))
+# The NodeLifecycle pass reads node sessions and acceptance (node.*, and a pool's checks);
+# the timers act on reservations; the tokens pass on time alone.
+# (not node.devices.*: every reservation's binding and end write those; the tick still runs
+# the pass every second whatever happened).
+_WAKE_NODES = EventFilter(types=compile_type_filter([
+    "node.joined", "node.rejoined", "node.connected", "node.disconnected", "node.unreachable",
+    "node.acceptance.*", "node.adopted", "node.removed", "pool.*"]))
+_WAKE_TIMERS = EventFilter(types=compile_type_filter(["reservation.*"]))
+SETTLE = 0.2  # seconds: the least time between the starts of two passes woken by events
 
 
 def unreachable_after(env: Any) -> timedelta:
@@ -79,6 +95,7 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
     runtime = state.runtime
     env = runtime.env
     tick = env_seconds(env, "BETTER_COMPUTE_CONTROLLER_TICK", 1.0)
+    settle = min(tick, env_seconds(env, "BETTER_COMPUTE_CONTROLLER_SETTLE", SETTLE))
     retry = env_seconds(env, "BETTER_COMPUTE_CONTROLLER_RETRY", 1.0)
     lead = leadership or leadership_for(runtime)
     lifecycle = await anyio.to_thread.run_sync(lifecycle_for, runtime)
@@ -99,11 +116,14 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
             log.info("this process runs the controllers")
             state.extra["controllers_leader"] = True
             async with anyio.create_task_group() as dispatching:
-                dispatching.start_soon(_dispatch, dispatcher, hub, tick)
+                dispatching.start_soon(_dispatch, dispatcher, hub, tick, settle)
+                dispatching.start_soon(_lead, None, passes, (  # leadership checked below
+                    ("timers", CONTROLLER_RESERVATIONS, timers.tick),), hub, tick, settle,
+                    anyio.CapacityLimiter(1), _WAKE_TIMERS)
                 await _lead(lead, passes, (
                     ("lifecycle", CONTROLLER_NODES, lifecycle.reconcile),
-                    ("timers", CONTROLLER_RESERVATIONS, timers.tick),
-                    ("tokens", CONTROLLER_TOKENS, expiry.tick)), hub, tick, limiter)
+                    ("tokens", CONTROLLER_TOKENS, expiry.tick)), hub, tick, settle, limiter,
+                    _WAKE_NODES)
                 dispatching.cancel_scope.cancel()
             state.extra["controllers_leader"] = False
             lifecycle.lost_sight()
@@ -113,13 +133,27 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
             await anyio.to_thread.run_sync(lead.release, limiter=limiter)
 
 
-async def _dispatch(dispatcher: QueueDispatcher, hub: Any, tick: float) -> None:
+async def _wait(hub: Any, position: int, tick: float, flt: EventFilter, began: float,
+                settle: float) -> None:
+    """Until the hub reads an event ``flt`` lets through after ``position`` (or ``tick``
+    passes), and at least ``settle`` seconds after the last pass ``began``."""
+    if hub is None:
+        await anyio.sleep(tick)
+        return
+    await hub.wait_beyond(position, tick, flt)
+    pause = began + settle - time.monotonic()
+    if pause > 0:
+        await anyio.sleep(pause)
+
+
+async def _dispatch(dispatcher: QueueDispatcher, hub: Any, tick: float, settle: float) -> None:
     """The queue dispatcher's own loop, beside the others: a release is not kept waiting by
     a NodeLifecycle or timers pass (only the leader runs it; cancelled with leadership)."""
     limiter = anyio.CapacityLimiter(1)
     retry = Retry("a queue dispatch pass", log)
     while True:
         position = hub.head if hub is not None else 0
+        began = time.monotonic()
         try:
             await anyio.to_thread.run_sync(as_actor(CONTROLLER_RESERVATIONS, dispatcher.run),
                                            limiter=limiter)
@@ -127,18 +161,17 @@ async def _dispatch(dispatcher: QueueDispatcher, hub: Any, tick: float) -> None:
             retry.failed(exc)
         else:
             retry.succeeded()
-        if hub is not None:
-            await hub.wait_beyond(position, tick, _WAKE_ON)
-        else:
-            await anyio.sleep(tick)
+        await _wait(hub, position, tick, _WAKE_ON, began, settle)
 
 
-async def _lead(lead: Leadership, passes: dict[str, Retry],
+async def _lead(lead: Leadership | None, passes: dict[str, Retry],
                 work: tuple[tuple[str, str, Callable[[], Any]], ...], hub: Any, tick: float,
-                limiter: anyio.CapacityLimiter) -> None:
-    """The NodeLifecycle, timers and tokens passes, while this process holds the lock."""
-    while await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
+                settle: float, limiter: anyio.CapacityLimiter, wake_on: EventFilter) -> None:
+    """Passes of ``work`` (NodeLifecycle and tokens, or the timers), while this process holds
+    the lock (checked before each pass when ``lead`` is given; else the caller cancels)."""
+    while lead is None or await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
         position = hub.head if hub is not None else 0
+        began = time.monotonic()
         for name, actor, run in work:
             try:
                 await anyio.to_thread.run_sync(as_actor(actor, run), limiter=limiter)
@@ -146,7 +179,4 @@ async def _lead(lead: Leadership, passes: dict[str, Retry],
                 passes[name].failed(exc)
             else:
                 passes[name].succeeded()
-        if hub is not None:
-            await hub.wait_beyond(position, tick, _WAKE_ON)
-        else:
-            await anyio.sleep(tick)
+        await _wait(hub, position, tick, wake_on, began, settle)

@@ -65,7 +65,7 @@ def serve(ctx: Any, args: argparse.Namespace) -> int:
                      insecure_loopback=bool(v["insecure_loopback"]),
                      gateway_url=v["gateway.url"], log_level=v["log.level"],
                      gateway_listen=v["gateway.listen"], log_format=v["log.format"],
-                     metrics_listen=v["metrics.listen"]),
+                     metrics_listen=v["metrics.listen"], workers=int(v["workers"])),
         config.env,
     )
     return 0
@@ -118,6 +118,9 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="also serve GET /metrics without a token on this loopback address "
                    "(for a Prometheus on this host; docs/metrics.md)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="processes serving the API on one socket (default 1; "
+                   "docs/performance.md)")
     add_verb(sub, "server-unit", server_unit,
              "Print the systemd unit that runs `better-compute serve --config "
              "/etc/better-compute/server.toml` (Type=notify) under its own user.",

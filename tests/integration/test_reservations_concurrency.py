@@ -13,11 +13,8 @@ from typing import Any
 from better_compute.api.reservation_service import reservations
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
-from better_compute.domain.bookings import NodeBookings, bookings_uuid, overlaps
 from better_compute.domain.errors import NoCapacity, QuotaExceeded
-from better_compute.domain.ids import parse_id
-from better_compute.domain.quota import QuotaUse, quota_uuid
-from better_compute.domain.reservation import Reservation
+from tests.booking_checks import assert_booked_once_within_quota
 from tests.fleet import add_nodes, make_pool
 from tests.support import open_runtime
 
@@ -68,28 +65,6 @@ def test_fifty_clients_never_double_book_nor_exceed_the_quota(env: dict[str, str
     assert placed, results
 
     # Against the store: every booking, every reservation, the quota.
-    store = runtime.store
-    booked: list[dict[str, Any]] = []
-    for node_id in nodes:
-        try:
-            agg = store.repository.get(bookings_uuid(node_id))
-        except Exception:
-            continue
-        assert isinstance(agg, NodeBookings)
-        booked.extend({**b, "node": node_id} for b in agg.bookings.values())
-    for i, x in enumerate(booked):
-        for y in booked[i + 1:]:
-            if x["node"] == y["node"] and overlaps(x["start"], x["end"], y["start"], y["end"]):
-                assert not set(x["gpus"]) & set(y["gpus"]), (x, y)
-    assert sorted(b["reservationId"] for b in booked) == sorted(d["id"] for d in placed)
-    for doc in placed:
-        rsv = store.repository.get(parse_id("rsv", doc["id"]))
-        assert isinstance(rsv, Reservation) and rsv.gpus == doc["gpus"]
-    acme_held = sum(d["gpuCount"] for d in placed if d["tenantId"] == "acme")
-    assert acme_held <= QUOTA
-    quota = store.repository.get(quota_uuid(pool, "acme"))
-    assert isinstance(quota, QuotaUse) and quota.in_use == acme_held
-    total = sum(len(b["gpus"]) for b in booked)
-    assert total <= 32
+    assert_booked_once_within_quota(runtime.store, pool, nodes, placed, "acme", QUOTA, 32)
     refusals = {kind for kind, _ in results if kind != "ok"}
     assert refusals <= {"no_capacity", "quota_exceeded"}

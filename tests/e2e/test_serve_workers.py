@@ -1,0 +1,91 @@
+"""``serve --workers N``: several processes on one socket keep every guarantee.
+
+50 clients over HTTPS, each with its own token and kept-alive connection, reserve on one
+pool of a server running three workers (so placements race across processes, each with
+its own placement lock and read models): no GPU is booked twice and the quota holds.
+A worker that dies takes the server down with status 1, so a service manager restarts it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from better_compute.domain.access import LOCAL_OPERATOR as OP
+from tests.booking_checks import assert_booked_once_within_quota
+from tests.fleet import add_nodes, make_pool
+from tests.outage import api_client, rpc_call
+from tests.support import eventually, initialize, open_runtime, serve, store_env
+
+QUOTA = 12
+CLIENTS = 50
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _gone(pid: int) -> bool:
+    """``pid`` has exited (a zombie not yet reaped by whoever adopted it counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_fifty_clients_on_three_workers_never_double_book_nor_exceed_the_quota(
+        env: dict[str, str]) -> None:
+    initialize(env)
+    runtime = open_runtime(env)
+    try:
+        service = runtime.service
+        pool = make_pool(service)
+        nodes = add_nodes(service, pool, 4)  # 32 GPUs
+        service.tenants_create(OP, "acme", None)
+        service.pools_offer(OP, pool, "acme", {"gpu": QUOTA})
+        tokens = [service.tokens_create(OP, "acme" if n % 2 else None,
+                                        "member" if n % 2 else "admin", f"client-{n}")["token"]
+                  for n in range(CLIENTS)]
+        ca = Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem"
+        with serve(env, "--workers", "3") as server:
+            assert len(_children(server.process.pid)) == 3
+            barrier = threading.Barrier(CLIENTS)
+            results: list[tuple[str, Any]] = []
+            lock = threading.Lock()
+
+            def client(n: int) -> None:
+                with api_client(server.url, ca, timeout=120) as http:
+                    rpc_call(http, tokens[n], "system.whoami", {})  # connected, warm
+                    barrier.wait()
+                    out = rpc_call(http, tokens[n], "reservations.create",
+                                   {"poolId": pool, "gpus": 1 + n % 3, "duration": "1h",
+                                    "key": f"client-{n}"})
+                with lock:
+                    results.append((out.error or "ok", out.result))
+
+            threads = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=240)
+        assert len(results) == CLIENTS
+        assert {kind for kind, _ in results} <= {"ok", "no_capacity", "quota_exceeded"}, results
+        placed = [doc for kind, doc in results if kind == "ok"]
+        assert placed, results
+        assert_booked_once_within_quota(runtime.store, pool, nodes, placed, "acme", QUOTA, 32)
+    finally:
+        runtime.close()
+
+
+def test_a_worker_that_dies_stops_the_server_with_status_1(tmp_path: Path) -> None:
+    env = store_env("sqlite", tmp_path)
+    initialize(env)
+    with serve(env, "--workers", "2") as server:
+        workers = _children(server.process.pid)
+        assert len(workers) == 2
+        os.kill(workers[1], signal.SIGKILL)
+        assert server.process.wait(timeout=60) == 1
+        eventually(lambda: _gone(workers[0]), "the other worker ended too")
