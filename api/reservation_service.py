@@ -267,9 +267,10 @@ class ReservationService(ReservationBinding, ReservationQueue):
         first = self.reservation(principal, reservation_id)
         require_member_of(principal, first.tenant_id, "release reservations")
         result: dict[str, Any] = {}
+        loaded = [first]  # the first attempt changes what was just loaded; a retry re-reads
 
         def change() -> list[TenantOwned]:
-            rsv = self.get(Reservation, first.id)
+            rsv = loaded.pop() if loaded else self.get(Reservation, first.id)
             assert rsv is not None
             now = self.now()
             result["rsv"] = rsv
@@ -303,9 +304,10 @@ class ReservationService(ReservationBinding, ReservationQueue):
         if delta <= timedelta(0):
             raise InvalidInput(f"--by {by} must be longer than 0 (for example --by 2h)")
         result: dict[str, Any] = {}
+        loaded = [first]  # the first attempt changes what was just loaded; a retry re-reads
 
         def change() -> list[TenantOwned]:
-            rsv = self.get(Reservation, first.id)
+            rsv = loaded.pop() if loaded else self.get(Reservation, first.id)
             assert rsv is not None
             result["rsv"] = rsv
             new_end = rsv.end + delta

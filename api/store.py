@@ -31,6 +31,7 @@ from better_compute.api.store_url import connect_kwargs, parse_database_url
 from better_compute.api.store_url import describe as describe_pg
 from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.errors import Unavailable
+from better_compute.domain.node import Node
 
 APP_NAME = "bc"
 PG_FACTORY_TOPIC = "better_compute.api.pg_factory:ConninfoPostgresFactory"
@@ -120,7 +121,9 @@ class ComputeStore(Application[Any]):
     name = APP_NAME
     # A node's bookings gain two events per reservation, forever; snapshots every 100
     # events keep loading them (each placement does) from growing with the node's age.
-    snapshotting_intervals = {NodeBookings: 100}
+    # A node gains two events per reservation too (its devices assigned, then unassigned):
+    # binding and every release load it.
+    snapshotting_intervals = {NodeBookings: 100, Node: 100}
 
     def construct_transcoder(self) -> Transcoder:
         return MsgspecTranscoder()

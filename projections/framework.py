@@ -156,11 +156,7 @@ class ProjectionRunner:
 
     def _catch_up_one(self, projection: Projection, until: int | None) -> int:
         applied = 0
-        # Where this process last saw it, when it knows: one read fewer per catch-up (a
-        # batch re-reads the position under the projection's lock and skips what another
-        # process applied meanwhile).
-        known = self._seen.get(projection.name) if until is None else None
-        start = known if known is not None else self.position(projection)
+        start = self.position(projection)
         while True:
             if until is not None and start >= until:
                 return applied
@@ -169,7 +165,7 @@ class ProjectionRunner:
                 self._saw(projection, start)
                 return applied
             applied += self._apply_batch(projection, batch)
-            start = batch[-1].id  # applied up to here, by this batch or by another process
+            start = batch[-1].id  # applied up to here (by this batch or another process)
             self._saw(projection, start)
 
     def _saw(self, projection: Projection, position: int) -> None:
