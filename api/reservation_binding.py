@@ -14,6 +14,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from eventsourcing.persistence import IntegrityError
+
 from better_compute.api.reservation_base import ReservationBase, _unique
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.errors import Conflict, NoCapacity
@@ -61,6 +63,29 @@ class ReservationBinding(ReservationBase):
 
         self._retrying(change)
         return done["changed"]
+
+    def begin_bindings(self, uuids: list[UUID], now: datetime) -> list[UUID]:
+        """``begin_binding`` for many reservations in ONE save (the timers' pass under a
+        stream of creates); on a conflict each one again on its own. Returns those bound."""
+        rsvs: list[Reservation] = []
+        nodes: dict[str, Node] = {}
+        for uuid in uuids:
+            rsv = self.get(Reservation, uuid)
+            if rsv is None or rsv.state != "placed" or rsv.start > now:
+                continue
+            rsv.begin_binding(now)
+            rsvs.append(rsv)
+            node = nodes.get(rsv.node_id) or self.get(Node, parse_id("node", rsv.node_id))
+            if node is not None:
+                nodes[rsv.node_id] = node
+                node.assign_devices(rsv.assignment(), now)
+        if not rsvs:
+            return []
+        try:
+            self.store.save(*rsvs, *nodes.values())
+        except IntegrityError:
+            return [rsv.id for rsv in rsvs if self.begin_binding(rsv.id, now)]
+        return [rsv.id for rsv in rsvs]
 
     def bound(self, node_id: str, entry: dict[str, Any]) -> bool:
         """A verified ``allocation.bound`` from ``node_id``: the reservation becomes active.

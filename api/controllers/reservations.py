@@ -52,6 +52,14 @@ class ReservationTimers:
             service.projections.catch_up("reservations")
             due = due_reservations(service.sql, at.timestamp())
             acted = False
+            starting = [row for row in due if row["state"] == "placed"
+                        and row["end_at"] > at.timestamp()]
+            if starting:  # one save for all of them (a stream of creates)
+                bound = {str(u) for u in service.begin_bindings(
+                    [UUID(str(row["uuid"])) for row in starting], at)}
+                report.binding.extend(str(row["id"]) for row in starting
+                                      if str(row["uuid"]) in bound)
+                acted = acted or bool(bound)
             for row in due:
                 uuid = UUID(str(row["uuid"]))
                 if row["state"] == "queued":
@@ -63,9 +71,7 @@ class ReservationTimers:
                         report.expired.append(str(row["id"]))
                         acted = True
                 elif row["state"] == "placed":
-                    if service.begin_binding(uuid, at):
-                        report.binding.append(str(row["id"]))
-                        acted = True
+                    continue  # bound above, all in one save
                 elif row["state"] == "binding":
                     rsv = service.get_aggregate(uuid)
                     if rsv is not None and service.bind_failed(
