@@ -27,7 +27,12 @@ from better_compute.domain.pool import Pool
 from better_compute.domain.quota import QuotaUse, quota_uuid
 from better_compute.domain.reservation import Reservation
 from better_compute.projections.capacity import read_capacity
-from better_compute.projections.free_gpus import all_candidates, fast_candidates, node_host_share
+from better_compute.projections.free_gpus import (
+    FAST_PATH_NODES,
+    all_candidates,
+    fast_candidates,
+    node_host_share,
+)
 
 A = TypeVar("A", bound=TenantOwned)
 
@@ -41,6 +46,7 @@ class ReservationBase:
         self.sql = service.sql
         self.projections = service.projections
         self._locks: dict[str, threading.Lock] = {}
+        self._claims: dict[str, dict[str, int]] = {}  # pool -> node -> placements saving
         self._locks_guard = threading.Lock()
 
     # ----------------------------------------------------------------- helpers
@@ -67,6 +73,22 @@ class ReservationBase:
     def _pool_lock(self, pool_id: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(pool_id, threading.Lock())
+
+    def _in_flight(self, pool_id: str) -> frozenset[str]:
+        """Nodes of ``pool_id`` that placements of this process are booking and saving on
+        (read under the pool's lock)."""
+        return frozenset(self._claims.get(pool_id, {}))
+
+    def _claim(self, pool_id: str, node_id: str) -> None:
+        claims = self._claims.setdefault(pool_id, {})
+        claims[node_id] = claims.get(node_id, 0) + 1
+
+    def _unclaim(self, pool_id: str, node_id: str) -> None:
+        with self._pool_lock(pool_id):
+            claims = self._claims.get(pool_id, {})
+            claims[node_id] = claims.get(node_id, 1) - 1
+            if claims[node_id] <= 0:
+                del claims[node_id]
 
     def bookings_of(self, node_id: str, pool: Pool | None = None, owner: str | None = None
                     ) -> NodeBookings:
@@ -95,15 +117,17 @@ class ReservationBase:
         events); a refusal is only given on a projection caught up from the store.
         """
         fresh = self.projections.follow("free_gpus")
+        limit = FAST_PATH_NODES + len(request.exclude_nodes)  # as many left to choose from
         try:
-            return place(request, fast_candidates(self.sql, pool_id, start, end, request.gpus))
+            return place(request, fast_candidates(self.sql, pool_id, start, end, request.gpus,
+                                                  limit))
         except NoCapacity:
             pass
         if not fresh:
             self.projections.catch_up("free_gpus")
             try:
                 return place(request, fast_candidates(self.sql, pool_id, start, end,
-                                                      request.gpus))
+                                                      request.gpus, limit))
             except NoCapacity:
                 pass
         try:

@@ -7,7 +7,9 @@ bookings aggregate refuses an overlap, the quota aggregate refuses going over
 the quota, and a concurrent writer of either makes the save fail as a whole
 (optimistic concurrency); then the placer catches the projection up and
 places again. Within one process, placements on one pool also take a lock,
-so threads of one server do not race each other for the same node.
+so threads of one server do not race each other for the same node: the lock covers the
+choice only, and a choice avoids the nodes other placements of the process are saving on
+(while other nodes fit), so the saves run side by side.
 
 The shared machinery (time, loading, placing, ending holds) is in
 api/reservation_base.py; binding, failures and the end time in
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -173,56 +176,81 @@ class ReservationService(ReservationBinding, ReservationQueue):
         limit = pool.quota_for(tenant)
         rsv_id = public_id("rsv", uuid)
         give_up = time.monotonic() + PLACEMENT_DEADLINE_S
-        with self._pool_lock(pool.public_id):
-            while True:
-                quota = None
+        avoid = True  # nodes other placements of this process are saving on, while others fit
+        while True:
+            quota = None
+            with self._pool_lock(pool.public_id):  # the choice only, not the save
+                busy = self._in_flight(pool.public_id) if avoid else frozenset()
                 try:
                     if limit is not None:
                         quota = self.quota_of(pool.public_id, tenant)
                         quota.take(rsv_id, gpus, limit)
-                    placement, begin, end = self._place_for(pool, request, begin, end, mode)
+                    placement, begin, end = self._place_for(
+                        pool, replace(request, exclude_nodes=request.exclude_nodes | busy),
+                        begin, end, mode)
                     self.check_line(pool, tenant, placement, begin, end,
                                     gpus if limit is not None else 0, now)
                 except (QuotaExceeded, NoCapacity) as refused:
+                    if busy and isinstance(refused, NoCapacity):
+                        avoid = False  # only the nodes being saved on were left: try them
+                        continue
                     if not mode.queue:
                         raise
                     return self.enqueue(uuid=uuid, tenant=tenant, pool=pool, request=request,
                                         fields=fields, key=key, fp=fp,
                                         created_by=principal.token_id, now=now, mode=mode,
                                         refused=refused)
-                bookings = self.bookings_of(placement.node_id, pool)
-                allocation_id = new_allocation_id()
-                try:
-                    self._book(bookings, placement, allocation_id=allocation_id,
-                               reservation_id=rsv_id, holder=tenant, start=begin, end=end)
-                except Conflict:
-                    if time.monotonic() > give_up:
-                        raise
-                    self.projections.catch_up("free_gpus")  # it was behind: place again
-                    continue
-                rsv = Reservation(
-                    id=uuid, tenant_id=tenant, pool_id=pool.public_id, gpu_count=gpus,
-                    request=fields, start=begin, end=end, key=key, fingerprint=fp,
-                    created_by=principal.token_id, allocation_id=allocation_id,
-                    node_id=placement.node_id, gpus=list(placement.gpus), cpus=placement.cpus,
-                    memory_gib=placement.memory_gib,
-                )
-                try:
-                    self.store.save(rsv, bookings, *([quota] if quota is not None else []))
-                except IntegrityError:
-                    existing = self.get(Reservation, uuid)
-                    if existing is not None:  # the same key won a race: that is our answer
-                        existing.check_retry(fp, "reservation", key)
-                        return self.doc_of(existing)
-                    if time.monotonic() > give_up:
-                        raise Conflict(
-                            f"pool {pool.public_id} is too busy to place this reservation "
-                            f"within {PLACEMENT_DEADLINE_S:.0f}s; nothing was booked: run the "
-                            "command again with the same --key"
-                        ) from None
-                    self.projections.catch_up("free_gpus")
-                    continue
-                return rsv.to_doc()
+                self._claim(pool.public_id, placement.node_id)
+            try:
+                done = self._book_and_save(principal, uuid=uuid, tenant=tenant, pool=pool,
+                                           gpus=gpus, fields=fields, key=key, fp=fp,
+                                           placement=placement, begin=begin, end=end,
+                                           quota=quota, give_up=give_up)
+            finally:
+                self._unclaim(pool.public_id, placement.node_id)
+            if done is not None:
+                return done
+            avoid = True
+            self.projections.catch_up("free_gpus")  # it was behind: place again
+
+    def _book_and_save(self, principal: Principal, *, uuid: Any, tenant: str, pool: Pool,
+                       gpus: int, fields: dict[str, Any], key: str | None, fp: str,
+                       placement: Any, begin: datetime, end: datetime, quota: Any,
+                       give_up: float) -> dict[str, Any] | None:
+        """Book ``placement`` and save reservation, bookings and quota in ONE write; None
+        when another writer got there first (place again)."""
+        rsv_id = public_id("rsv", uuid)
+        bookings = self.bookings_of(placement.node_id, pool)
+        allocation_id = new_allocation_id()
+        try:
+            self._book(bookings, placement, allocation_id=allocation_id,
+                       reservation_id=rsv_id, holder=tenant, start=begin, end=end)
+        except Conflict:
+            if time.monotonic() > give_up:
+                raise
+            return None
+        rsv = Reservation(
+            id=uuid, tenant_id=tenant, pool_id=pool.public_id, gpu_count=gpus,
+            request=fields, start=begin, end=end, key=key, fingerprint=fp,
+            created_by=principal.token_id, allocation_id=allocation_id,
+            node_id=placement.node_id, gpus=list(placement.gpus), cpus=placement.cpus,
+            memory_gib=placement.memory_gib,
+        )
+        try:
+            self.store.save(rsv, bookings, *([quota] if quota is not None else []))
+        except IntegrityError:
+            existing = self.get(Reservation, uuid)
+            if existing is not None:  # the same key won a race: that is our answer
+                existing.check_retry(fp, "reservation", key)
+                return self.doc_of(existing)
+            if time.monotonic() > give_up:
+                raise Conflict(
+                    f"pool {pool.public_id} is too busy to place this reservation "
+                    f"within {PLACEMENT_DEADLINE_S:.0f}s; nothing was booked: run the "
+                    "command again with the same --key"
+                ) from None
+            return None
+        return rsv.to_doc()  # type: ignore[no-any-return]
 
     def preview(self, principal: Principal, *, tenant_id: str | None, pool_id: str, gpus: int,
                 duration: str, model: str | None = None, product: str | None = None,
