@@ -99,6 +99,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a /watch stream's heartbeat when no event comes"),
     Setting("controllers.tick", None, "BETTER_COMPUTE_CONTROLLER_TICK", "1s", "duration",
             "the controllers' pass at least this often"),
+    Setting("controllers.settle", None, "BETTER_COMPUTE_CONTROLLER_SETTLE", "0.2s",
+            "duration", "the least time between two controller passes woken by events"),
     Setting("controllers.retry", None, "BETTER_COMPUTE_CONTROLLER_RETRY", "1s", "duration",
             "how often a replica tries to become the controllers' leader"),
     Setting("nodes.heartbeat", None, "BETTER_COMPUTE_NODE_HEARTBEAT", "5s", "duration",

@@ -1,8 +1,8 @@
 """``serve --workers N``: N processes serve the API on one listening socket (docs/performance.md).
 
 The parent binds the API's socket and starts N worker processes (``python -m
-better_compute.api.workers``, the socket inherited as a file descriptor, the options
-in ``BETTER_COMPUTE_SERVE_WORKER``). The kernel hands each new connection to one of
+better_compute.api.workers DOC``, the socket inherited as a file descriptor, DOC the
+JSON of its index, the descriptor and the serve options). The kernel hands each new connection to one of
 them. Worker 0 also runs what must run once per server: the controllers (still elected
 among replicas), the gateway and the loopback /metrics listener; the others serve the
 API, /watch (each follows the store with its own hub, as replicas do) and the console.
@@ -28,7 +28,6 @@ import sys
 import time
 from typing import Any
 
-WORKER_ENV = "BETTER_COMPUTE_SERVE_WORKER"
 READY_TIMEOUT = 120.0  # seconds a worker has to open the store and serve
 
 
@@ -67,8 +66,8 @@ def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) ->
             doc = {"fd": sock.fileno(), "index": index,
                    "options": dataclasses.asdict(options)}
             workers.append(subprocess.Popen(
-                [sys.executable, "-m", "better_compute.api.workers"],
-                env={**base, WORKER_ENV: json.dumps(doc)}, pass_fds=(sock.fileno(),),
+                [sys.executable, "-m", "better_compute.api.workers", json.dumps(doc)],
+                env=base, pass_fds=(sock.fileno(),),
                 stdout=subprocess.PIPE, text=True))
         first = _await_ready(workers)
         if first is None:
@@ -125,7 +124,7 @@ def worker_main() -> None:
     """A worker: ``serve`` on the inherited socket (see the module docstring)."""
     from better_compute.api.serve import ServeOptions, serve
 
-    doc = json.loads(os.environ.pop(WORKER_ENV))
+    doc = json.loads(sys.argv[1])
     options = ServeOptions(**{**doc["options"], "workers": 1})
     serve(options, dict(os.environ), fd=int(doc["fd"]), worker_index=int(doc["index"]))
 

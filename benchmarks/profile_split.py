@@ -27,8 +27,8 @@ _REQUEST_PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("pool load", ("_visible_pool",)),
     ("reservation load", ("ReservationService.reservation ",)),
     ("ending the hold (bookings, quota, node loads)", ("_end_hold",)),
-    ("host share read", ("_book",)),
-    ("the save", ("save",)),
+    ("host share read", ("node_host_share",)),
+    ("the save", ("Application.save",)),
     ("database time", ("ReservationBase.now",)),
     ("rendering the answer", ("to_doc",)),
 ]
