@@ -66,12 +66,24 @@ class ContainerToolkitSection(_Section, kw_only=True):
     cdi_generate: list[str] | None = None  # default: nvidia-ctk cdi generate --format=json ...
 
 
+class MetricsSection(_Section, kw_only=True):
+    """``bcd node``'s Prometheus listener (docs/metrics.md); ``--metrics-listen`` wins."""
+
+    listen: str | None = None  # "PORT" (on 127.0.0.1) or "HOST:PORT"
+
+
+class LogSection(_Section, kw_only=True):
+    format: str | None = None  # "text" (default) or "json"; ``--log-format`` wins
+
+
 class AgentConfig(_Section, kw_only=True):
     server: ServerSection = msgspec.field(default_factory=ServerSection)
     node: NodeSection | None = None
     files: FilesSection | None = None
     kubernetes: KubernetesSection | None = None
     container_toolkit: ContainerToolkitSection | None = None
+    metrics: MetricsSection | None = None
+    log: LogSection | None = None
 
     @property
     def joined(self) -> bool:

@@ -262,6 +262,8 @@ def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
         ),
         kubernetes=before.kubernetes if before else None,
         container_toolkit=before.container_toolkit if before else None,
+        metrics=before.metrics if before else None,
+        log=before.log if before else None,
     )  # fmt: skip
     config_file.save(paths.config, config)  # last: its [node] is what "joined" means
 

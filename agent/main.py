@@ -90,6 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--config", metavar="FILE",
                       help="config.toml written by bcd join (default /etc/bcd/config.toml, "
                       "under BCD_ROOT)")
+    node.add_argument("--metrics-listen", metavar="[HOST:]PORT",
+                      help="serve Prometheus metrics (GET /metrics: each GPU with the "
+                      "allocation holding it) on PORT of 127.0.0.1, or on HOST:PORT; default "
+                      "[metrics] listen of config.toml, else none. Example: --metrics-listen "
+                      "9400 (docs/metrics.md)")
+    node.add_argument("--log-format", choices=["text", "json"],
+                      help="each output line as text (default: time, level, `bcd node:`, "
+                      "message) or as one JSON object. Example: --log-format json")
     status = sub.add_parser(
         "status", help="show the running agent: session, spec generations, sections, GPUs",
         description="Read the running bcd node over its unix socket and show its session, "
@@ -121,7 +129,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "node":
         from .node.command import node_command
 
-        return node_command(args.config, paths=paths, env=env)
+        return node_command(args.config, paths=paths, env=env, log_format=args.log_format,
+                            metrics_listen=args.metrics_listen)
     if args.command == "status":
         from .node.status_client import status_command
 

@@ -36,6 +36,7 @@ from better_compute.domain.node_rules import (
     ACCEPTANCE_PENDING,
     ACCEPTANCE_RUNNING,
     GPU_FIELDS,
+    HOST_FIELDS,
     RESOURCES,
     SESSION_CONNECTED,
     SESSION_DISCONNECTED,
@@ -316,6 +317,10 @@ def count_nodes(sql: Sql, pool_id: str) -> dict[str, int]:
                     f"{NODE_TABLE} "
                     "WHERE pool_id = ? GROUP BY provision_state, session", (pool_id,))
         rows = cursor.fetchall()
+    return _tally(rows)
+
+
+def _tally(rows: Sequence[Any]) -> dict[str, int]:
     counts = {"total": 0, "adopting": 0, "adopted": 0, "connected": 0, "unreachable": 0}
     for row in rows:
         if row["provision_state"] == "removed":
@@ -328,3 +333,55 @@ def count_nodes(sql: Sql, pool_id: str) -> dict[str, int]:
         if row["session"] == SESSION_UNREACHABLE:
             counts["unreachable"] += n
     return counts
+
+
+def capacity_resources(sums: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+    """``capacity.get``'s ``resources``: GPU fields for gpu, host fields for cpu and memory,
+    whole numbers except memory (GiB, 3 decimals)."""
+    resources: dict[str, dict[str, Any]] = {}
+    for resource, row in sums.items():
+        fields = row if resource == "gpu" else {k: row[k] for k in HOST_FIELDS}
+        as_int = resource != "memory"
+        resources[resource] = {k: round(v) if as_int else round(v, 3) for k, v in fields.items()}
+    resources["memory"]["unit"] = "GiB"
+    return resources
+
+
+def read_all_capacity(sql: Sql, pool_ids: Sequence[str]
+                      ) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, int]]]:
+    """Every pool's rollup rows (zeros for ``pool_ids`` with no node yet) and node counts,
+    as ``read_capacity`` and ``count_nodes`` give them for one pool, in two queries."""
+    sums = {p: {r: dict.fromkeys(_COLUMNS, 0.0) for r in RESOURCES} for p in pool_ids}
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, f"SELECT pool_id, resource, {', '.join(_COLUMNS)} FROM {POOL_TABLE}")
+        for row in cursor.fetchall():
+            pool = sums.setdefault(str(row["pool_id"]),
+                                   {r: dict.fromkeys(_COLUMNS, 0.0) for r in RESOURCES})
+            pool[str(row["resource"])] = {c: float(row[c]) for c in _COLUMNS}
+        sql.execute(cursor, "SELECT pool_id, provision_state, session, COUNT(*) AS n FROM "
+                    f"{NODE_TABLE} GROUP BY pool_id, provision_state, session")
+        by_pool: dict[str, list[Any]] = {p: [] for p in sums}
+        for row in cursor.fetchall():
+            by_pool.setdefault(str(row["pool_id"]), []).append(row)
+    return sums, {pool: _tally(rows) for pool, rows in by_pool.items()}
+
+
+def nodes_not_ready(sql: Sql) -> list[tuple[str, str, str]]:
+    """(node, pool, reason) for every node of a pool that cannot take work, once per reason:
+    its provision state when not adopted, its session when not connected, ``cordoned``
+    (also while draining). The cost follows these nodes, not the fleet."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, f"SELECT id, pool_id, provision_state, session, cordoned FROM "
+                    f"{NODE_TABLE} WHERE provision_state <> 'removed' AND (provision_state "
+                    "<> 'adopted' OR session <> ? OR cordoned <> 0) ORDER BY id",
+                    (SESSION_CONNECTED,))
+        out = []
+        for r in cursor.fetchall():
+            node, pool = str(r["id"]), str(r["pool_id"])
+            if r["provision_state"] != "adopted":
+                out.append((node, pool, str(r["provision_state"])))
+            if r["session"] != SESSION_CONNECTED:
+                out.append((node, pool, str(r["session"])))
+            if r["cordoned"]:
+                out.append((node, pool, "cordoned"))
+        return out

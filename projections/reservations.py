@@ -24,12 +24,13 @@ def _epoch(value: Any) -> float | None:
 
 class Reservations(Projection):
     name = "reservations"
+    version = 2  # 2: counts by tenant, pool and state (bc_rsv_count, read by /metrics)
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
 
     def table_names(self) -> list[str]:
-        return ["bc_rsv"]
+        return ["bc_rsv", "bc_rsv_count"]
 
     def tables(self) -> list[str]:
         return [
@@ -43,6 +44,9 @@ class Reservations(Projection):
             "CREATE INDEX IF NOT EXISTS bc_rsv_tenant ON bc_rsv (tenant_id, created_seq)",
             "CREATE INDEX IF NOT EXISTS bc_rsv_state ON bc_rsv (state, start_at)",
             "CREATE INDEX IF NOT EXISTS bc_rsv_alloc ON bc_rsv (allocation_id)",
+            "CREATE TABLE IF NOT EXISTS bc_rsv_count (tenant_id TEXT NOT NULL, "
+            "pool_id TEXT NOT NULL, state TEXT NOT NULL, n BIGINT NOT NULL, "
+            "PRIMARY KEY (tenant_id, pool_id, state))",
             "CREATE INDEX IF NOT EXISTS bc_rsv_line ON bc_rsv (pool_id, state, created_seq)",
         ]
 
@@ -50,17 +54,23 @@ class Reservations(Projection):
         if not str(type(event).TOPIC).startswith("reservation."):
             return
         uuid = str(event.originator_id)
+        before: tuple[str, str, str] | None = None
         if event.originator_version == 1:
             aggregate = event.mutate(None)
             created_seq = sequence
         else:
-            sql.execute(cursor, "SELECT snapshot_topic, snapshot, created_seq FROM bc_rsv "
-                        "WHERE uuid = ?", (uuid,))
+            sql.execute(cursor, "SELECT snapshot_topic, snapshot, created_seq, tenant_id, "
+                        "pool_id, state FROM bc_rsv WHERE uuid = ?", (uuid,))
             row = cursor.fetchone()
             if row is None:
                 return
             aggregate = after_event(self.codec, row, event)
             created_seq = int(row["created_seq"])
+            before = (str(row["tenant_id"]), str(row["pool_id"]), str(row["state"]))
+        after = (aggregate.tenant_id, aggregate.pool_id, aggregate.state)
+        if after != before:
+            _count(sql, cursor, before, -1)
+            _count(sql, cursor, after, 1)
         topic, state = self.codec.snapshot(aggregate)
         start = aggregate.start or getattr(aggregate, "queued_at", None)
         end = aggregate.end or getattr(aggregate, "queue_deadline", None)
@@ -71,11 +81,16 @@ class Reservations(Projection):
             json.dumps(aggregate.to_doc()), topic, state, uuid,
         )
         if event.originator_version == 1:
+            # An upsert: a new version of this projection applies the log again from 0 over
+            # the rows the previous version left, and each reservation starts afresh here.
+            columns = ("id", "tenant_id", "pool_id", "node_id", "allocation_id", "state",
+                       "start_at", "end_at", "bind_deadline", "created_seq", "doc",
+                       "snapshot_topic", "snapshot")
             sql.execute(
                 cursor,
-                "INSERT INTO bc_rsv (id, tenant_id, pool_id, node_id, allocation_id, state, "
-                "start_at, end_at, bind_deadline, created_seq, doc, snapshot_topic, snapshot, "
-                "uuid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO bc_rsv ({', '.join(columns)}, uuid) VALUES "
+                f"({', '.join('?' for _ in columns)}, ?) ON CONFLICT (uuid) DO UPDATE SET "
+                + ", ".join(f"{c} = excluded.{c}" for c in columns),
                 params,
             )
         else:
@@ -86,6 +101,22 @@ class Reservations(Projection):
                 "created_seq = ?, doc = ?, snapshot_topic = ?, snapshot = ? WHERE uuid = ?",
                 params,
             )
+
+
+def _count(sql: Sql, cursor: Any, key: tuple[str, str, str] | None, change: int) -> None:
+    if key is not None:
+        sql.execute(cursor, "INSERT INTO bc_rsv_count (tenant_id, pool_id, state, n) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (tenant_id, pool_id, state) "
+                    "DO UPDATE SET n = bc_rsv_count.n + excluded.n", (*key, change))
+
+
+def count_reservations(sql: Sql) -> list[tuple[str, str, str, int]]:
+    """(tenant, pool, state, how many) for every combination there is one of."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT tenant_id, pool_id, state, n FROM bc_rsv_count WHERE n > 0 "
+                    "ORDER BY tenant_id, pool_id, state")
+        return [(str(r["tenant_id"]), str(r["pool_id"]), str(r["state"]), int(r["n"]))
+                for r in cursor.fetchall()]
 
 
 def list_reservations(sql: Sql, *, tenant_id: str | None = None, pool_id: str | None = None,

@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,9 +100,11 @@ class Machine:
         assert done.returncode == 0, done.stderr
         return done.stdout.split()[2]  # "joined as node_… (site …"
 
-    def start_agent(self, epoch: int = 1) -> subprocess.Popen[str]:
-        """`bcd node`, once its session with the gateway is up at ``epoch``."""
-        agent = subprocess.Popen([*self.command, "node", "--config", "/etc/bcd/config.toml"],
+    def start_agent(self, epoch: int = 1, *extra: str) -> subprocess.Popen[str]:
+        """`bcd node` (with ``extra`` flags), once its session with the gateway is up at
+        ``epoch``."""
+        agent = subprocess.Popen([*self.command, "node", "--config", "/etc/bcd/config.toml",
+                                  *extra],
                                  env=self.env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, cwd=self.folder)
         self.agents.append(agent)
@@ -130,8 +132,8 @@ class Cluster(Operator):
         self.node = self.machine.join(self, self.server, self.pool)
         return self.node
 
-    def start_agent(self, epoch: int) -> subprocess.Popen[str]:
-        return self.machine.start_agent(epoch)
+    def start_agent(self, epoch: int, *extra: str) -> subprocess.Popen[str]:
+        return self.machine.start_agent(epoch, *extra)
 
     def bcd(self, *argv: str) -> subprocess.CompletedProcess[str]:
         return self.machine.bcd(*argv)
@@ -150,13 +152,16 @@ class Cluster(Operator):
 @contextlib.contextmanager
 def running_cluster(env: Mapping[str, str], tmp_path: Path, fast: Mapping[str, str],
                     policy: Mapping[str, Any] | None = None,
-                    machine_folder: Path | None = None) -> Iterator[Cluster]:
+                    machine_folder: Path | None = None, serve_args: Sequence[str] = (),
+                    log_file: Path | None = None) -> Iterator[Cluster]:
     """The tutorial up to "Join the server": ``serve`` with the gateway (its timers set by
-    ``fast``), the site and the pool (``policy``, default the tutorial's), and one machine
-    (SN-7701, in ``machine_folder``, default under tmp_path) not yet joined."""
+    ``fast``; more flags in ``serve_args``, its logs into ``log_file``), the site and the
+    pool (``policy``, default the tutorial's), and one machine (SN-7701, in
+    ``machine_folder``, default under tmp_path) not yet joined."""
     token = initialize(env)
     store_env = {**env, **fast}
-    with serve(store_env, "--gateway-listen", f"127.0.0.1:{free_port()}") as server:
+    with serve(store_env, "--gateway-listen", f"127.0.0.1:{free_port()}", *serve_args,
+               log_file=log_file) as server:
         operator = Operator(client_env(store_env, server, token))
         pool = operator.create_pool(tmp_path, policy)
         machine = Machine(machine_folder or tmp_path / "SN-7701")

@@ -145,24 +145,29 @@ def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float = 
 
 @contextlib.contextmanager
 def serve(env: Mapping[str, str], *extra: str, port: int | None = None,
-          tls: bool = True, wrap: Sequence[str] = ()) -> Iterator[Server]:
+          tls: bool = True, wrap: Sequence[str] = (),
+          log_file: Path | None = None) -> Iterator[Server]:
     """A real `better-compute serve` process on loopback, TLS by default.
 
     ``wrap``: a command that runs it (``unshare … sh -c '…; exec "$@"' sh``), so that the
-    process is the server itself.
+    process is the server itself. Its standard error (the logs) goes to ``log_file`` when
+    given (a pipe nobody reads fills up).
     """
     port = port or free_port()
     argv = [*wrap, CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra]
     if not tls:
         argv.append("--insecure-loopback")
-    process = subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    log = open(log_file, "a") if log_file is not None else None  # noqa: SIM115
+    process = subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE,
+                               stderr=log or subprocess.PIPE, text=True)
     server = Server(process, f"{'https' if tls else 'http'}://127.0.0.1:{port}", port)
     try:
         wait_for_line(process, "serving ")
         yield server
     finally:
         server.kill(signal.SIGTERM if process.poll() is None else signal.SIGKILL)
+        if log is not None:
+            log.close()
 
 
 def client_env(env: Mapping[str, str], server: Server, token: str,

@@ -11,7 +11,9 @@ backoff). Nothing here drops a hold: holds change only when the applier applies 
 
 from __future__ import annotations
 
+import socket
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,6 +21,8 @@ from typing import Any, TextIO
 
 import anyio
 import msgspec
+
+from better_compute.api.wire import logs
 
 from ..errors import BcdError
 from ..gpu import GpuSource, GpuSourceError, Inventory
@@ -64,6 +68,8 @@ class NodeOptions:
     renew_answer_timeout: float = 30.0
     backoff: Backoff = field(default_factory=Backoff)
     out: TextIO = field(default_factory=lambda: sys.stdout)
+    log_format: str = "text"  # or json (api/wire/logs.py)
+    metrics_socket: socket.socket | None = None  # bound for GET /metrics (agent/node/metrics.py)
 
 
 @dataclass
@@ -126,8 +132,10 @@ class NodeAgent:
 
     # -- output ----------------------------------------------------------------
 
-    def say(self, line: str) -> None:
-        print(f"bcd node: {line}", file=self.options.out, flush=True)
+    def say(self, line: str, level: str = "info") -> None:
+        """One log line: time, level, ``bcd node:``, the message (docs/bcd.md, "Output")."""
+        print(logs.line(self.options.log_format, time.time(), level, "bcd node", line),
+              file=self.options.out, flush=True)
 
     def now(self) -> str:
         return rfc3339(self.clock())
@@ -154,13 +162,14 @@ class NodeAgent:
 
     def _log_health_change(self, inventory: Inventory | None, error: str | None) -> None:
         if inventory is None:
-            self.say(f"GPU source error: {error}")
+            self.say(f"GPU source error: {error}", "warning")
             return
         for gpu in inventory.gpus:
             state = "healthy" if gpu.healthy else f"unhealthy ({', '.join(gpu.health_reasons)})"
             held = self.state.holds.get(gpu.uuid)
             self.say(f"GPU {gpu.index} ({gpu.uuid}) {state}"
-                     + (f", still held by {held}" if held else ""))  # fmt: skip
+                     + (f", still held by {held}" if held else ""),
+                     "info" if gpu.healthy else "warning")  # fmt: skip
 
     async def _monitor(self) -> None:
         while True:
@@ -270,7 +279,7 @@ class NodeAgent:
             install(self.settings, cert, not_after)
         except (BcdError, OSError) as exc:
             info.last_error = str(exc)
-            self.say(f"certificate renewal failed: {exc}")
+            self.say(f"certificate renewal failed: {exc}", "error")
         else:
             self.certificate = CertificateWindow(cert.not_valid_before_utc,
                                                  cert.not_valid_after_utc)
@@ -296,7 +305,7 @@ class NodeAgent:
             mark_removed(self.paths, self.settings.identity.node_id, message)
         except OSError as exc:
             self.say(f"cannot write {removed_marker(self.paths)}: {exc.strerror}")
-        self.say(f"the control plane removed this node: {message}; stopping")
+        self.say(f"the control plane removed this node: {message}; stopping", "warning")
         if self.stop_requested is not None:
             self.stop_requested.set()
 
@@ -323,6 +332,8 @@ class NodeAgent:
         self._toolkit_due()  # what the toolkit unit's GPUs and driver are now
         async with anyio.create_task_group() as group:
             await group.start(serve_status, self)
+            if self.options.metrics_socket is not None:
+                await self._serve_metrics(group, self.options.metrics_socket)
             self.say(f"status on {self.paths.socket}; connecting to {self.settings.gateway.url}")
             group.start_soon(self._monitor)
             group.start_soon(self._applier)
@@ -331,6 +342,21 @@ class NodeAgent:
                              lambda: resource_name(self.state.desired_sections),
                              self.kubelet_wanted)  # fmt: skip
             task_status.started()
+
+    async def _serve_metrics(self, group: anyio.abc.TaskGroup, sock: socket.socket) -> None:
+        from better_compute.api.wire.daemon import serve_scrape
+
+        from .metrics import registry_for, render
+
+        registry = registry_for(self)
+
+        async def scrape() -> bytes:
+            return render(registry)  # memory only: the agent's last GPU read and its holds
+
+        host, port = sock.getsockname()[:2]
+        await group.start(serve_scrape, sock, scrape)
+        shown = f"[{host}]" if ":" in host else host
+        self.say(f"metrics on http://{shown}:{port}/metrics")
 
     # -- status ----------------------------------------------------------------
 

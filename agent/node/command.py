@@ -14,11 +14,15 @@ import contextlib
 import fcntl
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator, Mapping
 from typing import TextIO
 
 import anyio
+
+from better_compute.api.wire import logs
+from better_compute.api.wire.daemon import bind_scrape, notify, parse_listen
 
 from ..errors import BcdError
 from ..gpu import GpuSourceError, open_source
@@ -53,9 +57,11 @@ async def _until_signal(agent: NodeAgent) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as group:
             await group.start(agent.run)
+            notify("READY=1")  # Type=notify under systemd: the status socket is up
 
             async def stop() -> None:
                 async for received in signals:
+                    notify("STOPPING=1")
                     agent.say(f"stopping ({signal.Signals(received).name})")
                     group.cancel_scope.cancel()
                     return
@@ -69,10 +75,37 @@ async def _until_signal(agent: NodeAgent) -> None:
             group.start_soon(removed)
 
 
+def _metrics_address(text: str | None) -> tuple[str, int] | None:
+    if not text:
+        return None
+    try:
+        return parse_listen(text, "--metrics-listen", default_host="127.0.0.1")
+    except ValueError as exc:
+        raise BcdError(str(exc)) from None
+
+
+def _metrics_socket(address: tuple[str, int] | None) -> socket.socket | None:
+    try:
+        return bind_scrape(*address, "--metrics-listen") if address else None
+    except ValueError as exc:
+        raise BcdError(str(exc)) from None
+
+
+def _log_format(text: str | None) -> str:
+    if text not in (None, *logs.FORMATS):
+        raise BcdError(f"log format {text!r} ([log] format of config.toml) is not text or json")
+    return text or "text"
+
+
 def node_command(config: str | None, *, paths: Paths, env: Mapping[str, str],
-                 out: TextIO = sys.stdout, options: NodeOptions | None = None) -> int:  # fmt: skip
+                 out: TextIO = sys.stdout, options: NodeOptions | None = None,
+                 log_format: str | None = None, metrics_listen: str | None = None) -> int:  # fmt: skip
     settings = load_settings(resolve_config_path(config, paths))
+    log_format = _log_format(log_format or settings.log_format)
+    logs.configure("warning", log_format, out)  # libraries' warnings, in the same format
+    metrics_at = _metrics_address(metrics_listen or settings.metrics_listen)
     key = settings.load_key()
+    metrics_socket = _metrics_socket(metrics_at)  # bound now: a port in use is one line
     settings.ssl_context()  # refuse a broken identity now, not on every reconnect
     try:
         source = open_source(env.get("BCD_GPU_SOURCE"), host_root=str(paths.root))
@@ -80,7 +113,8 @@ def node_command(config: str | None, *, paths: Paths, env: Mapping[str, str],
         raise BcdError(f"cannot open the GPU source: {exc}") from None
     try:
         with _agent_lock(paths):
-            options = options or NodeOptions(out=out)
+            options = options or NodeOptions(out=out, log_format=log_format,
+                                             metrics_socket=metrics_socket)
             agent = NodeAgent(settings, paths, source, key, options=options)
             agent.say(f"starting as {settings.identity.node_id} (GPU source {source.name})")
             anyio.run(_until_signal, agent)

@@ -59,6 +59,8 @@ class NodeSettings:
     node_ca_path: Path | None = None  # checks renewed certificates (agent/node/renewal.py)
     device_plugin_dir: Path | None = None  # [kubernetes]; None: BCD_ROOT/var/lib/kubelet/...
     cdi_generate: tuple[str, ...] | None = None  # [container_toolkit]; None: nvidia-ctk ...
+    metrics_listen: str | None = None  # [metrics] listen
+    log_format: str | None = None  # [log] format
 
     def load_key(self) -> NodeKey:
         """The node's private key (it signs journal entries and the TLS handshake)."""
@@ -176,4 +178,6 @@ def load_settings(config_path: Path) -> NodeSettings:
         if config.kubernetes and config.kubernetes.device_plugin_dir else None,
         cdi_generate=tuple(config.container_toolkit.cdi_generate)
         if config.container_toolkit and config.container_toolkit.cdi_generate else None,
+        metrics_listen=config.metrics.listen if config.metrics else None,
+        log_format=config.log.format if config.log else None,
     )

@@ -64,11 +64,10 @@ class PostgresLeadership:
     def _connect(self) -> Any:
         import psycopg
 
-        return psycopg.connect(
-            host=self.pg["POSTGRES_HOST"], port=self.pg["POSTGRES_PORT"],
-            user=self.pg["POSTGRES_USER"], password=self.pg["POSTGRES_PASSWORD"] or None,
-            dbname=self.pg["POSTGRES_DBNAME"], connect_timeout=5, autocommit=True,
-        )
+        from better_compute.api.store.store_url import connect_kwargs
+
+        return psycopg.connect(**{"connect_timeout": 5, **connect_kwargs(self.pg)},
+                               autocommit=True)
 
     def try_acquire(self) -> bool:
         import psycopg

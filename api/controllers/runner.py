@@ -7,7 +7,7 @@ for their pass) the queue dispatcher, whenever the process's event hub
 reads a node.*, reservation.*, bookings.*, quota.* or pool.* event and at least every
 ``tick`` seconds (the timers), and checks it still holds the lock before
 each pass. Each pass also records the API tokens whose end has passed
-(``token.expired``, api/tokens.py). A pass that fails is retried on the next tick (logged once per run
+(``token.expired``, api/services/tokens.py). A pass that fails is retried on the next tick (logged once per run
 of failures: a store outage fails every pass until the store is back). On
 PostgreSQL the lock lives on the leader's own connection, so an outage ends
 it: every replica tries again every ``retry`` seconds, and one leads again
@@ -24,12 +24,6 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from better_compute.api.actor import (
-    CONTROLLER_NODES,
-    CONTROLLER_RESERVATIONS,
-    CONTROLLER_TOKENS,
-    as_actor,
-)
 from better_compute.api.controllers.leader import Leadership, leadership_for
 from better_compute.api.controllers.node_lifecycle import (
     ACCEPTANCE_TIMEOUT,
@@ -38,13 +32,19 @@ from better_compute.api.controllers.node_lifecycle import (
 )
 from better_compute.api.controllers.queue import QueueDispatcher
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.eventlog import EventFilter
-from better_compute.api.node_presence import Presence
-from better_compute.api.node_service import NodeService
-from better_compute.api.reservation_service import reservations
+from better_compute.api.services.nodes import NodeService
+from better_compute.api.services.reservations import reservations
+from better_compute.api.services.tokens import TokenExpiry, TokenService
 from better_compute.api.settings import env_seconds
+from better_compute.api.store.actor import (
+    CONTROLLER_NODES,
+    CONTROLLER_RESERVATIONS,
+    CONTROLLER_TOKENS,
+    as_actor,
+)
+from better_compute.api.store.eventlog import EventFilter
+from better_compute.api.store.node_presence import Presence
 from better_compute.api.supervise import Retry
-from better_compute.api.tokens import TokenExpiry, TokenService
 from better_compute.domain.events import compile_type_filter
 
 log = logging.getLogger("better_compute.controllers")

@@ -36,7 +36,8 @@ Wants=network-online.target
 After=network-online.target
 
 [Service]
-Type=simple
+Type=notify
+NotifyAccess=main
 ExecStart=/usr/local/bin/bcd node --config /etc/bcd/config.toml
 Restart=always
 RestartSec=5

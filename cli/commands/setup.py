@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from better_compute.cli.files import check_new_file, write_new_secret
@@ -53,15 +54,28 @@ def init(ctx: Any, args: argparse.Namespace) -> int:
 
 
 def serve(ctx: Any, args: argparse.Namespace) -> int:
-    from better_compute.api.serve import ServeOptions
-    from better_compute.api.serve import serve as run_server
+    from better_compute.api.http.serve import ServeOptions
+    from better_compute.api.http.serve import serve as run_server
+    from better_compute.api.http.server_config import resolve
 
+    config = resolve(vars(args), ctx.env, args.config)
+    v = config.values
     run_server(
-        ServeOptions(listen=args.listen, hostnames=args.hostname or [],
-                     insecure_loopback=args.insecure_loopback, gateway_url=args.gateway_url,
-                     log_level=args.log_level, gateway_listen=args.gateway_listen),
-        dict(ctx.env),
+        ServeOptions(listen=v["listen"], hostnames=list(v["hostnames"] or []),
+                     insecure_loopback=bool(v["insecure_loopback"]),
+                     gateway_url=v["gateway.url"], log_level=v["log.level"],
+                     gateway_listen=v["gateway.listen"], log_format=v["log.format"],
+                     metrics_listen=v["metrics.listen"]),
+        config.env,
     )
+    return 0
+
+
+def server_unit(ctx: Any, args: argparse.Namespace) -> int:
+    from importlib import resources
+
+    sys.stdout.write(resources.files("better_compute.api").joinpath("better-compute.service")
+                     .read_text())
     return 0
 
 
@@ -71,13 +85,18 @@ def register(sub: Any) -> None:
                  examples=["better-compute init --out root-token",
                            "BETTER_COMPUTE_DATABASE_URL=postgresql://bc@db/bc better-compute init"])
     p.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600, never overwritten)")
-    p = add_verb(sub, "serve", serve, "Serve the API over TLS with a certificate from the serving CA.",
-                 output=False,
-                 examples=["better-compute serve --listen 127.0.0.1:8443 --hostname localhost "
-                           "--gateway-listen 127.0.0.1:8444",
-                           "better-compute serve --listen 0.0.0.0:443 --hostname "
-                           "compute.example.com --gateway-url https://gw.eu-1.example.com:8443"])
-    p.add_argument("--listen", default="127.0.0.1:8443", metavar="HOST:PORT",
+    p = add_verb(sub, "serve", serve, "Serve the API over TLS with a certificate from the serving CA. "
+                 "Every flag has a config file key and most an environment variable; a flag "
+                 "beats the environment, which beats the file (docs/configuration.md).",
+                 output=False, examples=[
+                     "better-compute serve --listen 127.0.0.1:8443 --gateway-listen "
+                     "127.0.0.1:8444",
+                     "better-compute serve --config /etc/better-compute/server.toml",
+                     "better-compute serve --log-level info --log-format json "
+                     "--metrics-listen 127.0.0.1:9464"])
+    p.add_argument("--config", metavar="FILE",
+                   help="read settings from this TOML file (default: BETTER_COMPUTE_CONFIG)")
+    p.add_argument("--listen", metavar="HOST:PORT",
                    help="the address to serve on (default 127.0.0.1:8443)")
     p.add_argument("--hostname", action="append", metavar="NAME",
                    help="a name clients use for this server; repeat for several (loopback names "
@@ -90,8 +109,20 @@ def register(sub: Any) -> None:
     p.add_argument("--gateway-listen", metavar="HOST:PORT",
                    help="also serve the agents' gateway (mutual TLS with node certificates) on "
                    "HOST:PORT; its URL is published unless --gateway-url names another")
-    p.add_argument("--log-level", default="warning",
-                   choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn's log level on standard error (default warning)")
+    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
+                   help="the log level on standard error (default warning; info logs one line "
+                   "per API request)")
+    p.add_argument("--log-format", choices=["text", "json"],
+                   help="log lines as text (default) or one JSON object each: time, level, "
+                   "logger, message and a request's fields")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="also serve GET /metrics without a token on this loopback address "
+                   "(for a Prometheus on this host; docs/metrics.md)")
+    add_verb(sub, "server-unit", server_unit,
+             "Print the systemd unit that runs `better-compute serve --config "
+             "/etc/better-compute/server.toml` (Type=notify) under its own user.",
+             output=False, examples=[
+                 "better-compute server-unit | sudo tee /etc/systemd/system/better-compute.service",
+                 "sudo systemctl daemon-reload && sudo systemctl enable --now better-compute"])
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from better_compute.api.store import StoreConfig
+from better_compute.api.store.store import StoreConfig
 from better_compute.domain.durations import parse_duration, parse_start
 from better_compute.domain.errors import BetterComputeError, InvalidInput
 from better_compute.domain.ids import check_key, check_tenant_id
@@ -28,10 +28,8 @@ SECRET = "s3cr3t-Pa55"
 
 @pytest.mark.parametrize("url", [
     f"mysql://admin:{SECRET}@db.example.com/compute",
-    f"postgresql://admin:{SECRET}@/compute",
-    f"postgresql://:{SECRET}@db.example.com/compute",
-    f"postgresql://admin:{SECRET}@db.example.com",
     f"postgres://admin:{SECRET}@db.example.com:notaport/compute",
+    f"postgres://admin:{SECRET}@db.example.com:99999/compute",
     f"postgresql://admin:{SECRET}@[::1/compute",
 ])
 def test_a_bad_database_url_is_never_echoed_with_its_password(url: str) -> None:
@@ -39,6 +37,17 @@ def test_a_bad_database_url_is_never_echoed_with_its_password(url: str) -> None:
         StoreConfig.from_env({"BETTER_COMPUTE_DATABASE_URL": url})
     assert SECRET not in str(err.value), str(err.value)
     assert "BETTER_COMPUTE_DATABASE_URL" in str(err.value)
+
+
+@pytest.mark.parametrize("url", [
+    f"postgresql://admin:{SECRET}@/compute",  # libpq: the default unix socket
+    f"postgresql://:{SECRET}@db.example.com/compute",  # libpq: PGUSER, else the login name
+    f"postgresql://admin:{SECRET}@db.example.com",  # libpq: the database named as the user
+])
+def test_a_url_libpq_completes_is_taken_and_never_shows_its_password(url: str) -> None:
+    config = StoreConfig.from_env({"BETTER_COMPUTE_DATABASE_URL": url})
+    assert config.backend == "postgres"
+    assert SECRET not in repr(config) and SECRET not in config.describe(), config.describe()
 
 
 def test_the_store_config_never_shows_the_password() -> None:
