@@ -15,17 +15,17 @@ from typing import Any
 from eventsourcing.domain import Snapshot
 from eventsourcing.persistence import Notification, StoredEvent
 
-from better_compute.api.server_config import with_file
-from better_compute.api.service import ComputeService
-from better_compute.api.store import (
+from better_compute.api.http.server_config import with_file
+from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.tokens import lifetimes_from_env
+from better_compute.api.store.store import (
     ComputeStore,
     SqlRunner,
     StoreConfig,
     open_store,
     setup_lock,
 )
-from better_compute.api.token_use import TokenUse
-from better_compute.api.tokens import lifetimes_from_env
+from better_compute.api.store.token_use import TokenUse
 from better_compute.domain.errors import InvalidInput
 from better_compute.projections.capacity import Capacity
 from better_compute.projections.framework import ProjectionRunner

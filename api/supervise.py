@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from better_compute.api.outage import outage_reason
+from better_compute.api.store.outage import outage_reason
 
 log = logging.getLogger("better_compute.supervise")
 

@@ -32,8 +32,8 @@ import time
 import uuid
 from pathlib import Path
 
-from better_compute.api.reservation_service import reservations
 from better_compute.api.runtime import Runtime
+from better_compute.api.services.reservations import reservations
 from better_compute.benchmarks.fleet import add_nodes, make_pool
 from better_compute.domain.access import LOCAL_OPERATOR
 

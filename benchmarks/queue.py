@@ -43,8 +43,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from better_compute.api.reservation_service import reservations
 from better_compute.api.runtime import Runtime
+from better_compute.api.services.reservations import reservations
 from better_compute.benchmarks.fleet import add_nodes, make_pool
 from better_compute.benchmarks.placer import _drop, _store_env
 from better_compute.domain.access import LOCAL_OPERATOR, Principal, Role

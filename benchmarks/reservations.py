@@ -265,7 +265,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def _ceiling(backend: str, pg_url: str | None, seconds: float) -> float:
     """Single-aggregate saves per second, one thread, in a fresh store of ``backend``."""
-    from better_compute.api.store import StoreConfig, open_store, setup_lock
+    from better_compute.api.store.store import StoreConfig, open_store, setup_lock
     from better_compute.benchmarks.placer import _drop, _store_env
     from better_compute.domain.ids import new_uuid
     from better_compute.domain.site import Site

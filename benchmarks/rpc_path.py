@@ -30,8 +30,8 @@ from pathlib import Path
 
 import httpx
 
-from better_compute.api.metrics import ServerMetrics
-from better_compute.api.request_log import CURRENT, RequestRecord, log_request, new_request_id
+from better_compute.api.http.metrics import ServerMetrics
+from better_compute.api.http.request_log import CURRENT, RequestRecord, log_request, new_request_id
 
 _PACKAGES = ("domain", "projections", "api", "agent", "cli", "benchmarks")
 

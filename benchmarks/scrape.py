@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
-from better_compute.api.metrics import ServerMetrics
+from better_compute.api.http.metrics import ServerMetrics
 from better_compute.api.runtime import Runtime
 from better_compute.benchmarks.fleet import build_node, make_pool
 

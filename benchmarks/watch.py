@@ -378,7 +378,7 @@ class Bench:
             runtime.close()
 
     def store_reads(self) -> dict[str, int]:
-        from better_compute.api.eventlog import render
+        from better_compute.api.store.eventlog import render
 
         runtime = self.runtime()
         try:

@@ -198,7 +198,7 @@ class LocalClient:
     """In-process calls on the local store (no server); same methods, same checks."""
 
     def __init__(self, env: Mapping[str, str], token: str | None) -> None:
-        import better_compute.api.methods  # noqa: F401  (registers methods)
+        import better_compute.api.http.methods  # noqa: F401  (registers methods)
         from better_compute.api.runtime import Runtime
 
         self.runtime = Runtime.open(env)
@@ -207,8 +207,8 @@ class LocalClient:
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         import msgspec
 
-        from better_compute.api import rpc
-        from better_compute.api.schemas import RpcRequest
+        from better_compute.api.http import rpc
+        from better_compute.api.http.schemas import RpcRequest
         from better_compute.domain.access import LOCAL_OPERATOR
 
         service = self.runtime.service

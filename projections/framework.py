@@ -22,7 +22,7 @@ from eventsourcing.persistence import Notification, Tracking, TrackingRecorder
 
 
 class Sql(Protocol):
-    """What a projection needs of the database (api/store.py provides it)."""
+    """What a projection needs of the database (api/store/store.py provides it)."""
 
     postgres: bool
 

@@ -38,3 +38,32 @@ def runtime(env: dict[str, str]) -> Iterator[object]:
     rt.root_token = quick_init(rt)  # type: ignore[attr-defined]
     yield rt
     rt.close()
+
+
+@pytest.fixture(scope="session")
+def single_file_bcd(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """scripts/build-bcd's file for this Python and its SHA-256, built once per test run.
+
+    Several tests run the shipped file; building it takes half a minute, so the first to ask
+    builds it and the others (in other pytest-xdist workers too) wait for it and share it.
+    """
+    import fcntl
+    import subprocess
+    import sys
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    dist, done = shared / "bcd-dist", shared / "bcd-dist.done"
+    with open(shared / "bcd-dist.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            python = f"{sys.version_info.major}.{sys.version_info.minor}"
+            root = Path(__file__).resolve().parents[1]
+            built = subprocess.run(
+                [str(root / "scripts/build-bcd")], cwd=root, capture_output=True, text=True,
+                timeout=600, env={**os.environ, "PYTHON": sys.executable, "BCD_PYTHONS": python,
+                                  "DIST_DIR": str(dist)})
+            assert built.returncode == 0, built.stderr[-3000:]
+            done.write_text(built.stdout)
+    path_text, digest = done.read_text().split()
+    return Path(path_text), digest

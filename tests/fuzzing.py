@@ -17,7 +17,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from better_compute.api import rpc
+from better_compute.api.http import rpc
 from tests.support import POLICY
 
 _TEXT = ["", " ", "\x00", "a\x00b", "evil\u202etxt", "\u2066x\u2069", "line\nbreak", "\ud800",

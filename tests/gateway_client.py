@@ -28,11 +28,11 @@ from better_compute.api import pki
 from better_compute.api.controllers.node_lifecycle import UNREACHABLE_AFTER, NodeLifecycle
 from better_compute.api.gateway.server import Gateway
 from better_compute.api.gateway.tls import server_context
-from better_compute.api.join_service import JoinService
-from better_compute.api.node_presence import Presence
-from better_compute.api.node_service import NodeService
+from better_compute.api.http.watch import WatchHub
 from better_compute.api.runtime import Runtime
-from better_compute.api.watch import WatchHub
+from better_compute.api.services.join import JoinService
+from better_compute.api.services.nodes import NodeService
+from better_compute.api.store.node_presence import Presence
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.join_client import JoinAttempt, hardware, open_response

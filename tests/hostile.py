@@ -20,11 +20,11 @@ import anyio
 import anyio.from_thread
 import httpx
 
-import better_compute.api.methods  # noqa: F401  (registers every method)
-from better_compute.api.app import ServerState, build_app
-from better_compute.api.join_service import JoinService
-from better_compute.api.reservation_service import reservations
+import better_compute.api.http.methods  # noqa: F401  (registers every method)
+from better_compute.api.http.app import ServerState, build_app
 from better_compute.api.runtime import Runtime
+from better_compute.api.services.join import JoinService
+from better_compute.api.services.reservations import reservations
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.fleet import add_nodes, make_pool
 from tests.support import open_runtime, quick_init

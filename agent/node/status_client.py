@@ -16,6 +16,7 @@ from typing import TextIO
 
 from ..errors import BcdError
 from ..paths import Paths
+from .unix_path import reachable
 
 STATUS_PATH = "/v1/status"  # served by status_server.py
 
@@ -29,7 +30,8 @@ class _UnixConnection(http.client.HTTPConnection):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(self._socket_path)
+            with reachable(Path(self._socket_path)) as address:
+                sock.connect(address)
         except OSError:
             sock.close()
             raise

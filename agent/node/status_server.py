@@ -19,6 +19,7 @@ from anyio.abc import SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .status_client import STATUS_PATH
+from .unix_path import reachable
 
 if TYPE_CHECKING:
     from .agent import NodeAgent
@@ -59,7 +60,8 @@ async def serve_status(agent: NodeAgent, *, task_status: TaskStatus[None]) -> No
         path.parent.mkdir(parents=True, mode=0o750)
     if path.is_socket():
         path.unlink()  # left by a killed bcd (a live one holds var/lib/bcd/lock)
-    listener = await anyio.create_unix_listener(path, mode=0o600)
+    with reachable(path) as address:  # a path of any length (agent/node/unix_path.py)
+        listener = await anyio.create_unix_listener(address, mode=0o600)
     try:
         async with listener, anyio.create_task_group() as group:
             task_status.started()

@@ -64,7 +64,7 @@ class PostgresLeadership:
     def _connect(self) -> Any:
         import psycopg
 
-        from better_compute.api.store_url import connect_kwargs
+        from better_compute.api.store.store_url import connect_kwargs
 
         return psycopg.connect(**{"connect_timeout": 5, **connect_kwargs(self.pg)},
                                autocommit=True)

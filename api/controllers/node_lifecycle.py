@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from better_compute.api.node_presence import Presence
-from better_compute.api.node_service import NodeService
+from better_compute.api.services.nodes import NodeService
+from better_compute.api.store.node_presence import Presence
 from better_compute.domain.node_rules import (
     ACCEPTANCE_PENDING,
     ACCEPTANCE_RUNNING,

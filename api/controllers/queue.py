@@ -19,8 +19,8 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from better_compute.api.reservation_queue import DispatchReport
-from better_compute.api.reservation_service import ReservationService
+from better_compute.api.services.reservation_queue import DispatchReport
+from better_compute.api.services.reservations import ReservationService
 from better_compute.projections.earliest_index import changed_pools
 from better_compute.projections.reservations import queued_pools
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
-from better_compute.api.reservation_service import ReservationService
+from better_compute.api.services.reservations import ReservationService
 from better_compute.projections.reservations import due_reservations
 
 MAX_ROUNDS = 4  # a re-placement can make a reservation due again in the same pass

@@ -4,8 +4,7 @@
 every ``retry`` seconds; once it leads, it runs three loops side by side, each
 woken by the events it acts on and at least every ``tick`` seconds: the
 NodeLifecycle and tokens passes (node sessions and acceptance, pool.* events), the
-reservation
-timers (reservation.* events) and the queue dispatcher (node.*, reservation.*,
+reservation timers (reservation.* events) and the queue dispatcher (node.*, reservation.*,
 bookings.*, quota.* and pool.* events), so a burst of creates wakes neither the
 NodeLifecycle pass nor the tokens pass. Each loop checks it still holds the lock
 before each pass. A loop woken by an event runs at once when its last pass began
@@ -13,7 +12,7 @@ before each pass. A loop woken by an event runs at once when its last pass began
 else waits until then: under a stream of creates a pass handles many at once
 instead of running once per create in the process that serves them
 (docs/performance.md). Each pass also records the API tokens whose end has passed
-(``token.expired``, api/tokens.py). A pass that fails is retried on the next tick (logged once per run
+(``token.expired``, api/services/tokens.py). A pass that fails is retried on the next tick (logged once per run
 of failures: a store outage fails every pass until the store is back). On
 PostgreSQL the lock lives on the leader's own connection, so an outage ends
 it: every replica tries again every ``retry`` seconds, and one leads again
@@ -31,12 +30,6 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from better_compute.api.actor import (
-    CONTROLLER_NODES,
-    CONTROLLER_RESERVATIONS,
-    CONTROLLER_TOKENS,
-    as_actor,
-)
 from better_compute.api.controllers.leader import Leadership, leadership_for
 from better_compute.api.controllers.node_lifecycle import (
     ACCEPTANCE_TIMEOUT,
@@ -45,13 +38,19 @@ from better_compute.api.controllers.node_lifecycle import (
 )
 from better_compute.api.controllers.queue import QueueDispatcher
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.eventlog import EventFilter
-from better_compute.api.node_presence import Presence
-from better_compute.api.node_service import NodeService
-from better_compute.api.reservation_service import reservations
+from better_compute.api.services.nodes import NodeService
+from better_compute.api.services.reservations import reservations
+from better_compute.api.services.tokens import TokenExpiry, TokenService
 from better_compute.api.settings import env_seconds
+from better_compute.api.store.actor import (
+    CONTROLLER_NODES,
+    CONTROLLER_RESERVATIONS,
+    CONTROLLER_TOKENS,
+    as_actor,
+)
+from better_compute.api.store.eventlog import EventFilter
+from better_compute.api.store.node_presence import Presence
 from better_compute.api.supervise import Retry
-from better_compute.api.tokens import TokenExpiry, TokenService
 from better_compute.domain.events import compile_type_filter
 
 log = logging.getLogger("better_compute.controllers")

@@ -26,8 +26,8 @@ from uuid import UUID
 from cryptography import x509
 
 from better_compute.api import pki
-from better_compute.api.join_service import NODE_CERTIFICATE_LIFETIME
-from better_compute.api.node_service import NodeService
+from better_compute.api.services.join import NODE_CERTIFICATE_LIFETIME
+from better_compute.api.services.nodes import NodeService
 from better_compute.domain.base import iso
 from better_compute.domain.errors import BetterComputeError, Conflict
 

@@ -38,8 +38,6 @@ from anyio.streams.tls import TLSAttribute, TLSListener, TLSStream
 from cryptography import x509
 
 from better_compute.api import pki
-from better_compute.api.actor import acting_as
-from better_compute.api.eventlog import EventFilter
 from better_compute.api.gateway.renewal import Renewal
 from better_compute.api.gateway.session import (
     _CLOSED,
@@ -48,11 +46,13 @@ from better_compute.api.gateway.session import (
     Session,
     removed_message,
 )
-from better_compute.api.join_service import NODE_CERTIFICATE_LIFETIME
-from better_compute.api.node_presence import Presence, Reports
-from better_compute.api.node_service import NodeService
-from better_compute.api.outage import outage_error, unavailable_on_outage
-from better_compute.api.service import ComputeService
+from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.join import NODE_CERTIFICATE_LIFETIME
+from better_compute.api.services.nodes import NodeService
+from better_compute.api.store.actor import acting_as
+from better_compute.api.store.eventlog import EventFilter
+from better_compute.api.store.node_presence import Presence, Reports
+from better_compute.api.store.outage import outage_error, unavailable_on_outage
 from better_compute.api.supervise import Retry
 from better_compute.api.wire.gateway import Hello, Refused, decode_to_gateway, encode
 from better_compute.domain.errors import BetterComputeError, InvalidInput, Unavailable

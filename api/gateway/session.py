@@ -21,7 +21,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from better_compute.api.gateway.journal import HANDLERS, EntryRefused, verify_entry
 from better_compute.api.gateway.renewal import RenewRefused
-from better_compute.api.node_presence import summarize_report
+from better_compute.api.store.node_presence import summarize_report
 from better_compute.api.wire.gateway import (
     Ack,
     DesiredState,

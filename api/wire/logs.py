@@ -6,7 +6,7 @@ Shared by the control plane and bcd (``--log-format text|json``). A text line is
 
 and a JSON line one object: ``{"time", "level", "logger", "message", …fields}``. Fields
 come from ``extra={"fields": {...}}`` (a request's id, method, tenant, duration and
-error code: api/request_log.py). Every line passes :func:`redact` last: API tokens,
+error code: api/http/request_log.py). Every line passes :func:`redact` last: API tokens,
 join tokens, the master key, PEM private keys and URL passwords become ``***`` even
 when a library puts them into an error message.
 """

@@ -173,8 +173,8 @@ def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
 def watch_local(env: Mapping[str, str], since: int | None, types: str | None,
                 out: TextIO, show: Printer, audit: Mapping[str, str] | None = None) -> None:
     """No server: follow the local store directly (as the local operator)."""
-    from better_compute.api.eventlog import AuditFilter, EventLog, filter_for
     from better_compute.api.runtime import Runtime
+    from better_compute.api.store.eventlog import AuditFilter, EventLog, filter_for
     from better_compute.domain.access import LOCAL_OPERATOR
 
     runtime = Runtime.open(env)
@@ -211,7 +211,7 @@ def _check_audit(audit: Mapping[str, str]) -> None:
     """Refuse a bad --from/--to here, before connecting (the server checks them again)."""
     from datetime import UTC, datetime
 
-    from better_compute.api.eventlog import AuditFilter
+    from better_compute.api.store.eventlog import AuditFilter
 
     AuditFilter.parse(audit.get("actor"), audit.get("subject"), audit.get("from"),
                       audit.get("to"), datetime.now(UTC))

@@ -54,9 +54,9 @@ def init(ctx: Any, args: argparse.Namespace) -> int:
 
 
 def serve(ctx: Any, args: argparse.Namespace) -> int:
-    from better_compute.api.serve import ServeOptions
-    from better_compute.api.serve import serve as run_server
-    from better_compute.api.server_config import resolve
+    from better_compute.api.http.serve import ServeOptions
+    from better_compute.api.http.serve import serve as run_server
+    from better_compute.api.http.server_config import resolve
 
     config = resolve(vars(args), ctx.env, args.config)
     v = config.values

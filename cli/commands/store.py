@@ -34,7 +34,7 @@ VERIFY_EXAMPLES = [
 
 
 def _config(ctx: Any) -> Any:
-    from better_compute.api.store import StoreConfig
+    from better_compute.api.store.store import StoreConfig
 
     if ctx.env.get("BETTER_COMPUTE_URL", "").strip():
         print("note: store commands work on this machine's store, not on BETTER_COMPUTE_URL",
@@ -43,13 +43,13 @@ def _config(ctx: Any) -> Any:
 
 
 def store_backup(ctx: Any, a: argparse.Namespace) -> None:
-    from better_compute.api.backup import backup_sqlite
+    from better_compute.api.store.backup import backup_sqlite
 
     ctx.emit(backup_sqlite(_config(ctx), Path(a.out)))
 
 
 def store_restore(ctx: Any, a: argparse.Namespace) -> None:
-    from better_compute.api.backup import restore_sqlite
+    from better_compute.api.store.backup import restore_sqlite
 
     config = _config(ctx)
     done = restore_sqlite(config, Path(a.backup))
@@ -83,7 +83,7 @@ def _progress(show: bool) -> Iterator[Any]:
 
 def store_verify(ctx: Any, a: argparse.Namespace) -> int:
     from better_compute.api.runtime import Runtime
-    from better_compute.api.verify import verify
+    from better_compute.api.store.verify import verify
 
     _config(ctx)
     runtime = Runtime.open(ctx.env)

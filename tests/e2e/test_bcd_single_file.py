@@ -30,18 +30,10 @@ PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": "0.2"}
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+@pytest.fixture
+def built(single_file_bcd: tuple[Path, str]) -> tuple[Path, str]:
     """scripts/build-bcd for this Python only (the lock covers 3.11 to 3.13)."""
-    dist = tmp_path_factory.mktemp("dist")
-    done = subprocess.run(
-        [str(ROOT / "scripts/build-bcd")], cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHON": sys.executable, "BCD_PYTHONS": PYTHON,
-             "DIST_DIR": str(dist)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    path_text, digest = done.stdout.split()
-    return Path(path_text), digest
+    return single_file_bcd
 
 
 def bare_python(folder: Path) -> Path:

@@ -10,8 +10,6 @@ It also runs `bcd node` from the single file, which needs everything the agent i
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,15 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_CONTROLLER_TICK": "0.2"}
 
 
-def test_the_single_files_plugin_registers_with_the_kubelet(tmp_path: Path) -> None:
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    built = subprocess.run(
-        [str(ROOT / "scripts/build-bcd")], cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHON": sys.executable, "BCD_PYTHONS": python,
-             "DIST_DIR": str(tmp_path / "dist")},
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-3000:]
-    single_file = built.stdout.split()[0]
+def test_the_single_files_plugin_registers_with_the_kubelet(
+        tmp_path: Path, single_file_bcd: tuple[Path, str]) -> None:
+    single_file = str(single_file_bcd[0])
 
     env = store_env("sqlite", tmp_path)  # one build is enough: the node side has no store
     with short_tempdir() as short, running_cluster(

@@ -42,7 +42,7 @@ def test_the_feed_resumes_without_gap_or_duplicate_after_the_server_restarts(
                        timeout=10)
             stopping = time.monotonic()
             server.kill(signal.SIGTERM)
-            # A browser's idle TLS connection must not hold the shutdown (api/serve.py).
+            # A browser's idle TLS connection must not hold the shutdown (api/http/serve.py).
             assert time.monotonic() - stopping < 10
             outputs += [server.process.stdout.read(), server.process.stderr.read()]  # type: ignore[union-attr]
         page.page.locator("#live[data-state=reconnecting]").wait_for()

@@ -1,7 +1,7 @@
 """The store on PostgreSQL as production runs it: TLS verify-full, a unix socket, a failover.
 
 Each URL is what an operator writes into BETTER_COMPUTE_DATABASE_URL; libpq reads all of
-it (api/store_url.py). The clusters are real (tests/pg_clusters.py): one serving TLS
+it (api/store/store_url.py). The clusters are real (tests/pg_clusters.py): one serving TLS
 with a certificate this test makes and refusing TCP without TLS, and a primary with a
 streaming standby that is promoted when the primary stops (docs/configuration.md says
 why a real standby rather than two unrelated clusters).

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-import better_compute.api.methods  # noqa: F401  (registers every method)
-from better_compute.api import rpc
+import better_compute.api.http.methods  # noqa: F401  (registers every method)
+from better_compute.api.http import rpc
 from better_compute.api.runtime import Runtime
 from tests.integration.test_isolation import World, build_world, mint, sealed_join, with_fleet
 from tests.support import POLICY, initialized_runtime

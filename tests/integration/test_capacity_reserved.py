@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.node_service import NodeService
-from better_compute.api.reservation_service import reservations
+from better_compute.api.services.nodes import NodeService
+from better_compute.api.services.reservations import reservations
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from tests.fleet import add_nodes, make_pool
 

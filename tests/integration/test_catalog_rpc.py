@@ -10,7 +10,7 @@ import anyio
 import httpx
 import pytest
 
-from better_compute.api.app import ServerState, build_app
+from better_compute.api.http.app import ServerState, build_app
 from better_compute.api.runtime import Runtime
 from tests.support import POLICY, open_runtime, quick_init
 

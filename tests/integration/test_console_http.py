@@ -17,11 +17,11 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from better_compute.api import console
-from better_compute.api.app import build_app
+from better_compute.api.http import console
+from better_compute.api.http.app import build_app
 
 ROOT = Path(__file__).resolve().parents[2]
-STATIC = ROOT / "api" / "console" / "static"
+STATIC = ROOT / "api" / "http" / "console" / "static"
 SCRIPTS = sorted((STATIC / "js").glob("*.js"))
 
 
@@ -123,7 +123,7 @@ def test_no_script_parses_data_as_markup_logs_or_stores_the_token_elsewhere(scri
 def test_the_package_ships_every_console_file() -> None:
     """pyproject's package-data covers every file under static/ (an installed wheel has them)."""
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    globs = data["tool"]["setuptools"]["package-data"]["better_compute.api.console"]
+    globs = data["tool"]["setuptools"]["package-data"]["better_compute.api.http.console"]
     files = [PurePosixPath(p.relative_to(STATIC.parent).as_posix())
              for p in STATIC.rglob("*") if p.is_file()]
     assert files

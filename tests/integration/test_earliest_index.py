@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from better_compute.api.node_service import NodeService
+from better_compute.api.services.nodes import NodeService
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.earliest import earliest_start, fits_at, instant

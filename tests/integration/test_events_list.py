@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from better_compute.api.eventlog import EventLog, render
+from better_compute.api.store.eventlog import EventLog, render
 from better_compute.domain.events import public_event
 from tests.support import cli_inprocess, initialize, open_runtime
 from tests.watching import log_sequences, write_sites

@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from better_compute.api.node_presence import TABLE, Presence
+from better_compute.api.store.node_presence import TABLE, Presence
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.ids import parse_id
 from tests.gateway_client import NodeClient, Plane, run_with_gateway, wait_for

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from better_compute.api import http_limits
+from better_compute.api.http import http_limits
 from tests.hostile import App, World, build_world, code_of, raw_post
 
 MiB = 1 << 20

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from better_compute.api import pki
-from better_compute.api.join_service import JoinService
-from better_compute.api.reservation_service import reservations
 from better_compute.api.runtime import Runtime
+from better_compute.api.services.join import JoinService
+from better_compute.api.services.reservations import reservations
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.ids import keyed_uuid, public_id
 from better_compute.domain.pki import PkiBundle

@@ -24,8 +24,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
-import better_compute.api.methods  # noqa: F401  (registers every method)
-from better_compute.api import pki, rpc
+import better_compute.api.http.methods  # noqa: F401  (registers every method)
+from better_compute.api import pki
+from better_compute.api.http import rpc
 from better_compute.api.runtime import Runtime
 from better_compute.api.wire.join import JoinRequest
 from better_compute.domain.access import LOCAL_OPERATOR

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from better_compute.api.join_service import JoinService
 from better_compute.api.runtime import Runtime
+from better_compute.api.services.join import JoinService
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.hostile import App, code_of
 from tests.join_client import JoinAttempt, hardware

@@ -14,8 +14,8 @@ import pytest
 from cryptography import x509
 
 from better_compute.api import pki
-from better_compute.api.join_service import JoinService
 from better_compute.api.runtime import Runtime
+from better_compute.api.services.join import JoinService
 from better_compute.api.wire.join import HardwareFacts, HardwareGpu
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.errors import (

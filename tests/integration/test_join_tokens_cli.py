@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from better_compute.api.join_service import JoinService
+from better_compute.api.services.join import JoinService
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.errors import NotFound, PermissionDenied
 from tests.support import POLICY, cli_inprocess, initialize, open_runtime

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.eventlog import EventLog, decode_lines, filter_for
-from better_compute.api.node_service import NodeService
+from better_compute.api.services.nodes import NodeService
+from better_compute.api.store.eventlog import EventLog, decode_lines, filter_for
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.errors import Conflict, KubernetesNotEnabled
 from better_compute.domain.policy import DEFAULT_RESOURCE

@@ -14,7 +14,7 @@ import anyio
 import anyio.abc
 import httpx
 
-from better_compute.api.app import build_app
+from better_compute.api.http.app import build_app
 
 
 def test_a_failing_background_task_is_restarted_and_the_store_stays_open(runtime: Any) -> None:

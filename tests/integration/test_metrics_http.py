@@ -18,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from better_compute.api.app import ServerState, build_app
+from better_compute.api.http.app import ServerState, build_app
 from better_compute.api.runtime import Runtime
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.support import open_runtime, quick_init
@@ -126,7 +126,7 @@ def test_every_metric_is_documented(served: tuple[Http, Runtime, str]) -> None:
 
 
 def test_pools_and_nodes_as_capacity_shows_them(served: tuple[Http, Runtime, str]) -> None:
-    from better_compute.api.node_service import NodeService
+    from better_compute.api.services.nodes import NodeService
     from better_compute.benchmarks.fleet import add_nodes, make_pool
 
     http, rt, token = served

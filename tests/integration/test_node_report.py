@@ -12,7 +12,7 @@ from pathlib import Path
 
 import anyio
 
-from better_compute.api.node_presence import Reports
+from better_compute.api.store.node_presence import Reports
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.ids import parse_id
 from tests.gateway_client import (

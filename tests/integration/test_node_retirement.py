@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.join_service import JoinService, machine_node_uuid
-from better_compute.api.node_service import NodeService
+from better_compute.api.services.join import JoinService, machine_node_uuid
+from better_compute.api.services.nodes import NodeService
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.errors import Conflict, NoCapacity, PermissionDenied
 from better_compute.domain.ids import parse_id
@@ -113,7 +113,7 @@ def test_remove_is_refused_while_anything_is_held_and_force_releases_first(
         assert doc["state"] == "released"
     assert rs.preview(ACME, tenant_id=None, pool_id=pool, gpus=1, duration="1h")["quota"] \
         == {"gpu": 6, "inUse": 0}  # refunded
-    from better_compute.api.eventlog import EventFilter, EventLog
+    from better_compute.api.store.eventlog import EventFilter, EventLog
 
     log = EventLog(runtime.store).page(EventFilter(), before, 1000).entries
     types = [e.type for e in log]

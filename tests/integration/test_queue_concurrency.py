@@ -16,7 +16,7 @@ from typing import Any
 from eventsourcing.application import AggregateNotFoundError
 
 from better_compute.api.controllers.queue import QueueDispatcher
-from better_compute.api.reservation_service import reservations
+from better_compute.api.services.reservations import reservations
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.bookings import NodeBookings, bookings_uuid, overlaps
 from better_compute.domain.ids import public_id

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from better_compute.api.reservation_service import reservations
+from better_compute.api.services.reservations import reservations
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.errors import NoCapacity, QuotaExceeded

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-import better_compute.api.reservation_journal  # noqa: F401  (registers allocation.*)
+import better_compute.api.services.reservation_journal  # noqa: F401  (registers allocation.*)
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.gateway.journal import HANDLERS
-from better_compute.api.node_service import NodeService
-from better_compute.api.reservation_service import ReservationService, reservations
+from better_compute.api.services.nodes import NodeService
+from better_compute.api.services.reservations import ReservationService, reservations
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.bookings import NodeBookings, bookings_uuid

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from better_compute.api import rpc
+from better_compute.api.http import rpc
 from better_compute.domain.errors import error_codes
 from tests.fuzzing import params_for
 from tests.hostile import ROLES, App, World, build_world

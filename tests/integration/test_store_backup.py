@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from better_compute.api.eventlog import EventFilter, EventLog
-from better_compute.api.node_service import NodeService
-from better_compute.api.reservation_service import reservations
 from better_compute.api.runtime import Runtime
+from better_compute.api.services.nodes import NodeService
+from better_compute.api.services.reservations import reservations
+from better_compute.api.store.eventlog import EventFilter, EventLog
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from tests.conftest import BACKENDS
 from tests.fleet import add_nodes, make_pool

@@ -2,7 +2,7 @@
 
 The library retries a failed connection attempt ten times; waiting for a pooled
 connection ten times over would hold a call for most of a minute. The guard
-(api/outage.py) answers after the first wait instead.
+(api/store/outage.py) answers after the first wait instead.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from better_compute.api.store import POOL_WAIT
+from better_compute.api.store.store import POOL_WAIT
 from better_compute.domain.errors import Unavailable
 
 

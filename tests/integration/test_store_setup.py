@@ -4,7 +4,7 @@ Opening a store creates its tables, functions and the projections' tables
 when missing. On PostgreSQL, the same DDL run by several sessions at once
 fails in some of them ("tuple concurrently updated"); on SQLite the library's
 tracking-table migration (read, then insert in another transaction) let two of
-them insert the same row (IntegrityError, seen under load). api/store.py's
+them insert the same row (IntegrityError, seen under load). api/store/store.py's
 ``setup_lock`` lets one process at a time do it on both.
 """
 

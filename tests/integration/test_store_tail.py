@@ -4,7 +4,7 @@
 the last sequence they have read. That is only safe if no save can commit an
 event with a lower sequence after a reader has read a higher one: on
 PostgreSQL, every save takes the events table's lock from the insert to the
-commit (api/pg_recorder.py); SQLite has one writer at a time.
+commit (api/store/pg_recorder.py); SQLite has one writer at a time.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from eventsourcing.persistence import IntegrityError
 
-from better_compute.api.eventlog import EventLog
+from better_compute.api.store.eventlog import EventLog
 from better_compute.domain.site import Site
 from tests.watching import log_sequences
 
@@ -88,7 +88,7 @@ def test_postgres_saves_go_through_the_locking_function(runtime: Any, backend: s
     if backend == "sqlite":
         assert type(recorder).__name__ == "SQLiteApplicationRecorder"
         return
-    from better_compute.api.pg_recorder import LockingFunctionApplicationRecorder
+    from better_compute.api.store.pg_recorder import LockingFunctionApplicationRecorder
 
     assert isinstance(recorder, LockingFunctionApplicationRecorder)
     with recorder.datastore.get_connection() as conn:

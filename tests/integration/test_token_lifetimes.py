@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import uvicorn
 
-from better_compute.api.actor import CONTROLLER_TOKENS, as_actor
-from better_compute.api.app import build_app
+from better_compute.api.http.app import build_app
 from better_compute.api.runtime import Runtime
-from better_compute.api.tokens import TokenExpiry, TokenService, lifetimes_from_env
+from better_compute.api.services.tokens import TokenExpiry, TokenService, lifetimes_from_env
+from better_compute.api.store.actor import CONTROLLER_TOKENS, as_actor
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.errors import Conflict, InvalidInput, PermissionDenied, Unauthenticated
 from tests.support import Server, free_port, open_runtime, quick_init
@@ -57,7 +57,7 @@ def head(rt: Runtime) -> int:
 
 
 def events_of(rt: Runtime, token_id: str) -> list[dict[str, Any]]:
-    from better_compute.api.eventlog import AuditFilter, EventLog, decode_lines, filter_for
+    from better_compute.api.store.eventlog import AuditFilter, EventLog, decode_lines, filter_for
 
     flt = filter_for(LOCAL_OPERATOR, "token.*", audit=AuditFilter(subject=token_id))
     return decode_lines(EventLog(rt.store).page(flt, 0, 1000).entries)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.reservation_service import reservations
-from better_compute.api.usage import usage_report
+from better_compute.api.services.reservations import reservations
+from better_compute.api.services.usage import usage_report
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.errors import InvalidInput, NotFound, PermissionDenied
@@ -137,8 +137,8 @@ def test_the_cli_writes_csv_for_billing(world: Any, capsys: pytest.CaptureFixtur
 
     import msgspec
 
-    from better_compute.api import rpc
-    from better_compute.api.schemas import RpcRequest
+    from better_compute.api.http import rpc
+    from better_compute.api.http.schemas import RpcRequest
     from better_compute.cli.context import Context
     from better_compute.cli.main import build_parser
 

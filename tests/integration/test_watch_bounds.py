@@ -22,10 +22,10 @@ from typing import Any
 import anyio
 import pytest
 
-from better_compute.api.app import build_app
-from better_compute.api.eventlog import EventFilter, LogEntry
+from better_compute.api.http.app import build_app
+from better_compute.api.http.watch import MAX_WRITE_BYTES, WATCH_PATH, WatchHub
 from better_compute.api.runtime import Runtime
-from better_compute.api.watch import MAX_WRITE_BYTES, WATCH_PATH, WatchHub
+from better_compute.api.store.eventlog import EventFilter, LogEntry
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.support import quick_init
 from tests.watching import write_sites

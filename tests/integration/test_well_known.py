@@ -11,10 +11,10 @@ import httpx
 import msgspec
 import pytest
 
-from better_compute.api.app import ServerState, build_app
-from better_compute.api.join_routes import download_path
-from better_compute.api.join_service import JoinService
+from better_compute.api.http.app import ServerState, build_app
+from better_compute.api.http.join_routes import download_path
 from better_compute.api.runtime import Runtime
+from better_compute.api.services.join import JoinService
 from better_compute.api.wire.join import WellKnown
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.join_client import JoinAttempt, open_response

@@ -1,4 +1,4 @@
-"""Calls per token (api/http_limits.py): one caller never takes every store worker.
+"""Calls per token (api/http/http_limits.py): one caller never takes every store worker.
 
 One token (or one anonymous address) runs at most a quarter of the shared workers
 at once; its next calls wait in order up to a bound, then get ``rate_limited``
@@ -11,7 +11,7 @@ import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from better_compute.api.http_limits import Admission
+from better_compute.api.http.http_limits import Admission
 from better_compute.domain.errors import RateLimited
 
 

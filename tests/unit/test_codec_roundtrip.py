@@ -1,4 +1,4 @@
-"""The stored-event codec (api/codec.py): every event type reads back exactly as written.
+"""The stored-event codec (api/store/codec.py): every event type reads back exactly as written.
 
 Events are built from their class annotations with representative values
 (datetimes with microseconds, tricky strings, nested dicts holding datetimes,
@@ -35,8 +35,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import better_compute.domain.aggregates
-from better_compute.api.codec import EventMapper, MsgspecTranscoder, field_kinds, has_tags
-from better_compute.api.eventlog import render
+from better_compute.api.store.codec import EventMapper, MsgspecTranscoder, field_kinds, has_tags
+from better_compute.api.store.eventlog import render
 from better_compute.domain.events import public_event
 from better_compute.domain.site import Site
 
@@ -104,7 +104,7 @@ def _make(cls: type[Any], *, nones: bool = False) -> Any:
         optional = type(None) in typing.get_args(tp)
         state[name] = None if nones and optional else _sample(tp)
     state["tenant_id"] = "acme"
-    state["actor"] = None if nones else "tok_who"  # stamped by the store (api/actor.py)
+    state["actor"] = None if nones else "tok_who"  # stamped by the store (api/store/actor.py)
     if "originator_topic" in state:
         state["originator_topic"] = "better_compute.domain.site:Site"
     event = object.__new__(cls)
@@ -131,7 +131,7 @@ def test_every_public_event_type_is_covered() -> None:
 
 
 def test_the_store_stamps_the_actor_of_the_command() -> None:
-    from better_compute.api.actor import acting_as
+    from better_compute.api.store.actor import acting_as
 
     cls = next(c for c in EVENT_CLASSES if str(c.TOPIC) == "site.created")
     event = _make(cls)
@@ -262,7 +262,7 @@ def test_any_value_round_trips_through_the_transcoder(value: Any) -> None:
 @settings(max_examples=200, deadline=None)
 @given(value=st.uuids())
 def test_the_fast_subject_id_is_the_domain_public_id(value: UUID) -> None:
-    from better_compute.api.eventlog import subject_id
+    from better_compute.api.store.eventlog import subject_id
     from better_compute.domain.ids import public_id
 
     assert subject_id("node", value) == public_id("node", value)

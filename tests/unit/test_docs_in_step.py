@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-import better_compute.api.methods  # noqa: F401  (registers every method)
-from better_compute.api import rpc
+import better_compute.api.http.methods  # noqa: F401  (registers every method)
+from better_compute.api.http import rpc
 from better_compute.cli.main import build_parser
 from better_compute.domain.errors import error_codes
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from better_compute.api.store import StoreConfig
+from better_compute.api.store.store import StoreConfig
 from better_compute.domain.durations import parse_duration, parse_start
 from better_compute.domain.errors import BetterComputeError, InvalidInput
 from better_compute.domain.ids import check_key, check_tenant_id

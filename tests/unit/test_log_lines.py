@@ -11,9 +11,9 @@ import uuid
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from better_compute.api.http.request_log import RequestFields, RequestRecord, recording
 from better_compute.api.pki import MASTER_KEY_PREFIX, new_master_key
-from better_compute.api.request_log import RequestFields, RequestRecord, recording
-from better_compute.api.tokens import new_token_secret
+from better_compute.api.services.tokens import new_token_secret
 from better_compute.api.wire import logs
 from better_compute.domain.join_token import JOIN_TOKEN_PREFIX, make_secret
 from better_compute.domain.token import TOKEN_PREFIX

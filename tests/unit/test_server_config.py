@@ -1,5 +1,5 @@
 """serve's settings: flag > environment > file > default, a checked TOML file, and
-docs/configuration.md's table kept equal to api/server_config.py."""
+docs/configuration.md's table kept equal to api/http/server_config.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from better_compute.api.server_config import SETTINGS, resolve, with_file
+from better_compute.api.http.server_config import SETTINGS, resolve, with_file
 from better_compute.cli.main import build_parser
 from better_compute.domain.errors import InvalidInput
 from tests.unit.test_docs_in_step import COMMANDS
@@ -45,7 +45,7 @@ def test_every_variable_the_server_reads_is_a_setting() -> None:
         for source in (ROOT / folder).rglob("*.py"):
             used |= set(re.findall(r"\bBETTER_COMPUTE_[A-Z_]*[A-Z]\b", source.read_text()))
     missing = sorted(used - CLIENT_VARIABLES - {s.env for s in SETTINGS if s.env})
-    assert not missing, (f"read by the server but not in api/server_config.py's SETTINGS "
+    assert not missing, (f"read by the server but not in api/http/server_config.py's SETTINGS "
                          f"(nor docs/configuration.md's table): {missing}")
 
 

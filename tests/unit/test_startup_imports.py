@@ -16,7 +16,7 @@ import pytest
 
 SERVER_SIDE = ("eventsourcing", "psycopg", "starlette", "uvicorn", "anyio", "jmespath",
                "better_compute.domain.aggregates", "better_compute.domain.node",
-               "better_compute.api.store", "httpx._main", "click", "rich", "pygments")
+               "better_compute.api.store.store", "httpx._main", "click", "rich", "pygments")
 
 
 def imported(argv: list[str], entry: str, env: dict[str, str] | None = None) -> set[str]:

@@ -17,7 +17,7 @@ import pytest
 from eventsourcing.persistence import IntegrityError, OperationalError
 from eventsourcing.sqlite import SQLiteDatastore
 
-from better_compute.api.outage import (
+from better_compute.api.store.outage import (
     PROBE_INTERVAL,
     StoreGuard,
     install_guard,

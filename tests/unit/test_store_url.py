@@ -1,13 +1,13 @@
 """BETTER_COMPUTE_DATABASE_URL through libpq's own parser: every parameter kept, ours taken out,
-the password never shown (api/store_url.py)."""
+the password never shown (api/store/store_url.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from better_compute.api.backup import pg_dump_command
-from better_compute.api.store import StoreConfig
-from better_compute.api.store_url import (
+from better_compute.api.store.backup import pg_dump_command
+from better_compute.api.store.store import StoreConfig
+from better_compute.api.store.store_url import (
     CONNINFO,
     connect_kwargs,
     describe,

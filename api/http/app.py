@@ -1,0 +1,177 @@
+"""The HTTP surface: Starlette routes under /api/compute.
+
+The lifespan owns the Runtime (store, projections, service); the library is
+synchronous, so every store call runs in a worker thread, bounded by a
+CapacityLimiter no larger than the store's connection pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import better_compute.api.http.methods  # noqa: F401  (registers every JSON-RPC method)
+from better_compute.api.http import console, http_limits, join_routes, readiness, rpc, watch
+from better_compute.api.http.metrics import ServerMetrics
+from better_compute.api.http.request_log import (
+    CURRENT,
+    REQUEST_ID_HEADER,
+    RequestRecord,
+    authenticated,
+    log_request,
+    new_request_id,
+)
+from better_compute.api.runtime import Runtime
+from better_compute.api.supervise import supervised
+from better_compute.domain.access import Principal
+from better_compute.domain.errors import BetterComputeError, PermissionDenied, RateLimited
+
+API_PREFIX = "/api/compute"
+# A lifespan task: ``async def task(state, *, task_status)``, started with tg.start.
+LifespanTask = Callable[..., Awaitable[Any]]
+MAX_BODY = http_limits.MAX_BODY
+
+
+@dataclass
+class ServerState:
+    runtime: Runtime
+    limiter: anyio.CapacityLimiter
+    gateway_url: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # Calls per token (api/http/http_limits.py): a quarter of the limiter's workers at most.
+    admission: http_limits.Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = http_limits.Admission.for_limiter(self.limiter)
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+async def rpc_endpoint(request: Request) -> Response:
+    """One JSON-RPC request, counted in the metrics and logged (api/http/request_log.py)."""
+    started = time.perf_counter()
+    record = RequestRecord(new_request_id(request.headers.get(REQUEST_ID_HEADER)))
+    current = CURRENT.set(record)
+    try:
+        response = await _rpc(request)
+    finally:
+        CURRENT.reset(current)
+    seconds = time.perf_counter() - started
+    request.app.state.metrics.observe(record, seconds)
+    log_request(record, seconds)
+    response.headers[REQUEST_ID_HEADER] = record.request_id
+    return response
+
+
+async def _rpc(request: Request) -> Response:
+    state: ServerState = request.app.state.bc
+    refusal = http_limits.refuse_headers(request)  # size and content type, before reading
+    if refusal is not None:
+        return refusal
+    body = await http_limits.read_body(request)
+    if body is None:
+        return http_limits.too_large()
+    token = _bearer(request)
+    service = state.runtime.service
+
+    def authenticate() -> Principal:
+        principal = service.authenticate(token)
+        authenticated(principal)
+        return principal
+
+    try:
+        async with state.admission.slot(http_limits.caller_key(request, token)):
+            answer = await anyio.to_thread.run_sync(
+                rpc.handle, body, service, authenticate, limiter=state.limiter
+            )
+    except RateLimited as exc:
+        return http_limits.rate_limited(exc, body)
+    if not answer:  # a notification: JSON-RPC answers nothing
+        return Response(status_code=204)
+    return Response(answer, media_type="application/json")
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """GET /metrics with any root-tenant token (docs/metrics.md)."""
+    state: ServerState = request.app.state.bc
+    token = _bearer(request)
+
+    def render() -> bytes:
+        principal = state.runtime.service.authenticate(token)
+        if not principal.is_root:
+            raise PermissionDenied(
+                f"/metrics is for the platform's operators: use a token of the root tenant; "
+                f"this one is of tenant {principal.tenant_id}")
+        return bytes(request.app.state.metrics.render())
+
+    try:
+        body = await anyio.to_thread.run_sync(render, limiter=state.limiter)
+    except BetterComputeError as exc:
+        return JSONResponse({"error": {"code": exc.code, "message": exc.message}},
+                            status_code=403 if exc.code == "permission_denied" else 401)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def build_app(runtime: Runtime, *, gateway_url: str | None = None,
+              routes: list[Route] | None = None,
+              on_startup: Callable[[ServerState], Any] | None = None,
+              tasks: Sequence[LifespanTask] = ()) -> Starlette:
+    """The ASGI app for one Runtime. Extra routes (events, well-known) plug in here.
+
+    ``tasks`` run for the life of the server in the lifespan's task group
+    (the gateway, the controllers): each is started with ``tg.start(task,
+    state)`` once the event hub runs, supervised (restarted with backoff when it
+    fails, api/supervise.py), and cancelled at shutdown. The store is closed
+    only when the lifespan ends.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state = ServerState(runtime, anyio.CapacityLimiter(8), gateway_url)
+        app.state.bc = state
+        app.state.metrics.bind(state)
+        state.extra["metrics"] = app.state.metrics
+        runtime.service.gateway_url = gateway_url
+        if on_startup is not None:
+            on_startup(state)
+        try:
+            # The /watch follower of this process, then the lifespan tasks that use it.
+            async with watch.running_hub(state), anyio.create_task_group() as tg:
+                for task in tasks:
+                    await tg.start(supervised, task, state)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            await anyio.to_thread.run_sync(runtime.close)
+
+    base = [
+        Route(f"{API_PREFIX}/rpc", rpc_endpoint, methods=["POST"]),
+        Route(f"{API_PREFIX}/health", health, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route(f"{API_PREFIX}/ready", readiness.ready, methods=["GET"]),
+        *join_routes.ROUTES,
+        *watch.ROUTES,
+        *console.ROUTES,
+    ]
+    app = Starlette(routes=base + list(routes or []), lifespan=lifespan)
+    app.state.metrics = ServerMetrics()
+    return app

@@ -1,0 +1,240 @@
+"""``better-compute serve``: uvicorn with TLS from the serving CA."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import uvicorn
+
+from better_compute.api import pki
+from better_compute.api.controllers.runner import run_controllers
+from better_compute.api.http import http_limits
+from better_compute.api.http.app import LifespanTask, build_app
+from better_compute.api.http.request_log import RequestFields
+from better_compute.api.http.watch import stop_streams
+from better_compute.api.net import is_loopback
+from better_compute.api.runtime import Runtime
+from better_compute.api.store.token_use import flush_token_use
+from better_compute.api.wire import logs
+from better_compute.api.wire.daemon import notify
+from better_compute.domain.errors import InvalidInput
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+CLOSE_GRACE = 1.0  # seconds a peer has to answer a connection's close at shutdown
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise InvalidInput(f"--listen {text!r} is not HOST:PORT (for example 127.0.0.1:8443)")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    listen: str
+    hostnames: list[str]
+    insecure_loopback: bool = False
+    gateway_url: str | None = None
+    log_level: str = "warning"
+    gateway_listen: str | None = None
+    log_format: str = "text"
+    metrics_listen: str | None = None  # loopback HOST:PORT for GET /metrics without a token
+    workers: int = 1  # processes serving the API on one socket (api/http/workers.py)
+
+
+class _Server(uvicorn.Server):
+    """Announces readiness on stdout once the socket is bound, so callers never sleep.
+
+    Should the application's lifespan ever end while serving (its background tasks are
+    supervised, so only a bug ends it), the server exits with status 1 instead of
+    serving on without its store: a service manager starts it again.
+    """
+
+    def __init__(self, config: uvicorn.Config, ready_line: str) -> None:
+        super().__init__(config)
+        self.ready_line = ready_line
+        self.lifespan_died = False
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.started and getattr(self.lifespan, "error_occurred", False) \
+                and not self.lifespan_died:
+            self.lifespan_died = True
+            logging.getLogger("better_compute.serve").critical(
+                "the application's lifespan ended while serving; stopping (exit status 1)")
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            print(self.ready_line, flush=True)
+            notify("READY=1")  # Type=notify under systemd; nothing otherwise
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn waits for open responses before the lifespan ends: end the
+        # /watch streams first (readers reconnect and resume), or it would wait forever.
+        notify("STOPPING=1")
+        stop_streams(self.config.app)()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._cut_unanswered_closes)
+            await super().shutdown(sockets)
+            tg.cancel_scope.cancel()
+
+    async def _cut_unanswered_closes(self) -> None:
+        """Drop connections whose close the peer has not answered within CLOSE_GRACE seconds.
+
+        uvicorn closes idle keep-alive connections at shutdown and waits until they are gone.
+        Over TLS, asyncio then waits up to 30 s for the peer's close_notify, which a browser
+        never sends for an idle pooled connection it is not reading (seen with Chromium on the
+        console): shutdown would hang that long. Such a connection has nothing in flight.
+        """
+        closing_since: dict[object, float] = {}
+        while True:
+            await anyio.sleep(0.1)
+            now = time.monotonic()
+            for connection in list(self.server_state.connections):
+                transport = getattr(connection, "transport", None)
+                if transport is None or not transport.is_closing():
+                    continue
+                if now - closing_since.setdefault(connection, now) >= CLOSE_GRACE:
+                    transport.abort()
+
+
+def tls_files(runtime: Runtime, hostnames: list[str]) -> tuple[Path, Path]:
+    bundle = pki.unseal_bundle(runtime.service.pki().sealed,
+                               pki.parse_master_key(runtime.master_key_text()))
+    cert_pem, key_pem = pki.issue_serving_certificate(bundle, hostnames)
+    run_dir = runtime.data_dir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cert_path, key_path = run_dir / f"serving-{os.getpid()}.crt", run_dir / f"serving-{os.getpid()}.key"
+    for path, data in ((cert_path, cert_pem), (key_path, key_pem)):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    return cert_path, key_path
+
+
+def _gateway(options: ServeOptions, gateway_url: str | None) -> tuple[str, LifespanTask]:
+    """The gateway's lifespan task and the URL to publish (``--gateway-url`` wins)."""
+    from better_compute.api.gateway.lifespan import gateway_task
+
+    text = options.gateway_listen or ""
+    g_host, sep, g_port = text.rpartition(":")
+    if not sep or not g_port.isdigit() or not g_host:
+        raise InvalidInput(
+            f"--gateway-listen {text!r} is not HOST:PORT (for example 0.0.0.0:8444)")
+    g_host = g_host.strip("[]")
+    names = list(dict.fromkeys(options.hostnames + (list(LOOPBACK_NAMES)
+                                                    if is_loopback(g_host) else [])))
+    if not names:
+        raise InvalidInput(
+            "--hostname is needed with --gateway-listen: name the host names nodes use to reach "
+            "the gateway (for example --hostname gw.eu-1.example.com)")
+    if not gateway_url:
+        public = g_host if g_host not in ("0.0.0.0", "::") else names[0]
+        gateway_url = f"https://{f'[{public}]' if ':' in public else public}:{g_port}"
+    return gateway_url, gateway_task(g_host, int(g_port), names)
+
+
+def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
+    """The loopback /metrics listener's lifespan task and its URL (docs/metrics.md); its
+    socket is bound here, so a port in use stops the server at once with one line."""
+    from better_compute.api.wire.daemon import bind_scrape, serve_scrape
+    from better_compute.api.wire.daemon import parse_listen as parse_address
+
+    try:
+        host, port = parse_address(text, "--metrics-listen")
+        if not is_loopback(host):
+            raise ValueError(
+                f"--metrics-listen serves /metrics without a token, so on loopback only; {host} "
+                "is not a loopback address: use 127.0.0.1:PORT for a Prometheus on this host, "
+                "or scrape GET /metrics on the API with a root-tenant token")
+        sock = bind_scrape(host, port, "--metrics-listen")
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+    async def run(state: Any, *, task_status: Any) -> None:
+        metrics = state.extra["metrics"]
+
+        async def render() -> bytes:
+            return bytes(await anyio.to_thread.run_sync(metrics.render, limiter=state.limiter))
+
+        await serve_scrape(sock, render, task_status=task_status)
+
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics", run
+
+
+def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int | None = None,
+          worker_index: int = 0) -> None:
+    """Serve until a signal. ``fd``: a worker of ``--workers`` on its parent's socket; only
+    worker 0 runs the controllers, the gateway and the /metrics listener (api/http/workers.py)."""
+    logs.configure(options.log_level, options.log_format, filters=[RequestFields()])
+    host, port = parse_listen(options.listen)
+    if options.workers < 1:
+        raise InvalidInput(f"--workers {options.workers}: use 1 or more processes")
+    if options.workers > 1 and fd is None:
+        from better_compute.api.http.workers import supervise
+
+        supervise(options, env, host, port)
+        return
+    primary = worker_index == 0
+    metrics = _metrics_listener(options.metrics_listen) \
+        if options.metrics_listen and primary else None
+    runtime = Runtime.open(env)
+    runtime.service.pki()  # refuses early, with the fix, when `init` has not run
+    gateway_url = options.gateway_url or runtime.env.get("BETTER_COMPUTE_GATEWAY_URL") or None
+    ssl: dict[str, str] = {}
+    if options.insecure_loopback:
+        if not is_loopback(host):
+            raise InvalidInput(
+                f"--insecure-loopback serves plain HTTP, which is allowed on loopback only; "
+                f"{host} is not a loopback address: drop the flag to serve TLS"
+            )
+        scheme = "http"
+        names: list[str] = []
+    else:
+        names = list(dict.fromkeys(options.hostnames + (list(LOOPBACK_NAMES) if is_loopback(host) else [])))
+        if not names:
+            raise InvalidInput(
+                "--hostname is needed: name the host names clients use to reach this server "
+                "(for example --hostname compute.example.com); they go into its certificate"
+            )
+        cert, key = tls_files(runtime, names)
+        ssl = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+        scheme = "https"
+    tasks: list[LifespanTask] = [run_controllers, flush_token_use] if primary \
+        else [flush_token_use]
+    gateway_note = ""
+    if options.gateway_listen and primary:
+        gateway_url, task = _gateway(options, gateway_url)
+        tasks.append(task)
+        gateway_note = f"; gateway {gateway_url} (mutual TLS)"
+    if metrics is not None:
+        tasks.append(metrics[1])
+        gateway_note += f"; metrics {metrics[0]}"
+    app = build_app(runtime, gateway_url=gateway_url, tasks=tasks)
+    shown = f"[{host}]" if ":" in host else host
+    ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"
+             + (f" (certificate for {', '.join(names)})" if names else " (plain HTTP, loopback only)")
+             + gateway_note)
+    config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
+                            log_config=None,  # our handler and format (logs.configure)
+                            access_log=False, lifespan="on", http=http_limits.protocol_class(),
+                            fd=fd, **ssl)  # type: ignore[arg-type]
+    server = _Server(config, ready)
+    try:
+        server.run()
+    finally:
+        for path in ssl.values():
+            Path(path).unlink(missing_ok=True)
+    if not server.started or server.lifespan_died:
+        sys.exit(1)

@@ -1,0 +1,133 @@
+"""``serve --workers N``: N processes serve the API on one listening socket (docs/performance.md).
+
+The parent binds the API's socket and starts N worker processes (``python -m
+better_compute.api.http.workers DOC``, the socket inherited as a file descriptor, DOC the
+JSON of its index, the descriptor and the serve options). The kernel hands each new connection to one of
+them. Worker 0 also runs what must run once per server: the controllers (still elected
+among replicas), the gateway and the loopback /metrics listener; the others serve the
+API, /watch (each follows the store with its own hub, as replicas do) and the console.
+Correctness never rested on one process: a placement's save is refused when another
+process booked the same GPUs or used the same quota (the aggregates), and the placer
+then reads again.
+
+The parent prints one ready line once every worker serves, forwards SIGTERM and SIGINT
+to them, and if one ends on its own stops the others and exits with status 1, so a
+service manager starts the server again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+READY_TIMEOUT = 120.0  # seconds a worker has to open the store and serve
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) -> None:
+    """Run ``options.workers`` workers on one socket until a signal or a worker's end."""
+    from better_compute.domain.errors import InvalidInput
+
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        raise InvalidInput(f"--listen {host}:{port}: cannot listen there ({exc.strerror}): "
+                           "pick a free port") from None
+    base = dict(os.environ if env is None else env)
+    workers: list[subprocess.Popen[str]] = []
+    stopping = {"signal": 0}
+
+    def stop(signum: int, _frame: Any) -> None:
+        stopping["signal"] = signum
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for index in range(options.workers):
+            doc = {"fd": sock.fileno(), "index": index,
+                   "options": dataclasses.asdict(options)}
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "better_compute.api.http.workers", json.dumps(doc)],
+                env=base, pass_fds=(sock.fileno(),),
+                stdout=subprocess.PIPE, text=True))
+        first = _await_ready(workers)
+        if first is None:
+            stop(signal.SIGTERM, None)
+            _reap(workers)
+            sys.exit(1)
+        print(f"{first.rstrip()} ({options.workers} workers)", flush=True)
+        while not stopping["signal"]:
+            ended = [w for w in workers if w.poll() is not None]
+            if ended:
+                print(f"better-compute serve: worker pid {ended[0].pid} ended (status "
+                      f"{ended[0].returncode}); stopping the others", file=sys.stderr,
+                      flush=True)
+                stop(signal.SIGTERM, None)
+                _reap(workers)
+                sys.exit(1)
+            time.sleep(0.2)  # a child's end has no event to wait on across processes here
+        _reap(workers)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        sock.close()
+
+
+def _await_ready(workers: list[subprocess.Popen[str]]) -> str | None:
+    """Each worker's ready line; worker 0's, or None when one ended or took too long."""
+    lines: dict[int, str] = {}
+    deadline = time.monotonic() + READY_TIMEOUT
+    while len(lines) < len(workers):
+        pending = [w for i, w in enumerate(workers) if i not in lines]
+        if any(w.poll() is not None for w in pending) or time.monotonic() > deadline:
+            return None
+        ready, _, _ = select.select([w.stdout for w in pending], [], [], 1.0)
+        for stream in ready:
+            index = next(i for i, w in enumerate(workers) if w.stdout is stream)
+            line = stream.readline()
+            if not line:
+                return None
+            if "serving" in line:
+                lines[index] = line
+    return lines[0]
+
+
+def _reap(workers: list[subprocess.Popen[str]]) -> None:
+    for w in workers:
+        try:
+            w.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
+
+
+def worker_main() -> None:
+    """A worker: ``serve`` on the inherited socket (see the module docstring)."""
+    from better_compute.api.http.serve import ServeOptions, serve
+
+    doc = json.loads(sys.argv[1])
+    options = ServeOptions(**{**doc["options"], "workers": 1})
+    serve(options, dict(os.environ), fd=int(doc["fd"]), worker_index=int(doc["index"]))
+
+
+if __name__ == "__main__":
+    worker_main()

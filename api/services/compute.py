@@ -1,0 +1,391 @@
+"""The service layer: every command and query of the control plane.
+
+Each command checks the caller, reads clocks and ids, calls aggregate methods
+and ends with ONE ``save`` of every aggregate it touched (atomic). Queries read
+aggregates directly (``get``) or the listings projection (``list``), which is
+caught up first, so a caller always reads its own writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, project_aggregate
+from eventsourcing.persistence import IntegrityError
+
+from better_compute.api.services.tokens import TokenService, new_token_secret
+from better_compute.api.store.actor import LOCAL, acting_as, current_actor
+from better_compute.api.store.token_use import TokenUse
+from better_compute.domain.access import ROOT_TENANT, Principal, Role
+from better_compute.domain.base import TenantOwned, fingerprint, iso
+from better_compute.domain.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    NotInitialized,
+    PermissionDenied,
+    Unauthenticated,
+)
+from better_compute.domain.gpus import parse_gpu_model
+from better_compute.domain.ids import NAMESPACE, check_key, check_tenant_id, keyed_or_new, parse_id
+from better_compute.domain.pki import PKI_ID, PkiBundle
+from better_compute.domain.policy import parse_policy, policy_to_dict
+from better_compute.domain.pool import NODE_CLASSES, Pool, parse_quota
+from better_compute.domain.site import SITE_KINDS, Site
+from better_compute.domain.tenant import Tenant, tenant_uuid
+from better_compute.domain.text import MAX_REGION, check_name, check_text
+from better_compute.domain.token import (
+    TOKEN_PREFIX,
+    ApiToken,
+    TokenLifetimes,
+    token_hash,
+    token_uuid,
+)
+from better_compute.projections.listings import query_listing
+
+A = TypeVar("A", bound=TenantOwned)
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class ComputeService:
+    def __init__(self, store: Any, projections: Any, clock: Clock = utc_now) -> None:
+        self.store = store
+        self.projections = projections
+        self.sql = projections.sql
+        self.clock = clock
+        # Reads the operator's master key (set by the Runtime); commands that sign need it.
+        self.master_key_text: Callable[[], str] | None = None
+        # The agents' gateway as `serve` publishes it (None in the CLI's in-process mode).
+        self.gateway_url: str | None = None
+        self.lifetimes = TokenLifetimes()  # the Runtime sets the server's (api/services/tokens.py)
+        self.token_use = TokenUse(self.sql)
+        self._id_namespace: UUID | None = None
+
+    # ----------------------------------------------------------------- helpers
+
+    def _get(self, cls: type[A], uuid: UUID) -> A | None:
+        try:
+            aggregate = self.store.repository.get(uuid)
+        except AggregateNotFoundError:
+            return None
+        return aggregate if isinstance(aggregate, cls) else None
+
+    def _save(self, *aggregates: TenantOwned) -> None:
+        try:
+            self.store.save(*aggregates)
+        except IntegrityError:
+            raise Conflict(
+                "another request changed the same objects at the same time; nothing was "
+                "saved: run the command again"
+            ) from None
+
+    def _create(self, cls: type[A], make: Callable[[], A], *, key: str | None, fp: str,
+                what: str) -> A:
+        """Create once per idempotency key: a retry returns the first object."""
+        aggregate = make()
+        if key:
+            existing = self._get(cls, aggregate.id)
+            if existing is not None:
+                existing.check_retry(fp, what, key)
+                return existing
+        try:
+            self.store.save(aggregate)
+        except IntegrityError:
+            existing = self._get(cls, aggregate.id)
+            if existing is None:
+                raise
+            existing.check_retry(fp, what, key)
+            return existing
+        return aggregate
+
+    def _scope(self, principal: Principal, tenant_id: str | None) -> str:
+        """The tenant a call acts on: the caller's own unless a root caller names another."""
+        if tenant_id:
+            check_tenant_id(tenant_id)
+        tenant = tenant_id or principal.tenant_id
+        if not principal.can_see_tenant(tenant):
+            raise PermissionDenied(
+                f"this token belongs to tenant {principal.tenant_id} and cannot act on tenant "
+                f"{tenant} (named by --tenant, tenantId or BETTER_COMPUTE_TENANT): use a token "
+                f"of tenant {tenant}, or set BETTER_COMPUTE_TENANT={principal.tenant_id}"
+            )
+        return tenant
+
+    def _tenant(self, tenant_id: str) -> Tenant:
+        check_tenant_id(tenant_id)
+        tenant = self._get(Tenant, tenant_uuid(tenant_id))
+        if tenant is None:
+            raise NotFound(
+                f"no tenant {tenant_id!r}: create it first with "
+                f"`better-compute tenants create {tenant_id}`"
+            )
+        return tenant
+
+    def listing(self, kind: str, **filters: Any) -> list[dict[str, Any]]:
+        self.projections.catch_up("listings")
+        return query_listing(self.sql, kind, **filters)
+
+    # ------------------------------------------------------------ bootstrap
+
+    def is_initialized(self) -> bool:
+        return self._get(PkiBundle, PKI_ID) is not None
+
+    def new_id(self, tenant_id: str, kind: str, key: str | None) -> UUID:
+        """A create's aggregate id: from its idempotency key in this installation's
+        namespace (domain/ids.py), or random without a key."""
+        return keyed_or_new(tenant_id, kind, key, self.id_namespace() if key else NAMESPACE)
+
+    def id_namespace(self) -> UUID:
+        """This installation's namespace for keyed ids (read once: it never changes)."""
+        if self._id_namespace is None:
+            self._id_namespace = self.pki().id_namespace
+        return self._id_namespace
+
+    def pki(self) -> PkiBundle:
+        bundle = self._get(PkiBundle, PKI_ID)
+        if bundle is None:
+            raise NotInitialized(
+                "this store has no PKI bundle and no root tenant yet: run `better-compute init`"
+            )
+        return bundle
+
+    def initialize(self, public: dict[str, str], sealed: str) -> str:
+        """Create the PKI bundle, the root tenant and its first admin token, atomically."""
+        if self.is_initialized():
+            raise Conflict(
+                "this store is already initialized: `better-compute init` runs once per store; "
+                "use the root token it printed, or mint another with `tokens create`"
+            )
+        secret = new_token_secret()
+        bundle = PkiBundle.new(public=public, sealed=sealed)
+        root = Tenant(tenant_id=ROOT_TENANT, name="Platform operator", created_by=None)
+        token = ApiToken(tenant_id=ROOT_TENANT, role=Role.ADMIN.value, name="root administrator",
+                         secret_hash=token_hash(secret), created_by=None)
+        try:
+            with acting_as(current_actor() or LOCAL):
+                self.store.save(bundle, root, token)
+        except IntegrityError:
+            raise Conflict("this store was initialized by another process just now") from None
+        return secret
+
+    def authenticate(self, secret: str | None) -> Principal:
+        if not secret:
+            raise Unauthenticated(
+                "no API token: set BETTER_COMPUTE_TOKEN to a biam_… token "
+                "(`better-compute init` printed the root administrator's)"
+            )
+        if not secret.startswith(TOKEN_PREFIX):
+            raise Unauthenticated("the API token is malformed: API tokens start with biam_")
+        token = self._token(token_uuid(token_hash(secret)))
+        if token is None or token.revoked:
+            raise Unauthenticated(
+                "the API token is unknown or revoked: ask an admin of your tenant for a new one"
+            )
+        now = self.clock()
+        if token.expired(now):  # refused like a revoked token, by the clock (api/services/tokens.py)
+            raise Unauthenticated(
+                f"the API token {token.public_id} expired at {iso(token.ends_at)}: ask an admin "
+                "of your tenant for a new one; rotate tokens before they end "
+                "(`better-compute tokens rotate`)"
+            )
+        self.token_use.seen(token.public_id, now)  # memory only; flushed in batches
+        return Principal(tenant_id=token.tenant_id, role=token.role_enum,
+                         token_id=token.public_id, expires_at=token.ends_at)
+
+    def _token(self, uuid: UUID) -> ApiToken | None:
+        """A token read from its events alone, on every request (so a revocation anywhere
+        counts at once): tokens are never snapshotted, so the repository's snapshot read
+        would be one database round trip per request for nothing."""
+        token = project_aggregate(None, self.store.repository.event_store.get(uuid))
+        return token if isinstance(token, ApiToken) else None
+
+    # ------------------------------------------------------------------ system
+
+    def whoami(self, principal: Principal) -> dict[str, Any]:
+        return {
+            "tenantId": principal.tenant_id,
+            "role": principal.role.value,
+            "rootAdministrator": principal.is_root_admin,
+            "tokenId": principal.token_id,
+        }
+
+    # ----------------------------------------------------------------- tenants
+
+    def tenants_create(self, principal: Principal, tenant_id: str, name: str | None) -> dict[str, Any]:
+        principal.require_root_admin("create tenants")
+        check_tenant_id(tenant_id)
+        check_name(name)
+        name = name or tenant_id
+        existing = self._get(Tenant, tenant_uuid(tenant_id))
+        if existing is not None:
+            if existing.name == name:
+                return existing.to_doc()
+            raise Conflict(f"tenant {tenant_id!r} already exists with the name {existing.name!r}")
+        tenant = Tenant(tenant_id=tenant_id, name=name, created_by=principal.token_id)
+        try:
+            self.store.save(tenant)
+        except IntegrityError:  # created by a concurrent request just now
+            return self.tenants_create(principal, tenant_id, name)
+        return tenant.to_doc()
+
+    def tenants_get(self, principal: Principal, tenant_id: str) -> dict[str, Any]:
+        check_tenant_id(tenant_id)
+        if not principal.can_see_tenant(tenant_id):
+            raise NotFound(f"no tenant {tenant_id!r}")
+        return self._tenant(tenant_id).to_doc()
+
+    def tenants_list(self, principal: Principal) -> list[dict[str, Any]]:
+        if principal.is_root:
+            return self.listing("tenant")
+        return self.listing("tenant", tenant_id=principal.tenant_id)
+
+    # ------------------------------------------------------------------ tokens
+
+    # (api/services/tokens.py: lifetimes, rotation, expiry, last use)
+
+    def tokens_create(self, principal: Principal, tenant_id: str | None, role: str,
+                      name: str | None, ttl: str | None = None) -> dict[str, Any]:
+        return TokenService(self).create(principal, tenant_id, role, name, ttl)
+
+    def tokens_list(self, principal: Principal, tenant_id: str | None) -> list[dict[str, Any]]:
+        return TokenService(self).list(principal, tenant_id)
+
+    def tokens_revoke(self, principal: Principal, token_id: str) -> dict[str, Any]:
+        return TokenService(self).revoke(principal, token_id)
+
+    # ------------------------------------------------------------------- sites
+
+    def sites_create(
+        self, principal: Principal, kind: str, region: str, name: str | None, key: str | None
+    ) -> dict[str, Any]:
+        if kind not in SITE_KINDS:
+            raise InvalidInput(f"--kind {kind!r} is not a site kind: use shared or dedicated")
+        if not principal.is_root:
+            raise PermissionDenied(
+                "only the root tenant creates platform sites (shared or dedicated); "
+                f"this token belongs to tenant {principal.tenant_id}"
+            )
+        principal.require_root_admin("create sites")
+        check_text(region, "--region", MAX_REGION, example="eu-1")
+        check_name(name)
+        if not region or not region.replace("-", "").replace("_", "").isalnum():
+            raise InvalidInput(
+                f"--region {region!r} is not a region name: use letters, digits and dashes "
+                "(for example eu-1)"
+            )
+        if key:
+            check_key(key)
+        tenant = principal.tenant_id
+        params = {"kind": kind, "region": region, "name": name or ""}
+        uuid = self.new_id(tenant, "site", key)
+        site = self._create(
+            Site,
+            lambda: Site.with_id(uuid, tenant_id=tenant, kind=kind, region=region, name=name or "", key=key,
+                         fingerprint=fingerprint(params)),
+            key=key, fp=fingerprint(params), what="site",
+        )
+        return site.to_doc()
+
+    def _site(self, principal: Principal, site_id: str) -> Site:
+        site = self._get(Site, parse_id("site", site_id))
+        if site is None or not self._site_visible(principal, site):
+            raise NotFound(f"no site {site_id!r}: `better-compute sites list` shows the sites you see")
+        return site
+
+    def _site_visible(self, principal: Principal, site: Site) -> bool:
+        if principal.can_see_tenant(site.tenant_id):
+            return True
+        pools = self.listing("pool", visible_to=principal.tenant_id)
+        return any(p["siteId"] == site.public_id for p in pools)
+
+    def sites_get(self, principal: Principal, site_id: str) -> dict[str, Any]:
+        return self._site(principal, site_id).to_doc()
+
+    def sites_list(self, principal: Principal) -> list[dict[str, Any]]:
+        if principal.is_root:
+            return self.listing("site")
+        own = self.listing("site", tenant_id=principal.tenant_id)
+        hosting = {p["siteId"] for p in self.listing("pool", visible_to=principal.tenant_id)}
+        shared = [s for s in self.listing("site") if s["id"] in hosting and s not in own]
+        return own + shared
+
+    # ------------------------------------------------------------------- pools
+
+    def pools_create(
+        self, principal: Principal, site_id: str, node_class: str, gpu_model: str,
+        policy: dict[str, Any], name: str | None, key: str | None,
+    ) -> dict[str, Any]:
+        site = self._site(principal, site_id)
+        principal.require_admin_of(site.tenant_id, "create pools")
+        if site.tenant_id != principal.tenant_id:
+            raise PermissionDenied(f"site {site_id} belongs to tenant {site.tenant_id}")
+        if node_class not in NODE_CLASSES:
+            raise InvalidInput(
+                f"--class {node_class!r} is not a pool class: use {', '.join(NODE_CLASSES)}"
+            )
+        check_name(name)
+        family = parse_gpu_model(gpu_model)
+        checked = policy_to_dict(parse_policy(policy, source="the pool policy"))
+        if key:
+            check_key(key)
+        params = {"site": site.public_id, "class": node_class, "gpuModel": family,
+                  "policy": checked, "name": name or ""}
+        fp = fingerprint(params)
+        uuid = self.new_id(principal.tenant_id, "pool", key)
+        pool = self._create(
+            Pool,
+            lambda: Pool.with_id(uuid, tenant_id=principal.tenant_id, site_id=site.public_id,
+                         node_class=node_class, gpu_model=family, policy=checked,
+                         name=name or "", key=key, fingerprint=fp),
+            key=key, fp=fp, what="pool",
+        )
+        return pool.to_doc()
+
+    def pool(self, principal: Principal, pool_id: str) -> Pool:
+        pool = self._get(Pool, parse_id("pool", pool_id))
+        if pool is None or not (principal.is_root or pool.visible_to(principal.tenant_id)):
+            raise NotFound(f"no pool {pool_id!r}: `better-compute pools list` shows the pools you see")
+        return pool
+
+    def pools_get(self, principal: Principal, pool_id: str) -> dict[str, Any]:
+        pool = self.pool(principal, pool_id)
+        return pool.to_doc(viewer=None if principal.is_root else principal.tenant_id)
+
+    def pools_list(self, principal: Principal, site_id: str | None) -> list[dict[str, Any]]:
+        if site_id:
+            parse_id("site", site_id)  # a malformed --site is an error, not an empty list
+        where = {"siteId": site_id} if site_id else None
+        if principal.is_root:
+            return self.listing("pool", where=where)
+        docs = self.listing("pool", visible_to=principal.tenant_id, where=where)
+        for doc in docs:
+            if doc["tenantId"] != principal.tenant_id:
+                doc["offerings"] = [o for o in doc["offerings"] if o["tenantId"] == principal.tenant_id]
+        return docs
+
+    def pools_offer(
+        self, principal: Principal, pool_id: str, to_tenant: str, quota: dict[str, Any]
+    ) -> dict[str, Any]:
+        pool = self.pool(principal, pool_id)
+        principal.require_admin_of(pool.tenant_id, "offer pools")
+        if pool.tenant_id != principal.tenant_id and not principal.is_root_admin:
+            raise PermissionDenied(f"pool {pool_id} belongs to tenant {pool.tenant_id}")
+        checked = parse_quota(quota)
+        self._tenant(to_tenant)
+        if pool.offer(to_tenant, checked):
+            self._save(pool)
+        return pool.to_doc()
+
+    # --------------------------------------------------------------------- pki
+
+    def pki_show(self, principal: Principal) -> dict[str, Any]:
+        return self.pki().to_doc()
+
+

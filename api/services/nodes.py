@@ -1,0 +1,363 @@
+"""nodes.* and capacity.get, and the commands the gateway and the controller give nodes.
+
+Operator commands take a Principal and check its tenant. Internal commands
+(sessions, acceptance, health, timers) come from the gateway, which has
+verified the node's certificate and signatures, or from the NodeLifecycle
+controller; each re-reads the node, decides with the service's clock, and
+ends in one save, retried a few times when another writer got there first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from uuid import UUID
+
+import msgspec
+from eventsourcing.persistence import IntegrityError, Notification
+
+from better_compute.api.services.compute import ComputeService
+from better_compute.api.store.eventlog import render
+from better_compute.api.store.node_presence import Reports
+from better_compute.domain.access import Principal
+from better_compute.domain.base import TenantOwned
+from better_compute.domain.bookings import NodeBookings, bookings_uuid
+from better_compute.domain.errors import Conflict, InvalidInput, NotFound
+from better_compute.domain.gpus import gpu_is_healthy
+from better_compute.domain.ids import parse_id
+from better_compute.domain.node import Node
+from better_compute.domain.node_rules import (
+    ACCEPTANCE_PENDING,
+    acceptance_checks,
+    evaluate_acceptance,
+)
+from better_compute.domain.policy import node_sections
+from better_compute.domain.pool import Pool
+from better_compute.domain.quota import QuotaUse, quota_uuid
+from better_compute.domain.reservation import Reservation
+from better_compute.domain.text import MAX_REASON, check_text
+from better_compute.projections.capacity import capacity_resources, count_nodes, read_capacity
+
+T = TypeVar("T")
+_ATTEMPTS = 5
+
+
+def _reason(text: str | None, what: str) -> str:
+    return check_text((text or "").strip(), f"the {what} reason", MAX_REASON)
+
+
+class NodeService:
+    """Nodes and capacity on top of the ComputeService's store, projections and clock."""
+
+    def __init__(self, service: ComputeService) -> None:
+        self.service = service
+
+    @property
+    def clock(self) -> Callable[[], datetime]:
+        return self.service.clock
+
+    # ----------------------------------------------------------------- helpers
+
+    def load(self, uuid: UUID) -> Node | None:
+        return self.service._get(Node, uuid)
+
+    def _node(self, principal: Principal, node_id: str) -> Node:
+        node = self.load(parse_id("node", node_id))
+        if node is None or not principal.can_see_tenant(node.tenant_id):
+            raise NotFound(f"no node {node_id!r}: `better-compute nodes list` shows your nodes")
+        return node
+
+    def _pool(self, pool_id: str) -> Pool:
+        pool = self.service._get(Pool, parse_id("pool", pool_id))
+        if pool is None:
+            raise NotFound(f"pool {pool_id} is gone")
+        return pool
+
+    def pool_sections(self, node: Node) -> dict[str, Any]:
+        """The desired-state sections the node's pool policy adds (``kubernetes``, ``profile``)."""
+        pool = self.service._get(Pool, parse_id("pool", node.pool_id))
+        return node_sections(pool.policy) if pool is not None else {}
+
+    def _change(self, uuid: UUID, change: Callable[[Node], T]) -> tuple[Node, T]:
+        """Load, change, save; again on a version clash (another writer got there first)."""
+        for _ in range(_ATTEMPTS):
+            node = self.load(uuid)
+            if node is None:
+                raise NotFound(f"no node with id {uuid}")
+            result = change(node)
+            if not node.pending_events:
+                return node, result
+            try:
+                self.service.store.save(node)
+            except IntegrityError:
+                continue
+            return node, result
+        raise Conflict("the node kept changing while this change was being saved: try again")
+
+    # ---------------------------------------------------------------- queries
+
+    def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None
+             ) -> list[dict[str, Any]]:
+        where = None
+        if pool_id:
+            parse_id("pool", pool_id)  # a malformed --pool is an error, not an empty list
+            where = {"poolId": pool_id}
+        if principal.is_root and tenant_id is None:
+            return self.service.listing("node", where=where)
+        tenant = self.service._scope(principal, tenant_id)
+        return self.service.listing("node", tenant_id=tenant, where=where)
+
+    def get(self, principal: Principal, node_id: str) -> dict[str, Any]:
+        """The node, with ``report``: the newest report summary the gateway kept (or null)."""
+        node = self._node(principal, node_id)
+        doc = node.to_doc()
+        doc["report"] = Reports(self.service.sql).latest(str(node.id))
+        return doc
+
+    def events(self, principal: Principal, node_id: str) -> list[dict[str, Any]]:
+        """Every event of the node, oldest first, as the event log shows them."""
+        node = self._node(principal, node_id)
+        sql = self.service.sql
+        if sql.postgres:
+            table = self.service.store.recorder.events_table_name
+            statement = (f"SELECT notification_id AS seq, originator_id, originator_version, "
+                         f"topic, state FROM {table} WHERE originator_id = %s "
+                         "ORDER BY originator_version")
+            key: Any = node.id
+        else:
+            statement = ("SELECT rowid AS seq, originator_id, originator_version, topic, state "
+                         "FROM stored_events WHERE originator_id = ? ORDER BY originator_version")
+            key = node.id.hex
+        with sql.transaction(commit=False) as cursor:
+            cursor.execute(statement, (key,))
+            rows = cursor.fetchall()
+        docs = []
+        for row in rows:
+            state = row["state"]
+            notification = Notification(
+                id=int(row["seq"]), originator_id=node.id,
+                originator_version=int(row["originator_version"]), topic=str(row["topic"]),
+                state=bytes(state) if not isinstance(state, bytes) else state,
+            )
+            entry = render(notification, self.service.store.mapper.to_domain_event)
+            docs.append(msgspec.json.decode(entry.line))
+        return docs
+
+    def capacity(self, principal: Principal, pool_id: str) -> dict[str, Any]:
+        pool = self.service.pool(principal, pool_id)
+        self.service.projections.catch_up("capacity")
+        resources = capacity_resources(read_capacity(self.service.sql, pool.public_id))
+        return {"poolId": pool.public_id, "gpuModel": pool.gpu_model, "resources": resources,
+                "nodes": count_nodes(self.service.sql, pool.public_id)}
+
+    # --------------------------------------------------------------- commands
+
+    def adopt(self, principal: Principal, tenant_id: str | None, node_id: str,
+              reason: str | None) -> dict[str, Any]:
+        """Start a new acceptance attempt (after a failed one, once its cause is fixed)."""
+        node = self._node(principal, node_id)
+        if tenant_id is not None and tenant_id != node.tenant_id:
+            raise NotFound(f"no node {node_id!r} in tenant {tenant_id}")
+        principal.require_admin_of(node.tenant_id, "adopt nodes")
+        why = _reason(reason, "adopt") or "nodes.adopt"
+        checks = self.checks_for(node)
+        node, _ = self._change(node.id, lambda n: n.start_acceptance(
+            self.clock(), checks, why, principal.token_id or "local operator"))
+        return node.to_doc()
+
+    def checks_for(self, node: Node) -> list[dict[str, Any]]:
+        pool = self._pool(node.pool_id)
+        return acceptance_checks(pool.policy, pool.gpu_model)
+
+    def cordon(self, principal: Principal, node_id: str, reason: str | None) -> dict[str, Any]:
+        node = self._node(principal, node_id)
+        principal.require_admin_of(node.tenant_id, "cordon nodes")
+        why = _reason(reason, "cordon") or "maintenance"
+        node, _ = self._change(node.id, lambda n: n.cordon(why, self.clock(), principal.token_id))
+        return node.to_doc()
+
+    def uncordon(self, principal: Principal, node_id: str) -> dict[str, Any]:
+        node = self._node(principal, node_id)
+        principal.require_admin_of(node.tenant_id, "uncordon nodes")
+        node, _ = self._change(node.id, lambda n: n.uncordon(self.clock(), principal.token_id))
+        return node.to_doc()
+
+    # ---------------------------------------------------- drain and remove
+
+    def _bookings(self, node: Node) -> NodeBookings | None:
+        return self.service._get(NodeBookings, bookings_uuid(node.public_id))
+
+    def _held(self, node: Node) -> set[str]:
+        """Allocation ids held (device assignments) or booked (now or later) on ``node``."""
+        bookings = self._bookings(node)
+        return {*(bookings.bookings if bookings else {}),
+                *(str(a["allocationId"]) for a in node.device_assignments())}
+
+    def drain(self, principal: Principal, node_id: str, reason: str | None) -> dict[str, Any]:
+        """No new placements; what is held or booked stays until it ends (docs/nodes.md)."""
+        node = self._node(principal, node_id)
+        principal.require_admin_of(node.tenant_id, "drain nodes")
+        why = _reason(reason, "drain") or "drain"
+
+        def change(n: Node) -> bool:
+            return n.drain(why, self.clock(), principal.token_id, len(self._held(n)))
+
+        node, _ = self._change(node.id, change)
+        return node.to_doc()
+
+    def remove(self, principal: Principal, node_id: str, reason: str | None, force: bool
+               ) -> dict[str, Any]:
+        """Out of its pool. Refused while anything is held or booked, unless ``force``:
+        then every reservation on it is released (reason ``node-removed``) in the same
+        atomic save, before ``node.removed``."""
+        first = self._node(principal, node_id)
+        principal.require_admin_of(first.tenant_id, "remove nodes")
+        why = _reason(reason, "remove") or "removed"
+        for _ in range(_ATTEMPTS):
+            node = self.load(first.id)
+            assert node is not None
+            if node.removed:
+                raise Conflict(f"node {node.public_id} is already removed: the machine joins "
+                               "again with bcd join")
+            bookings = self._bookings(node)
+            held = sorted({str(b["reservationId"]) for b in (bookings.bookings if bookings
+                                                              else {}).values()}
+                          | {str(a.get("reservationId")) for a in node.device_assignments()})
+            if held and not force:
+                raise Conflict(
+                    f"node {node.public_id} still holds or has booked {len(held)} "
+                    f"reservation{'s' if len(held) != 1 else ''} ({', '.join(held[:5])}"
+                    f"{', …' if len(held) > 5 else ''}): drain it and wait until "
+                    f"`better-compute nodes get {node.public_id} --query maintenance.state` says "
+                    "drained, or remove it now with --force (releases them)")
+            now = self.clock()
+            released, changed = self._release_all(node, bookings, now) if held else ([], [])
+            node.remove(now, principal.token_id, why, released)
+            try:
+                self.service.store.save(*changed, node)
+            except IntegrityError:
+                continue  # a booking or the node changed meanwhile: look again
+            return node.to_doc()
+        raise Conflict("the node kept changing while it was being removed: try again")
+
+    def _release_all(self, node: Node, bookings: NodeBookings | None, now: datetime
+                     ) -> tuple[list[str], list[TenantOwned]]:
+        """Release every live reservation booked on ``node`` and end its bookings."""
+        released: list[str] = []
+        changed: list[TenantOwned] = []
+        quotas: dict[UUID, QuotaUse] = {}
+        for allocation_id, booking in list((bookings.bookings if bookings else {}).items()):
+            rsv = self.service._get(Reservation, parse_id("rsv", str(booking["reservationId"])))
+            if rsv is not None and rsv.allocation_id == allocation_id and \
+                    rsv.release(now, reason="node-removed"):
+                released.append(rsv.public_id)
+                changed.append(rsv)
+                key = quota_uuid(rsv.pool_id, rsv.tenant_id)
+                quota = quotas.get(key) or self.service._get(QuotaUse, key)
+                if quota is not None and quota.refund(rsv.public_id):
+                    quotas[key] = quota
+            assert bookings is not None
+            bookings.end(allocation_id, now)
+            node.unassign_devices(allocation_id, now)
+        for assignment in node.device_assignments():  # a hold with no booking left
+            node.unassign_devices(str(assignment["allocationId"]), now)
+        if bookings is not None and bookings.pending_events:
+            changed.append(bookings)
+        return released, [*changed, *quotas.values()]
+
+    # ------------------------------------------------- gateway and controller
+
+    def session_opened(self, uuid: UUID, bcd_version: str | None) -> tuple[int, Node]:
+        node, epoch = self._change(uuid, lambda n: n.connect(self.clock(), bcd_version))
+        return epoch, node
+
+    def session_closed(self, uuid: UUID, epoch: int, reason: str) -> bool:
+        _, changed = self._change(uuid, lambda n: n.disconnect(epoch, self.clock(), reason))
+        return changed
+
+    def mark_unreachable(self, uuid: UUID, epoch: int, last_seen: datetime | None) -> bool:
+        def change(node: Node) -> bool:
+            if node.session_epoch != epoch:  # it reconnected since the controller looked
+                return False
+            return node.mark_unreachable(self.clock(), last_seen)
+
+        return self._change(uuid, change)[1]
+
+    def start_first_acceptance(self, uuid: UUID) -> int | None:
+        """The controller's step: a connected node that never ran acceptance starts attempt 1."""
+        node = self.load(uuid)
+        if node is None:
+            return None
+        checks = self.checks_for(node)
+
+        def change(n: Node) -> int | None:
+            if n.adopted or n.acceptance_state != ACCEPTANCE_PENDING or n.session != "connected":
+                return None
+            return n.start_acceptance(self.clock(), checks, "the node's session is up", None)
+
+        return self._change(uuid, change)[1]
+
+    def time_out_acceptance(self, uuid: UUID, attempt: int, after: timedelta) -> bool:
+        """The controller's step: ``attempt`` ran for ``after`` without a verdict: failed."""
+        return self._change(uuid, lambda n: n.time_out_acceptance(attempt, self.clock(),
+                                                                  after))[1]
+
+    def certificate_renewed(self, uuid: UUID, epoch: int, serial: str,
+                            not_after: datetime) -> None:
+        """Record a certificate the gateway issued over session ``epoch`` (api/gateway/renewal.py)."""
+        def change(node: Node) -> None:
+            if node.session_epoch != epoch:
+                raise Conflict(f"session epoch {epoch} of node {node.public_id} is stale "
+                               f"(current {node.session_epoch})")
+            node.renew_certificate(serial, not_after, self.clock())
+
+        self._change(uuid, change)
+
+    def acceptance_result(self, uuid: UUID, epoch: int, entry: dict[str, Any]) -> bool:
+        """A verified ``acceptance.result`` entry: our verdict, then adopted or failed."""
+        try:
+            attempt = int(entry["attempt"])
+        except (KeyError, TypeError, ValueError):
+            raise InvalidInput("an acceptance.result entry needs an integer attempt") from None
+        gpus = [dict(g) for g in entry.get("gpus") or [] if isinstance(g, dict)]
+
+        def change(node: Node) -> bool:
+            if node.session_epoch != epoch:
+                raise Conflict(f"session epoch {epoch} of node {node.public_id} is stale "
+                               f"(current {node.session_epoch})")
+            verdict = evaluate_acceptance(node.acceptance_checks, entry)
+            return node.finish_acceptance(attempt, verdict.passed, verdict.message,
+                                          verdict.checks, _inventory_gpus(gpus), self.clock())
+
+        return self._change(uuid, change)[1]
+
+    def gpu_health(self, uuid: UUID, epoch: int, gpus: list[dict[str, Any]]) -> int:
+        """Health from a report's inventory: one event per GPU whose health changed."""
+        def change(node: Node) -> int:
+            if node.session_epoch != epoch:
+                return 0
+            changed = 0
+            now = self.clock()
+            for gpu in gpus:
+                uuid_ = gpu.get("uuid")
+                if not isinstance(uuid_, str):
+                    continue
+                reasons = [str(r) for r in gpu.get("healthReasons") or []]
+                healthy = gpu_is_healthy(gpu)
+                if node.set_gpu_health(uuid_, healthy, reasons, now):
+                    changed += 1
+            return changed
+
+        return self._change(uuid, change)[1]
+
+
+_GPU_KEYS = ("uuid", "name", "serial", "pciBusId", "memoryMiB", "nvlinkDomain", "product",
+             "family", "healthy", "healthReasons", "index")
+
+
+def _inventory_gpus(gpus: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The GPUs a node is adopted with: identity and health, never telemetry."""
+    if not gpus:
+        return None
+    return [{k: g[k] for k in _GPU_KEYS if k in g} for g in gpus]

@@ -1,0 +1,192 @@
+"""What the reservation commands share: loading aggregates, placing, booking, ending holds.
+
+Time is "database time" (``now()``): on PostgreSQL the server's ``now()``,
+so every replica books on one clock; on SQLite, which lives on one machine,
+the process clock. A clock injected into the ComputeService (tests) wins.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError
+from eventsourcing.persistence import IntegrityError
+
+from better_compute.api.services.compute import ComputeService, utc_now
+from better_compute.domain.base import TenantOwned, iso
+from better_compute.domain.bookings import NodeBookings, bookings_uuid
+from better_compute.domain.errors import Conflict, NoCapacity, NotFound
+from better_compute.domain.ids import parse_id
+from better_compute.domain.node import Node
+from better_compute.domain.placement import Placement, PlacementRequest, place
+from better_compute.domain.pool import Pool
+from better_compute.domain.quota import QuotaUse, quota_uuid
+from better_compute.domain.reservation import Reservation
+from better_compute.projections.capacity import read_capacity
+from better_compute.projections.free_gpus import (
+    FAST_PATH_NODES,
+    all_candidates,
+    fast_candidates,
+    node_host_share,
+)
+
+A = TypeVar("A", bound=TenantOwned)
+
+
+class ReservationBase:
+    """Store access and placement for the reservation service and its binding half."""
+
+    def __init__(self, service: ComputeService) -> None:
+        self.service = service
+        self.store = service.store
+        self.sql = service.sql
+        self.projections = service.projections
+        self._locks: dict[str, threading.Lock] = {}
+        self._claims: dict[str, dict[str, int]] = {}  # pool -> node -> placements saving
+        self._locks_guard = threading.Lock()
+
+    # ----------------------------------------------------------------- helpers
+
+    def now(self) -> datetime:
+        """Database time (see the module docstring)."""
+        if self.service.clock is not utc_now or not self.sql.postgres:
+            return self.service.clock()
+        with self.sql.transaction(commit=False) as cursor:
+            cursor.execute("SELECT now() AS now")
+            value = cursor.fetchone()["now"]
+        return value.astimezone(UTC)  # type: ignore[no-any-return]
+
+    def get(self, cls: type[A], uuid: UUID) -> A | None:
+        try:
+            aggregate = self.store.repository.get(uuid)
+        except AggregateNotFoundError:
+            return None
+        return aggregate if isinstance(aggregate, cls) else None
+
+    def get_aggregate(self, uuid: UUID) -> Reservation | None:
+        return self.get(Reservation, uuid)
+
+    def _pool_lock(self, pool_id: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(pool_id, threading.Lock())
+
+    def _in_flight(self, pool_id: str) -> frozenset[str]:
+        """Nodes of ``pool_id`` that placements of this process are booking and saving on
+        (read under the pool's lock)."""
+        return frozenset(self._claims.get(pool_id, {}))
+
+    def _claim(self, pool_id: str, node_id: str) -> None:
+        claims = self._claims.setdefault(pool_id, {})
+        claims[node_id] = claims.get(node_id, 0) + 1
+
+    def _unclaim(self, pool_id: str, node_id: str) -> None:
+        with self._pool_lock(pool_id):
+            claims = self._claims.get(pool_id, {})
+            claims[node_id] = claims.get(node_id, 1) - 1
+            if claims[node_id] <= 0:
+                del claims[node_id]
+
+    def bookings_of(self, node_id: str, pool: Pool | None = None, owner: str | None = None
+                    ) -> NodeBookings:
+        bookings = self.get(NodeBookings, bookings_uuid(node_id))
+        if bookings is None:
+            if pool is None and owner is None:
+                raise NotFound(f"node {node_id} has no bookings")
+            bookings = NodeBookings(tenant_id=owner or pool.tenant_id,  # type: ignore[union-attr]
+                                    node_id=node_id, pool_id=pool.public_id if pool else "")
+        return bookings
+
+    def quota_of(self, pool_id: str, tenant_id: str) -> QuotaUse:
+        quota = self.get(QuotaUse, quota_uuid(pool_id, tenant_id))
+        return quota or QuotaUse(tenant_id=tenant_id, pool_id=pool_id)
+
+    def _pool_gpus(self, pool_id: str) -> dict[str, float]:
+        """The pool's GPU rollup, for an error that names the true cause."""
+        self.projections.catch_up("capacity")
+        return read_capacity(self.sql, pool_id)["gpu"]
+
+    def choose(self, pool_id: str, request: PlacementRequest, start: datetime, end: datetime
+               ) -> Placement:
+        """Read the free-GPU projection and place; NoCapacity says what is available.
+
+        The projection is followed (caught up only when this process knows of newer
+        events); a refusal is only given on a projection caught up from the store.
+        """
+        fresh = self.projections.follow("free_gpus")
+        limit = FAST_PATH_NODES + len(request.exclude_nodes)  # as many left to choose from
+        try:
+            return place(request, fast_candidates(self.sql, pool_id, start, end, request.gpus,
+                                                  limit))
+        except NoCapacity:
+            pass
+        if not fresh:
+            self.projections.catch_up("free_gpus")
+            try:
+                return place(request, fast_candidates(self.sql, pool_id, start, end,
+                                                      request.gpus, limit))
+            except NoCapacity:
+                pass
+        try:
+            return place(request, all_candidates(self.sql, pool_id, start, end),
+                         self._pool_gpus(pool_id))
+        except NoCapacity as exc:
+            raise NoCapacity(f"pool {pool_id}, {iso(start)} to {iso(end)}: {exc.message}",
+                             data=exc.data) from None
+
+    def _book(self, bookings: NodeBookings, placement: Placement, *, allocation_id: str,
+              reservation_id: str, holder: str, start: datetime, end: datetime) -> None:
+        share = node_host_share(self.sql, placement.node_id)
+        cpu_cap = mem_cap = None
+        if share is not None:
+            cpu_cap, mem_cap = share[0] * share[2], share[1] * share[2]
+        bookings.book(allocation_id=allocation_id, reservation_id=reservation_id, holder=holder,
+                      gpus=list(placement.gpus), cpus=placement.cpus,
+                      memory_gib=placement.memory_gib, start=start, end=end,
+                      cpu_capacity=cpu_cap, memory_capacity_gib=mem_cap)
+
+    def _retrying(self, change: Callable[[], list[TenantOwned]]) -> None:
+        """Run ``change`` (which re-reads what it changes) and save; again on a conflict."""
+        for attempt in range(20):
+            aggregates = change()
+            if not aggregates:
+                return
+            try:
+                self.store.save(*aggregates)
+                return
+            except IntegrityError:
+                if attempt == 19:
+                    raise Conflict("another request changed this reservation at the same "
+                                   "time; nothing was saved: run the command again") from None
+
+    def _end_hold(self, rsv: Reservation, at: datetime, refund: bool = True
+                  ) -> list[TenantOwned]:
+        """Aggregates that end the current hold of ``rsv``: bookings, quota, node."""
+        out: list[TenantOwned] = []
+        if not rsv.allocation_id:  # it was queued: it never held anything
+            return out
+        bookings = self.get(NodeBookings, bookings_uuid(rsv.node_id))
+        if bookings is not None and bookings.end(rsv.allocation_id, at):
+            out.append(bookings)
+        if refund:
+            quota = self.get(QuotaUse, quota_uuid(rsv.pool_id, rsv.tenant_id))
+            if quota is not None and quota.refund(rsv.public_id):
+                out.append(quota)
+        node = self.get(Node, parse_id("node", rsv.node_id))
+        if node is not None:
+            changed = node.unassign_devices(rsv.allocation_id, at)
+            if bookings is not None and not bookings.bookings:  # a draining node's last one
+                changed = node.mark_drained(at) or changed
+            if changed:
+                out.append(node)
+        return out
+
+
+def _unique(aggregates: list[TenantOwned]) -> list[TenantOwned]:
+    seen: dict[UUID, TenantOwned] = {}
+    for aggregate in aggregates:
+        seen.setdefault(aggregate.id, aggregate)
+    return list(seen.values())

@@ -1,0 +1,366 @@
+"""reservations.* and capacity.preview: placing, booking, releasing and extending.
+
+A create reads the free-GPU projection to choose a node (domain/placement.py),
+then saves the reservation, the node's bookings and the tenant's quota use in
+ONE atomic write. Correctness rests on that write, not on the projection: the
+bookings aggregate refuses an overlap, the quota aggregate refuses going over
+the quota, and a concurrent writer of either makes the save fail as a whole
+(optimistic concurrency); then the placer catches the projection up and
+places again. Within one process, placements on one pool also take a lock,
+so threads of one server do not race each other for the same node: the lock covers the
+choice only, and a choice avoids the nodes other placements of the process are saving on
+(while other nodes fit), so the saves run side by side.
+
+The shared machinery (time, loading, placing, ending holds) is in
+api/services/reservation_base.py; binding, failures and the end time in
+api/services/reservation_binding.py; the earliest start, the queue and moving reservations
+earlier in api/services/reservation_queue.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from eventsourcing.persistence import IntegrityError
+
+from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.reservation_binding import ReservationBinding
+from better_compute.api.services.reservation_queue import ReservationQueue
+from better_compute.domain.access import Principal, Role
+from better_compute.domain.base import TenantOwned, fingerprint, iso
+from better_compute.domain.bookings import NodeBookings, bookings_uuid
+from better_compute.domain.durations import format_duration, parse_duration, parse_start
+from better_compute.domain.errors import (
+    Conflict,
+    InvalidInput,
+    KubernetesNotEnabled,
+    NoCapacity,
+    NotFound,
+    PermissionDenied,
+    QuotaExceeded,
+)
+from better_compute.domain.gpus import parse_gpu_model
+from better_compute.domain.ids import check_key, parse_id, public_id
+from better_compute.domain.placement import PlacementRequest
+from better_compute.domain.policy import kubernetes_resource
+from better_compute.domain.pool import Pool
+from better_compute.domain.queue import start_mode
+from better_compute.domain.reservation import (
+    STATES,
+    Reservation,
+    new_allocation_id,
+)
+from better_compute.domain.selectors import parse_selector
+from better_compute.projections.reservations import list_reservations
+
+MAX_GPUS = 1024
+MIN_DURATION = timedelta(minutes=1)
+MAX_DURATION = timedelta(days=366)
+MAX_START_AHEAD = timedelta(days=366)
+PLACEMENT_DEADLINE_S = 30.0  # how long a create keeps placing again after conflicts
+
+
+def require_member_of(principal: Principal, tenant_id: str, action: str) -> None:
+    """Members and admins of the tenant, or a root administrator for any tenant.
+
+    Root-tenant tokens READ every tenant's reservations, but only a root
+    administrator changes another tenant's: a root member or read-only token
+    is refused, like any other tenant's.
+    """
+    if principal.is_root_admin:
+        return
+    if principal.tenant_id != tenant_id:
+        raise PermissionDenied(
+            f"this token belongs to tenant {principal.tenant_id} and cannot {action} for tenant "
+            f"{tenant_id}: use a token of tenant {tenant_id} (member or admin)"
+        )
+    principal.require_role(Role.MEMBER, action)
+
+
+def check_kubernetes(pool: Pool) -> None:
+    """``--kubernetes`` needs a pool whose nodes run bcd's device plugin (policy.kubernetes)."""
+    if kubernetes_resource(pool.policy) is None:
+        raise KubernetesNotEnabled(
+            f"pool {pool.public_id} has no kubernetes in its policy, so its nodes run no device "
+            "plugin and no kubelet would see the GPUs: reserve without --kubernetes, or use a "
+            'pool created with "kubernetes": {} in its policy (docs/kubernetes.md)'
+        )
+
+
+class ReservationService(ReservationBinding, ReservationQueue):
+    """Reservations on top of the ComputeService's store, projections and clock."""
+
+    def reservation(self, principal: Principal, reservation_id: str) -> Reservation:
+        rsv = self.get(Reservation, parse_id("rsv", reservation_id))
+        if rsv is None or not principal.can_see_tenant(rsv.tenant_id):
+            raise NotFound(
+                f"no reservation {reservation_id!r}: `better-compute reservations list` shows "
+                "your reservations"
+            )
+        return rsv
+
+    def _visible_pool(self, principal: Principal, tenant: str, pool_id: str) -> Pool:
+        pool = self.get(Pool, parse_id("pool", pool_id))
+        if pool is None or not (pool.visible_to(tenant) and principal.can_see_tenant(tenant)):
+            raise NotFound(
+                f"no pool {pool_id!r} for tenant {tenant}: `better-compute pools list` shows "
+                "the pools you own or are offered"
+            )
+        return pool
+
+    # ---------------------------------------------------------------- placing
+
+    def _request(self, pool: Pool, gpus: int, model: str | None, product: str | None,
+                 selector: str | None, nvlink: bool) -> PlacementRequest:
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
+            raise InvalidInput(f"--gpus {gpus!r} is not a GPU count: use a whole number from 1 "
+                               f"to {MAX_GPUS} (for example --gpus 4)")
+        family = None
+        if model:
+            family = parse_gpu_model(model)
+            if family != pool.gpu_model:
+                raise InvalidInput(
+                    f"--model {model} does not match pool {pool.public_id}, which holds "
+                    f"{pool.gpu_model} GPUs: drop --model or pick a pool of {family}"
+                )
+        parsed = parse_selector(selector) if selector else None
+        return PlacementRequest(gpus=gpus, model=family, product=product or None,
+                                selector=parsed, nvlink=bool(nvlink))
+
+    def _interval(self, duration: str, start: str | None, now: datetime
+                  ) -> tuple[datetime, datetime]:
+        length = parse_duration(duration, flag="--for")
+        if not MIN_DURATION <= length <= MAX_DURATION:
+            raise InvalidInput(f"--for {duration} is out of range: reserve for 1m to 366d")
+        begin = parse_start(start, now, latest=MAX_START_AHEAD) if start else now
+        begin = max(begin, now)  # a start in the past means now
+        return begin, begin + length
+
+    def create(
+        self, principal: Principal, *, tenant_id: str | None, pool_id: str, gpus: int,
+        duration: str, model: str | None = None, product: str | None = None,
+        selector: str | None = None, nvlink: bool = False, start: str | None = None,
+        key: str | None = None, queue: bool = False, queue_timeout: str | None = None,
+        move_earlier: bool = False, kubernetes: bool = False,
+    ) -> dict[str, Any]:
+        tenant = self.service._scope(principal, tenant_id)
+        require_member_of(principal, tenant, "reserve GPUs")
+        if key:
+            check_key(key)
+        pool = self._visible_pool(principal, tenant, pool_id)
+        request = self._request(pool, gpus, model, product, selector, nvlink)
+        if kubernetes:
+            check_kubernetes(pool)
+        mode = start_mode(start, queue, queue_timeout, move_earlier)
+        params = {"pool": pool.public_id, "gpus": gpus, "for": duration, "model": request.model,
+                  "product": request.product, "selector": selector or None,
+                  "nvlink": request.nvlink, "start": start or None, **mode.fingerprint()}
+        params |= {"kubernetes": True} if kubernetes else {}  # old keys keep their print
+        fp = fingerprint(params)
+        uuid = self.service.new_id(tenant, "reservation", key)
+        if key:
+            existing = self.get(Reservation, uuid)
+            if existing is not None:
+                existing.check_retry(fp, "reservation", key)
+                return self.doc_of(existing)
+        now = self.now()
+        begin, end = self._interval(duration, mode.start, now)
+        fields = {"model": request.model, "product": request.product,
+                  "selector": selector or None, "nvlink": request.nvlink,
+                  "for": format_duration(end - begin), **mode.request_fields()}
+        fields |= {"kubernetes": True} if kubernetes else {}  # queued ones keep it too
+        limit = pool.quota_for(tenant)
+        rsv_id = public_id("rsv", uuid)
+        give_up = time.monotonic() + PLACEMENT_DEADLINE_S
+        avoid = True  # nodes other placements of this process are saving on, while others fit
+        while True:
+            quota = None
+            with self._pool_lock(pool.public_id):  # the choice only, not the save
+                busy = self._in_flight(pool.public_id) if avoid else frozenset()
+                try:
+                    if limit is not None:
+                        quota = self.quota_of(pool.public_id, tenant)
+                        quota.take(rsv_id, gpus, limit)
+                    placement, begin, end = self._place_for(
+                        pool, replace(request, exclude_nodes=request.exclude_nodes | busy),
+                        begin, end, mode)
+                    self.check_line(pool, tenant, placement, begin, end,
+                                    gpus if limit is not None else 0, now)
+                except (QuotaExceeded, NoCapacity) as refused:
+                    if busy and isinstance(refused, NoCapacity):
+                        avoid = False  # only the nodes being saved on were left: try them
+                        continue
+                    if not mode.queue:
+                        raise
+                    return self.enqueue(uuid=uuid, tenant=tenant, pool=pool, request=request,
+                                        fields=fields, key=key, fp=fp,
+                                        created_by=principal.token_id, now=now, mode=mode,
+                                        refused=refused)
+                self._claim(pool.public_id, placement.node_id)
+            try:
+                done = self._book_and_save(principal, uuid=uuid, tenant=tenant, pool=pool,
+                                           gpus=gpus, fields=fields, key=key, fp=fp,
+                                           placement=placement, begin=begin, end=end,
+                                           quota=quota, give_up=give_up)
+            finally:
+                self._unclaim(pool.public_id, placement.node_id)
+            if done is not None:
+                return done
+            avoid = True
+            self.projections.catch_up("free_gpus")  # it was behind: place again
+
+    def _book_and_save(self, principal: Principal, *, uuid: Any, tenant: str, pool: Pool,
+                       gpus: int, fields: dict[str, Any], key: str | None, fp: str,
+                       placement: Any, begin: datetime, end: datetime, quota: Any,
+                       give_up: float) -> dict[str, Any] | None:
+        """Book ``placement`` and save reservation, bookings and quota in ONE write; None
+        when another writer got there first (place again)."""
+        rsv_id = public_id("rsv", uuid)
+        bookings = self.bookings_of(placement.node_id, pool)
+        allocation_id = new_allocation_id()
+        try:
+            self._book(bookings, placement, allocation_id=allocation_id,
+                       reservation_id=rsv_id, holder=tenant, start=begin, end=end)
+        except Conflict:
+            if time.monotonic() > give_up:
+                raise
+            return None
+        rsv = Reservation(
+            id=uuid, tenant_id=tenant, pool_id=pool.public_id, gpu_count=gpus,
+            request=fields, start=begin, end=end, key=key, fingerprint=fp,
+            created_by=principal.token_id, allocation_id=allocation_id,
+            node_id=placement.node_id, gpus=list(placement.gpus), cpus=placement.cpus,
+            memory_gib=placement.memory_gib,
+        )
+        try:
+            self.store.save(rsv, bookings, *([quota] if quota is not None else []))
+        except IntegrityError:
+            existing = self.get(Reservation, uuid)
+            if existing is not None:  # the same key won a race: that is our answer
+                existing.check_retry(fp, "reservation", key)
+                return self.doc_of(existing)
+            if time.monotonic() > give_up:
+                raise Conflict(
+                    f"pool {pool.public_id} is too busy to place this reservation "
+                    f"within {PLACEMENT_DEADLINE_S:.0f}s; nothing was booked: run the "
+                    "command again with the same --key"
+                ) from None
+            return None
+        return rsv.to_doc()  # type: ignore[no-any-return]
+
+    def preview(self, principal: Principal, *, tenant_id: str | None, pool_id: str, gpus: int,
+                duration: str, model: str | None = None, product: str | None = None,
+                selector: str | None = None, nvlink: bool = False, start: str | None = None
+                ) -> dict[str, Any]:
+        """Would this request fit now, and if not, when first? Books nothing."""
+        tenant = self.service._scope(principal, tenant_id)
+        pool = self._visible_pool(principal, tenant, pool_id)
+        request = self._request(pool, gpus, model, product, selector, nvlink)
+        now = self.now()
+        begin, end = self._interval(duration, start, now)
+        answer: dict[str, Any] = {"poolId": pool.public_id, "gpus": gpus, "start": iso(begin),
+                                  "end": iso(end)}
+        limit = pool.quota_for(tenant)
+        in_use = self.quota_of(pool.public_id, tenant).in_use if limit is not None else 0
+        answer["quota"] = {"gpu": "unlimited" if limit is None else limit, "inUse": in_use}
+        return {**answer, **self.earliest_answer(pool, tenant, request, begin, end, now)}
+
+    # ---------------------------------------------------------------- queries
+
+    def get_doc(self, principal: Principal, reservation_id: str) -> dict[str, Any]:
+        return self.doc_of(self.reservation(principal, reservation_id))
+
+    def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None,
+             state: str | None) -> list[dict[str, Any]]:
+        tenant = self.service._scope(principal, tenant_id)
+        if pool_id:
+            parse_id("pool", pool_id)
+        self.projections.catch_up("reservations")
+        states = tuple(s.strip() for s in state.split(",") if s.strip()) if state else ()
+        unknown = [s for s in states if s not in STATES]
+        if unknown:
+            raise InvalidInput(f"--state {', '.join(unknown)} is not a reservation state: use "
+                               f"{', '.join(STATES)} (comma-separated)")
+        return self.add_positions(list_reservations(self.sql, tenant_id=tenant,
+                                                    pool_id=pool_id or None, states=states))
+
+    # --------------------------------------------------------------- changing
+
+    def release(self, principal: Principal, reservation_id: str, cancel: bool = False
+                ) -> dict[str, Any]:
+        first = self.reservation(principal, reservation_id)
+        require_member_of(principal, first.tenant_id, "release reservations")
+        result: dict[str, Any] = {}
+        loaded = [first]  # the first attempt changes what was just loaded; a retry re-reads
+
+        def change() -> list[TenantOwned]:
+            rsv = loaded.pop() if loaded else self.get(Reservation, first.id)
+            assert rsv is not None
+            now = self.now()
+            result["rsv"] = rsv
+            if cancel:
+                rsv.cancel(now)
+            else:
+                if rsv.queued:
+                    raise Conflict(f"reservation {rsv.public_id} is queued and holds nothing: "
+                                   f"leave the queue with `better-compute release "
+                                   f"{rsv.public_id} --cancel`")
+                if not rsv.live:
+                    return []
+                if not rsv.started(now):
+                    raise Conflict(
+                        f"reservation {rsv.public_id} has not started (it starts at "
+                        f"{iso(rsv.start)}): withdraw it with `better-compute release "
+                        f"{rsv.public_id} --cancel`"
+                    )
+                rsv.release(now, reason="released")
+            if not rsv.pending_events:
+                return []
+            return [rsv, *self._end_hold(rsv, now)]
+
+        self._retrying(change)
+        return result["rsv"].to_doc()  # type: ignore[no-any-return]
+
+    def extend(self, principal: Principal, reservation_id: str, by: str) -> dict[str, Any]:
+        first = self.reservation(principal, reservation_id)
+        require_member_of(principal, first.tenant_id, "extend reservations")
+        delta = parse_duration(by, flag="--by")
+        if delta <= timedelta(0):
+            raise InvalidInput(f"--by {by} must be longer than 0 (for example --by 2h)")
+        result: dict[str, Any] = {}
+        loaded = [first]  # the first attempt changes what was just loaded; a retry re-reads
+
+        def change() -> list[TenantOwned]:
+            rsv = loaded.pop() if loaded else self.get(Reservation, first.id)
+            assert rsv is not None
+            result["rsv"] = rsv
+            new_end = rsv.end + delta
+            if new_end - rsv.start > MAX_DURATION:
+                raise InvalidInput("a reservation lasts at most 366d: reserve again instead")
+            rsv.extend(new_end)
+            bookings = self.get(NodeBookings, bookings_uuid(rsv.node_id))
+            if bookings is None or bookings.booking(rsv.allocation_id) is None:
+                raise Conflict(f"reservation {rsv.public_id} holds no booking to extend")
+            bookings.extend(rsv.allocation_id, new_end)
+            return [rsv, bookings]
+
+        self._retrying(change)
+        return result["rsv"].to_doc()  # type: ignore[no-any-return]
+
+
+_GUARD = threading.Lock()
+
+
+def reservations(service: ComputeService) -> ReservationService:
+    """The ReservationService of ``service`` (one per ComputeService, made on first use)."""
+    with _GUARD:
+        found = getattr(service, "_reservation_service", None)
+        if found is None:
+            found = ReservationService(service)
+            service._reservation_service = found  # type: ignore[attr-defined]
+        return found  # type: ignore[no-any-return]
+

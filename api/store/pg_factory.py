@@ -1,0 +1,59 @@
+"""The library's PostgreSQL factory, connecting with a whole libpq conninfo.
+
+The eventsourcing library builds its psycopg pool from five settings (host, port,
+user, password, dbname) and nothing else, so TLS modes, unix sockets and several
+hosts could not reach libpq. This factory lets the library build its datastore as
+usual (pool size, timeouts, schema and the rest from the same environment), then,
+before the pool ever opens, gives the pool every parameter of ``POSTGRES_CONNINFO``
+(api/store/store_url.py): psycopg passes them to libpq as they are.
+
+Two round trips fewer per transaction (docs/performance.md, the create path): the
+schema's ``search_path`` is set once per connection (libpq ``options``), not by a
+``SET LOCAL`` in every transaction; and a transaction opened to read
+(``transaction(commit=False)``) ends with COMMIT, not ROLLBACK, because after every
+ROLLBACK psycopg forgets its prepared statements (``DEALLOCATE ALL``) and prepares them
+again. A transaction that raises still rolls back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from eventsourcing.postgres import PostgresFactory
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+
+from better_compute.api.store.store_url import CONNINFO
+
+TOPIC = f"{__name__}:ConninfoPostgresFactory"
+
+
+class ConninfoPostgresFactory(PostgresFactory):
+    def __init__(self, env: Any) -> None:
+        super().__init__(env)
+        conninfo = self.env.get(CONNINFO)
+        if conninfo:
+            # The pool is built closed (open=False): nothing has connected yet.
+            self.datastore.pool.kwargs = {**conninfo_to_dict(conninfo), "row_factory": dict_row}
+        datastore = self.datastore
+        schema = getattr(datastore, "schema", None)
+        if schema and _PLAIN.match(schema):  # other names keep SET LOCAL (api/store.py)
+            kwargs = dict(datastore.pool.kwargs or {})
+            kwargs["options"] = " ".join(filter(None, [kwargs.get("options"),
+                                                       f"-c search_path={schema}"]))
+            datastore.pool.kwargs = kwargs
+            datastore.search_path_set = schema
+        original = datastore.transaction
+
+        @contextmanager
+        def transaction(*, commit: bool = False) -> Iterator[Any]:
+            with original(commit=True) as cursor:  # a read commits: see the docstring
+                yield cursor
+
+        datastore.transaction = transaction
+
+
+_PLAIN = re.compile(r"^[a-z_][a-z0-9_]*\Z")  # a schema name search_path takes unquoted

@@ -1,0 +1,365 @@
+"""Opening the event store: SQLite by default, PostgreSQL when a URL is set.
+
+``BETTER_COMPUTE_DATABASE_URL=postgresql://user:pw@host:port/db[?schema=NAME]``
+selects PostgreSQL; libpq reads the URL, every parameter of it (api/store/store_url.py;
+the ``schema`` query parameter is ours: it puts every table of this control plane
+in that schema, which is how tests isolate runs);
+otherwise the store is ``store.sqlite`` in ``BETTER_COMPUTE_DATA_DIR``
+(default: the user's data dir).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eventsourcing.application import Application
+from eventsourcing.persistence import Mapper, TrackingRecorder, Transcoder
+from eventsourcing.utils import Environment
+
+import better_compute.domain.aggregates  # noqa: F401  (registers every event topic)
+from better_compute.api.store.codec import EventMapper, MsgspecTranscoder
+from better_compute.api.store.outage import StoreGuard, install_guard, postgres_guard
+from better_compute.api.store.pg_recorder import TOPIC as PG_RECORDER_TOPIC
+from better_compute.api.store.store_url import connect_kwargs, parse_database_url
+from better_compute.api.store.store_url import describe as describe_pg
+from better_compute.domain.bookings import NodeBookings
+from better_compute.domain.errors import Unavailable
+from better_compute.domain.node import Node
+
+APP_NAME = "bc"
+PG_FACTORY_TOPIC = "better_compute.api.store.pg_factory:ConninfoPostgresFactory"
+POOL_WAIT = 5  # seconds a call waits for a pooled PostgreSQL connection
+# The pool retries a lost connection with a growing delay (1, 2, 4 … s) for this long, then
+# forgets it and connects afresh when a call needs one: so once PostgreSQL is back, a
+# connection is made at once, not at the end of a backoff grown long during the outage.
+POOL_RECONNECT_TIMEOUT = 3.0
+CONNECT_TIMEOUT = 5  # seconds libpq waits for a new connection (default: for ever)
+TCP_USER_TIMEOUT_MS = 15_000  # a peer that acknowledges nothing for this long is gone
+
+
+def default_data_dir(env: Mapping[str, str]) -> Path:
+    if env.get("BETTER_COMPUTE_DATA_DIR"):
+        return Path(env["BETTER_COMPUTE_DATA_DIR"]).expanduser()
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "better-compute"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where the store lives; built from the environment once, at the composition root."""
+
+    backend: str  # "sqlite" | "postgres"
+    data_dir: Path
+    sqlite_path: Path | None = None
+    pg: dict[str, str] | None = field(default=None, repr=False)  # holds the password
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> StoreConfig:
+        env = os.environ if env is None else env
+        data_dir = default_data_dir(env)
+        url = env.get("BETTER_COMPUTE_DATABASE_URL", "").strip()
+        if not url:
+            return cls("sqlite", data_dir, sqlite_path=data_dir / "store.sqlite")
+        return cls("postgres", data_dir, pg=parse_database_url(url))
+
+    @property
+    def password(self) -> str | None:
+        return (self.pg or {}).get("POSTGRES_PASSWORD") or None
+
+    def describe(self) -> str:
+        if self.backend == "sqlite":
+            return f"SQLite {self.sqlite_path}"
+        assert self.pg is not None
+        return describe_pg(self.pg)
+
+    def library_env(self) -> dict[str, str]:
+        if self.backend == "sqlite":
+            return {
+                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+                "SQLITE_DBNAME": str(self.sqlite_path),
+                "SQLITE_LOCK_TIMEOUT": "30",
+                "CREATE_TABLE": "y",
+            }
+        assert self.pg is not None
+        return {
+            # The library's factory, handing libpq the whole URL (api/store/pg_factory.py).
+            "PERSISTENCE_MODULE": PG_FACTORY_TOPIC,
+            "CREATE_TABLE": "y",
+            "POSTGRES_POOL_SIZE": "5",
+            "POSTGRES_MAX_OVERFLOW": "10",
+            # The library passes this to the pool as its wait for a free connection.
+            "POSTGRES_CONNECT_TIMEOUT": str(POOL_WAIT),
+            "POSTGRES_LOCK_TIMEOUT": "10",
+            # Saves through one function that locks, notifies and inserts (api/store/pg_recorder.py).
+            "APPLICATION_RECORDER_TOPIC": PG_RECORDER_TOPIC,
+            # Never POSTGRES_ENABLE_DB_FUNCTIONS: its insert path skips the table lock
+            # and a tailing reader then skips events (reference/eventsourcing-facts.md).
+            **self.pg,
+        }
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` (an error message from a library, say) with ``secret`` replaced by ***."""
+    return text.replace(secret, "***") if secret else text
+
+
+class ComputeStore(Application[Any]):
+    """The event store: every aggregate of the control plane, one notification log.
+
+    Configured only by the explicit environment it is given, never by stray
+    process variables (the library would otherwise read PERSISTENCE_MODULE and
+    friends from os.environ).
+    """
+
+    name = APP_NAME
+    # A node's bookings gain two events per reservation, forever; snapshots every 100
+    # events keep loading them (each placement does) from growing with the node's age.
+    # A node gains two events per reservation too (its devices assigned, then unassigned):
+    # binding and every release load it.
+    snapshotting_intervals = {NodeBookings: 100, Node: 100}
+
+    def construct_transcoder(self) -> Transcoder:
+        return MsgspecTranscoder()
+
+    def construct_mapper(self) -> Mapper[Any]:
+        """Events stored as msgspec JSON typed by their class (api/store/codec.py)."""
+        return self.factory.mapper(transcoder=self.construct_transcoder(),
+                                   mapper_class=EventMapper)
+
+    def construct_env(self, name: str, env: Any = None) -> Environment:
+        return Environment(name, {"IS_SNAPSHOTTING_ENABLED": "y", **dict(env or {})})
+
+    @property
+    def backend(self) -> str:
+        return "postgres" if self.env.get("PERSISTENCE_MODULE") == PG_FACTORY_TOPIC else "sqlite"
+
+    _commit_listeners: tuple[Callable[[int], None], ...] = ()
+    guard: StoreGuard  # every connection goes through it (api/store/outage.py); set by open_store
+
+    def add_commit_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(last_sequence)`` after each save of this process commits.
+
+        The /watch hub uses it to wake at once on writes made in its own process
+        (SQLite has no LISTEN/NOTIFY); listeners must be quick and never raise.
+        """
+        self._commit_listeners = (*self._commit_listeners, listener)
+
+    def _notify(self, recordings: list[Any]) -> None:
+        if recordings and self._commit_listeners:
+            last = max(r.notification.id for r in recordings)
+            for listener in self._commit_listeners:
+                listener(last)
+
+    def sql(self) -> SqlRunner:
+        return SqlRunner(self)
+
+
+def private_sqlite_files(path: Path) -> None:
+    """The data dir 0700 and the store's files 0600, whoever created them (issue #10).
+
+    The dir is tightened when it exists with looser modes; ``store.sqlite`` is
+    created 0600 before SQLite opens it, and SQLite creates its ``-wal`` and
+    ``-shm`` files with the database file's mode. Files another user owns are
+    left as they are (the open then fails or succeeds on its own).
+    """
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _tighten(folder, 0o700)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.name}-journal"):
+        _tighten(folder / name, 0o600)
+
+
+def _tighten(path: Path, mode: int) -> None:
+    with contextlib.suppress(FileNotFoundError, PermissionError):
+        if stat.S_IMODE(path.lstat().st_mode) & ~mode and not path.is_symlink():
+            os.chmod(path, mode)
+
+
+def open_store(config: StoreConfig) -> ComputeStore:
+    """The store of ``config``; on PostgreSQL, call it inside ``setup_lock(config)``."""
+    if config.backend == "sqlite":
+        assert config.sqlite_path is not None
+        private_sqlite_files(config.sqlite_path)
+    try:
+        store = ComputeStore(env=config.library_env())
+    except Exception as exc:  # the library raises OperationalError / OSError subclasses
+        raise Unavailable(
+            f"cannot open the event store ({config.describe()}): "
+            f"{redact(str(exc), config.password)}. Check "
+            "BETTER_COMPUTE_DATABASE_URL or BETTER_COMPUTE_DATA_DIR"
+        ) from None
+    datastore = store.recorder.datastore  # type: ignore[attr-defined]
+    if store.backend == "postgres":
+        _tune_pool(datastore.pool)
+        store.guard = postgres_guard(datastore)
+    else:
+        store.guard = StoreGuard()
+    install_guard(datastore, store.guard)
+    return store
+
+
+def _tune_pool(pool: Any) -> None:
+    """Bound every wait of the library's psycopg pool (it exposes none of these settings).
+
+    The pool is never closed while the store is in use: after an outage it reconnects.
+    """
+    pool.reconnect_timeout = POOL_RECONNECT_TIMEOUT
+    # The URL's own connect_timeout or tcp_user_timeout, when it names them, wins.
+    pool.kwargs = {"connect_timeout": CONNECT_TIMEOUT, "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+                   **(pool.kwargs or {})}
+
+
+SETUP_LOCK_TIMEOUT = "60s"
+
+
+@contextmanager
+def setup_lock(config: StoreConfig) -> Iterator[None]:
+    """Hold while opening a store and creating its tables: one process at a time.
+
+    On PostgreSQL, processes that start together (replicas, a CLI beside a
+    server) would otherwise run the same ``CREATE … IF NOT EXISTS`` and ``CREATE
+    OR REPLACE FUNCTION`` statements at once, and some of them fail ("tuple
+    concurrently updated"). A session advisory lock per schema serialises them;
+    it also creates the schema named in the URL. On SQLite the library's tracking-table
+    migration reads, then writes in another transaction, so two processes opening a new store
+    together could both insert its row (IntegrityError): a lock file beside the store
+    serialises them too.
+    """
+    if config.backend != "postgres":
+        if config.sqlite_path is None:
+            yield
+        else:
+            with _sqlite_setup_lock(config.sqlite_path):
+                yield
+        return
+    assert config.pg is not None
+    import psycopg
+    from psycopg import sql
+
+    schema = config.pg.get("POSTGRES_SCHEMA")
+    try:
+        conn = psycopg.connect(**{"connect_timeout": 10, **connect_kwargs(config.pg)},
+                               autocommit=True)
+    except psycopg.Error as exc:
+        raise Unavailable(f"cannot reach PostgreSQL ({config.describe()}): "
+                          f"{redact(str(exc), config.password)}") from None
+    with conn:
+        try:
+            conn.execute(f"SET lock_timeout = '{SETUP_LOCK_TIMEOUT}'")
+            conn.execute("SELECT pg_advisory_lock(hashtext(%s))",
+                         (f"better-compute setup {schema or 'public'}",))
+            if schema:
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                    sql.Identifier(schema)))
+        except psycopg.Error as exc:
+            raise Unavailable(
+                f"cannot set up the event store ({config.describe()}): "
+                f"{redact(str(exc), config.password)}. Processes that "
+                f"open one store set it up one at a time, each waiting up to "
+                f"{SETUP_LOCK_TIMEOUT}: if another one is stuck, stop it and try again"
+            ) from None
+        yield  # the lock ends with the session
+
+
+@contextmanager
+def _sqlite_setup_lock(path: Path) -> Iterator[None]:
+    import fcntl
+    import time
+
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    deadline = time.monotonic() + float(SETUP_LOCK_TIMEOUT.rstrip("s"))
+    lock_fd = os.open(path.with_name(path.name + ".setup-lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.fchmod(lock_fd, 0o600)  # one made before store files were kept private
+    with os.fdopen(lock_fd, "a") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise Unavailable(
+                        f"cannot set up the event store ({path}): another process has held "
+                        f"its setup lock for {SETUP_LOCK_TIMEOUT}; if it is stuck, stop it "
+                        "and try again") from None
+                time.sleep(0.05)  # a lock held by another process: no event to wait on
+        yield  # the lock ends when the file closes
+
+
+class SqlRunner:
+    """Plain SQL on the store's own connections, for read models beside the events.
+
+    SQL is written once with ``?`` placeholders; on PostgreSQL they become
+    ``%s``. Rows come back as mappings on both backends.
+    """
+
+    def __init__(self, store: ComputeStore) -> None:
+        self.store = store
+        self.datastore: Any = store.recorder.datastore  # type: ignore[attr-defined]
+        self.postgres = store.backend == "postgres"
+        self.schema = getattr(self.datastore, "schema", None) if self.postgres else None
+
+    def q(self, statement: str) -> str:
+        return statement.replace("?", "%s") if self.postgres else statement
+
+    @contextmanager
+    def transaction(self, *, commit: bool) -> Iterator[Any]:
+        with self.datastore.transaction(commit=commit) as cursor:
+            if self.postgres and self.schema and \
+                    getattr(self.datastore, "search_path_set", None) != self.schema:
+                cursor.execute(f'SET LOCAL search_path TO "{self.schema}"')
+            yield cursor
+
+    def execute(self, cursor: Any, statement: str, params: tuple[Any, ...] | list[Any] = ()) -> None:
+        cursor.execute(self.q(statement), tuple(params))
+
+    def lock(self, cursor: Any, name: str) -> None:
+        """Serialise writers of one read model for the rest of this transaction."""
+        if self.postgres:  # per schema: stores sharing one database never wait for each other
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                           (f"{self.schema or 'public'}/{name}",))
+        else:
+            # A write as the first statement takes SQLite's write lock (waiting
+            # up to the busy timeout) before this transaction reads anything.
+            cursor.execute(
+                "INSERT INTO bc_locks(name, n) VALUES (?, 1) "
+                "ON CONFLICT(name) DO UPDATE SET n = n + 1", (name,)
+            )
+
+    def probe_write(self) -> None:
+        """Commit one tiny write (SQLite: a row of the lock table); raises while the store
+        refuses writes (a full disk). Clears the guard's failed write when it succeeds."""
+        with self.transaction(commit=True) as cursor:
+            self.lock(cursor, "better-compute write probe")
+
+    def tracking_recorder(self) -> TrackingRecorder:
+        if self.postgres:
+            from eventsourcing.postgres import PostgresTrackingRecorder
+
+            rec: TrackingRecorder = PostgresTrackingRecorder(
+                self.datastore, tracking_table_name=f"{APP_NAME}_tracking"
+            )
+        else:
+            from eventsourcing.sqlite import SQLiteTrackingRecorder
+
+            rec = SQLiteTrackingRecorder(self.datastore)
+        rec.create_table()  # type: ignore[attr-defined]
+        return rec
+
+    def create_tables(self, statements: list[str]) -> None:
+        if not self.postgres:
+            statements = [
+                "CREATE TABLE IF NOT EXISTS bc_locks (name TEXT PRIMARY KEY, n INTEGER)",
+                *statements,
+            ]
+        with self.transaction(commit=True) as cursor:
+            for statement in statements:
+                cursor.execute(statement)
