@@ -28,7 +28,7 @@ from better_compute.api import pki
 from better_compute.api.controllers.node_lifecycle import UNREACHABLE_AFTER, NodeLifecycle
 from better_compute.api.gateway.server import Gateway
 from better_compute.api.gateway.tls import server_context
-from better_compute.api.http.watch import WatchHub
+from better_compute.api.http.follower import WatchHub
 from better_compute.api.runtime import Runtime
 from better_compute.api.services.join import JoinService
 from better_compute.api.services.nodes import NodeService
