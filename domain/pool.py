@@ -12,6 +12,13 @@ from better_compute.domain.errors import InvalidInput
 from better_compute.domain.ids import keyed_uuid, new_uuid
 
 NODE_CLASSES = ("metal-host",)
+
+
+def check_node_class(node_class: str) -> None:
+    if node_class not in NODE_CLASSES:
+        raise InvalidInput(
+            f"--class {node_class!r} is not a pool class: use {', '.join(NODE_CLASSES)}"
+        )
 QUOTA_RESOURCES = ("gpu",)
 MAX_QUOTA_GPUS = 1_000_000  # far above any pool; bounds what a quota row can claim
 UNLIMITED = None  # the owner's quota: effectively unlimited

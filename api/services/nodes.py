@@ -18,6 +18,7 @@ import msgspec
 from eventsourcing.persistence import IntegrityError, Notification
 
 from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.unit import RETRY_ATTEMPTS
 from better_compute.api.store.eventlog import render
 from better_compute.api.store.node_presence import Reports
 from better_compute.domain.access import Principal
@@ -40,7 +41,7 @@ from better_compute.domain.text import MAX_REASON, check_text
 from better_compute.projections.capacity import capacity_resources, count_nodes, read_capacity
 
 T = TypeVar("T")
-_ATTEMPTS = 5
+
 
 
 def _reason(text: str | None, what: str) -> str:
@@ -60,7 +61,7 @@ class NodeService:
     # ----------------------------------------------------------------- helpers
 
     def load(self, uuid: UUID) -> Node | None:
-        return self.service._get(Node, uuid)
+        return self.service.aggregates.get(Node, uuid)
 
     def _node(self, principal: Principal, node_id: str) -> Node:
         node = self.load(parse_id("node", node_id))
@@ -69,19 +70,19 @@ class NodeService:
         return node
 
     def _pool(self, pool_id: str) -> Pool:
-        pool = self.service._get(Pool, parse_id("pool", pool_id))
+        pool = self.service.aggregates.get(Pool, parse_id("pool", pool_id))
         if pool is None:
             raise NotFound(f"pool {pool_id} is gone")
         return pool
 
     def pool_sections(self, node: Node) -> dict[str, Any]:
         """The desired-state sections the node's pool policy adds (``kubernetes``, ``profile``)."""
-        pool = self.service._get(Pool, parse_id("pool", node.pool_id))
+        pool = self.service.aggregates.get(Pool, parse_id("pool", node.pool_id))
         return node_sections(pool.policy) if pool is not None else {}
 
     def _change(self, uuid: UUID, change: Callable[[Node], T]) -> tuple[Node, T]:
         """Load, change, save; again on a version clash (another writer got there first)."""
-        for _ in range(_ATTEMPTS):
+        for _ in range(RETRY_ATTEMPTS):
             node = self.load(uuid)
             if node is None:
                 raise NotFound(f"no node with id {uuid}")
@@ -105,7 +106,7 @@ class NodeService:
             where = {"poolId": pool_id}
         if principal.is_root and tenant_id is None:
             return self.service.listing("node", where=where)
-        tenant = self.service._scope(principal, tenant_id)
+        tenant = self.service.aggregates.scope(principal, tenant_id)
         return self.service.listing("node", tenant_id=tenant, where=where)
 
     def get(self, principal: Principal, node_id: str) -> dict[str, Any]:
@@ -186,7 +187,7 @@ class NodeService:
     # ---------------------------------------------------- drain and remove
 
     def _bookings(self, node: Node) -> NodeBookings | None:
-        return self.service._get(NodeBookings, bookings_uuid(node.public_id))
+        return self.service.aggregates.get(NodeBookings, bookings_uuid(node.public_id))
 
     def _held(self, node: Node) -> set[str]:
         """Allocation ids held (device assignments) or booked (now or later) on ``node``."""
@@ -214,7 +215,7 @@ class NodeService:
         first = self._node(principal, node_id)
         principal.require_admin_of(first.tenant_id, "remove nodes")
         why = _reason(reason, "remove") or "removed"
-        for _ in range(_ATTEMPTS):
+        for _ in range(RETRY_ATTEMPTS):
             node = self.load(first.id)
             assert node is not None
             if node.removed:
@@ -248,13 +249,13 @@ class NodeService:
         changed: list[TenantOwned] = []
         quotas: dict[UUID, QuotaUse] = {}
         for allocation_id, booking in list((bookings.bookings if bookings else {}).items()):
-            rsv = self.service._get(Reservation, parse_id("rsv", str(booking["reservationId"])))
+            rsv = self.service.aggregates.get(Reservation, parse_id("rsv", str(booking["reservationId"])))
             if rsv is not None and rsv.allocation_id == allocation_id and \
                     rsv.release(now, reason="node-removed"):
                 released.append(rsv.public_id)
                 changed.append(rsv)
                 key = quota_uuid(rsv.pool_id, rsv.tenant_id)
-                quota = quotas.get(key) or self.service._get(QuotaUse, key)
+                quota = quotas.get(key) or self.service.aggregates.get(QuotaUse, key)
                 if quota is not None and quota.refund(rsv.public_id):
                     quotas[key] = quota
             assert bookings is not None

@@ -64,7 +64,7 @@ class TokenService:
         self.service = service
 
     def _visible(self, principal: Principal, token_id: str) -> ApiToken:
-        token = self.service._get(ApiToken, parse_id("tok", token_id))
+        token = self.service.aggregates.get(ApiToken, parse_id("tok", token_id))
         if token is None or not principal.can_see_tenant(token.tenant_id):
             raise NotFound(f"no token {token_id!r}: `better-compute tokens list` shows your "
                            "tenant's tokens")
@@ -73,7 +73,7 @@ class TokenService:
     def create(self, principal: Principal, tenant_id: str | None, role: str,
                name: str | None, ttl: str | None = None) -> dict[str, Any]:
         service = self.service
-        tenant = service._scope(principal, tenant_id)
+        tenant = service.aggregates.scope(principal, tenant_id)
         principal.require_admin_of(tenant, "create tokens")
         role_enum = Role.parse(role)
         check_name(name)
@@ -82,19 +82,19 @@ class TokenService:
                 f"root-admin exists only on the root tenant; for tenant {tenant} use --role admin"
             )
         lifetime = service.lifetimes.ttl(ttl)
-        service._tenant(tenant)
+        service.aggregates.tenant(tenant)
         secret = new_token_secret()
         now = service.clock()
         token = ApiToken(tenant_id=tenant, role=role_enum.value,
                          name=name or f"{role_enum.value} token", secret_hash=token_hash(secret),
                          created_by=principal.token_id, expires_at=now + lifetime,
                          ttl=format_duration(lifetime))
-        service._save(token)
+        service.aggregates.save(token)
         return {**token.to_doc(now), "token": secret}
 
     def list(self, principal: Principal, tenant_id: str | None) -> list[dict[str, Any]]:
         service = self.service
-        tenant = service._scope(principal, tenant_id)
+        tenant = service.aggregates.scope(principal, tenant_id)
         principal.require_admin_of(tenant, "list tokens")
         docs = service.listing("apitoken", tenant_id=tenant)
         used = service.token_use.last_used(d["id"] for d in docs)
@@ -109,7 +109,7 @@ class TokenService:
         principal.require_admin_of(token.tenant_id, "revoke tokens")
         now = self.service.clock()
         token.revoke(now, principal.token_id)
-        self.service._save(token)
+        self.service.aggregates.save(token)
         return token.to_doc(now)
 
     def rotate(self, principal: Principal, token_id: str, grace: str | None,
@@ -130,7 +130,7 @@ class TokenService:
                        expires_at=now + lifetime, ttl=format_duration(lifetime),
                        rotated_from=old.public_id)
         old.rotate(now, principal.token_id, new.public_id, period)
-        service._save(old, new)
+        service.aggregates.save(old, new)
         return {**new.to_doc(now), "token": secret, "previous": old.to_doc(now)}
 
     def expire_due(self, now: datetime | None = None) -> list[str]:
@@ -144,10 +144,10 @@ class TokenService:
                 continue
             if effective_token_state(doc, now) != "expired":
                 continue
-            token = service._get(ApiToken, parse_id("tok", doc["id"]))
+            token = service.aggregates.get(ApiToken, parse_id("tok", doc["id"]))
             if token is not None and token.mark_expired(now):
                 try:
-                    service._save(token)
+                    service.aggregates.save(token)
                 except Conflict:  # recorded by another process just now
                     continue
                 done.append(token.public_id)

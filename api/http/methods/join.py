@@ -29,7 +29,7 @@ class JoinTokenRef(Params, kw_only=True):
 
 
 def _joins(call: Call) -> JoinService:
-    return JoinService(call.service)
+    return call.services.join
 
 
 @method("joinTokens.create", JoinTokensCreate,
