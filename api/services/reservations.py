@@ -48,13 +48,15 @@ from better_compute.domain.reservation import (
     Reservation,
     new_allocation_id,
 )
+from better_compute.domain.reservation_rules import (
+    MAX_START_AHEAD,
+    check_extension,
+    check_gpu_count,
+    check_length,
+)
 from better_compute.domain.selectors import parse_selector
 from better_compute.projections.reservations import list_reservations
 
-MAX_GPUS = 1024
-MIN_DURATION = timedelta(minutes=1)
-MAX_DURATION = timedelta(days=366)
-MAX_START_AHEAD = timedelta(days=366)
 PLACEMENT_DEADLINE_S = 30.0  # how long a create keeps placing again after conflicts
 
 
@@ -93,9 +95,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
 
     def _request(self, pool: Pool, gpus: int, model: str | None, product: str | None,
                  selector: str | None, nvlink: bool) -> PlacementRequest:
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
-            raise InvalidInput(f"--gpus {gpus!r} is not a GPU count: use a whole number from 1 "
-                               f"to {MAX_GPUS} (for example --gpus 4)")
+        check_gpu_count(gpus)
         family = None
         if model:
             family = parse_gpu_model(model)
@@ -111,8 +111,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
     def _interval(self, duration: str, start: str | None, now: datetime
                   ) -> tuple[datetime, datetime]:
         length = parse_duration(duration, flag="--for")
-        if not MIN_DURATION <= length <= MAX_DURATION:
-            raise InvalidInput(f"--for {duration} is out of range: reserve for 1m to 366d")
+        check_length(length, duration)
         begin = parse_start(start, now, latest=MAX_START_AHEAD) if start else now
         begin = max(begin, now)  # a start in the past means now
         return begin, begin + length
@@ -287,8 +286,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
             assert rsv is not None
             result["rsv"] = rsv
             new_end = rsv.end + delta
-            if new_end - rsv.start > MAX_DURATION:
-                raise InvalidInput("a reservation lasts at most 366d: reserve again instead")
+            check_extension(rsv.start, new_end)
             rsv.extend(new_end)
             bookings = self.get(NodeBookings, bookings_uuid(rsv.node_id))
             if bookings is None or bookings.booking(rsv.allocation_id) is None:
