@@ -168,7 +168,7 @@ def _rpc_result(url: str, response: httpx.Response) -> SignedJoinResponse:
         raise BcdError(f"POST {url} answered something other than a JSON-RPC response")
     error = answer.get("error")
     if isinstance(error, dict):
-        data = error.get("data") if isinstance(error.get("data"), dict) else {}
+        data: dict[str, Any] = error["data"] if isinstance(error.get("data"), dict) else {}
         message = str(error.get("message") or "the control plane refused the join")
         raise BcdError(message, code=str(data.get("code")) if data.get("code") else None)
     try:

@@ -32,7 +32,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from better_compute.api.wire import sealing
-from better_compute.api.wire.sealing import seal_to, spki_pin  # noqa: F401  (re-exported)
+from better_compute.api.wire.sealing import seal_to as seal_to  # re-exported
+from better_compute.api.wire.sealing import spki_pin as spki_pin  # re-exported
 from better_compute.domain.errors import InvalidInput
 
 MASTER_KEY_PREFIX = "bcmk1_"
@@ -156,9 +157,10 @@ def _aes(master_key: bytes) -> AESGCM:
 
 
 def _private_pem(key: Any) -> str:
-    return key.private_bytes(
+    pem: bytes = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode("ascii")
+    )
+    return pem.decode("ascii")
 
 
 def seal_bundle(bundle: PkiBundle, master_key: bytes) -> str:

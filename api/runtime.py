@@ -65,7 +65,8 @@ class StoreEvents:
     def restore(self, topic: str, state: str, originator_id: Any, version: int) -> Any:
         stored = StoredEvent(originator_id=originator_id, originator_version=version, topic=topic,
                              state=state.encode())
-        return self.store.mapper.to_domain_event(stored).mutate(None)
+        event: Any = self.store.mapper.to_domain_event(stored)
+        return event.mutate(None)
 
 
 class Projections(ProjectionRunner):

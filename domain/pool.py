@@ -75,7 +75,7 @@ class Pool(TenantOwned):
     def with_id(cls, id: UUID, **fields: Any) -> Pool:
         """A new pool with the given aggregate id (the service's, in the installation's
         namespace, domain/ids.py) instead of ``create_id``'s."""
-        return cls._create(cls.Created, id=id, **fields)  # type: ignore[attr-defined]
+        return cls._create(cls.Created, id=id, **fields)
 
     def offer(self, to_tenant: str, quota: dict[str, int]) -> bool:
         """Offer the pool to a tenant (or change its quota). False when nothing changes."""

@@ -62,7 +62,7 @@ class Site(TenantOwned):
     def with_id(cls, id: UUID, **fields: Any) -> Site:
         """A new site with the given aggregate id (the service's, in the installation's
         namespace, domain/ids.py) instead of ``create_id``'s."""
-        return cls._create(cls.Created, id=id, **fields)  # type: ignore[attr-defined]
+        return cls._create(cls.Created, id=id, **fields)
 
     def to_doc(self) -> dict[str, Any]:
         return {

@@ -154,7 +154,7 @@ class NodeAgent:
             inventory, error = await anyio.to_thread.run_sync(self._read_inventory)
         self.inventory, self.source_error, self.inventory_time = inventory, error, self.now()
         shape = _health_shape(inventory, error)
-        changed = shape != self._shape
+        changed = bool(shape != self._shape)
         if changed and self._shape is not None:
             self._log_health_change(inventory, error)
         self._shape = shape

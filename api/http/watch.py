@@ -122,7 +122,7 @@ async def stream_events(hub: WatchHub, flt: EventFilter, since: int,
         if got is None:  # started older than the window: read the store, a page at a time
             try:
                 data, position = await anyio.to_thread.run_sync(
-                    lambda p=position: catch_up(hub, flt, p), limiter=limiter)
+                    catch_up, hub, flt, position, limiter=limiter)
             except BetterComputeError as exc:
                 yield _error_line(exc)
                 return

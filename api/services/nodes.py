@@ -9,6 +9,7 @@ ends in one save, retried a few times when another writer got there first.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -99,7 +100,7 @@ class NodeService:
     # ---------------------------------------------------------------- queries
 
     def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None
-             ) -> list[dict[str, Any]]:
+             ) -> builtins.list[dict[str, Any]]:
         where = None
         if pool_id:
             parse_id("pool", pool_id)  # a malformed --pool is an error, not an empty list
@@ -116,7 +117,7 @@ class NodeService:
         doc["report"] = Reports(self.service.sql).latest(str(node.id))
         return doc
 
-    def events(self, principal: Principal, node_id: str) -> list[dict[str, Any]]:
+    def events(self, principal: Principal, node_id: str) -> builtins.list[dict[str, Any]]:
         """Every event of the node, oldest first, as the event log shows them."""
         node = self._node(principal, node_id)
         sql = self.service.sql
@@ -167,7 +168,7 @@ class NodeService:
             self.clock(), checks, why, principal.token_id or "local operator"))
         return node.to_doc()
 
-    def checks_for(self, node: Node) -> list[dict[str, Any]]:
+    def checks_for(self, node: Node) -> builtins.list[dict[str, Any]]:
         pool = self._pool(node.pool_id)
         return acceptance_checks(pool.policy, pool.gpu_model)
 
@@ -243,10 +244,10 @@ class NodeService:
         raise Conflict("the node kept changing while it was being removed: try again")
 
     def _release_all(self, node: Node, bookings: NodeBookings | None, now: datetime
-                     ) -> tuple[list[str], list[TenantOwned]]:
+                     ) -> tuple[builtins.list[str], builtins.list[TenantOwned]]:
         """Release every live reservation booked on ``node`` and end its bookings."""
-        released: list[str] = []
-        changed: list[TenantOwned] = []
+        released: builtins.list[str] = []
+        changed: builtins.list[TenantOwned] = []
         quotas: dict[UUID, QuotaUse] = {}
         for allocation_id, booking in list((bookings.bookings if bookings else {}).items()):
             rsv = self.service.aggregates.get(Reservation, parse_id("rsv", str(booking["reservationId"])))
@@ -333,7 +334,7 @@ class NodeService:
 
         return self._change(uuid, change)[1]
 
-    def gpu_health(self, uuid: UUID, epoch: int, gpus: list[dict[str, Any]]) -> int:
+    def gpu_health(self, uuid: UUID, epoch: int, gpus: builtins.list[dict[str, Any]]) -> int:
         """Health from a report's inventory: one event per GPU whose health changed."""
         def change(node: Node) -> int:
             if node.session_epoch != epoch:
@@ -357,7 +358,7 @@ _GPU_KEYS = ("uuid", "name", "serial", "pciBusId", "memoryMiB", "nvlinkDomain", 
              "family", "healthy", "healthReasons", "index")
 
 
-def _inventory_gpus(gpus: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def _inventory_gpus(gpus: builtins.list[dict[str, Any]]) -> builtins.list[dict[str, Any]] | None:
     """The GPUs a node is adopted with: identity and health, never telemetry."""
     if not gpus:
         return None

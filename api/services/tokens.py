@@ -9,6 +9,7 @@ has passed (authentication already refuses them by the clock).
 
 from __future__ import annotations
 
+import builtins
 import secrets
 import time
 from collections.abc import Mapping
@@ -92,7 +93,7 @@ class TokenService:
         service.aggregates.save(token)
         return {**token.to_doc(now), "token": secret}
 
-    def list(self, principal: Principal, tenant_id: str | None) -> list[dict[str, Any]]:
+    def list(self, principal: Principal, tenant_id: str | None) -> builtins.list[dict[str, Any]]:
         service = self.service
         tenant = service.aggregates.scope(principal, tenant_id)
         principal.require_admin_of(tenant, "list tokens")
@@ -133,7 +134,7 @@ class TokenService:
         service.aggregates.save(old, new)
         return {**new.to_doc(now), "token": secret, "previous": old.to_doc(now)}
 
-    def expire_due(self, now: datetime | None = None) -> list[str]:
+    def expire_due(self, now: datetime | None = None) -> builtins.list[str]:
         """Record ``token.expired`` for every token past its end (the tokens controller)."""
         service = self.service
         now = now or service.clock()
@@ -154,7 +155,7 @@ class TokenService:
         return done
 
     @staticmethod
-    def next_end(docs: list[dict[str, Any]]) -> str | None:
+    def next_end(docs: builtins.list[dict[str, Any]]) -> str | None:
         ends = [str(d["expiresAt"]) for d in docs
                 if d.get("state") in ("active", "rotated") and d.get("expiresAt")]
         return min(ends) if ends else None
@@ -181,7 +182,7 @@ class TokenExpiry:
         self._next_scan = 0.0  # monotonic
         self._next_end: datetime | None = None
 
-    def tick(self, now: datetime | None = None) -> list[str]:
+    def tick(self, now: datetime | None = None) -> builtins.list[str]:
         service = self.tokens.service
         now = now or service.clock()
         due = self._next_end is not None and now >= self._next_end
