@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TextIO
 
 import msgspec
@@ -57,6 +57,7 @@ from .hardware import collect
 from .join_token import JoinToken, read_token
 from .node.state import removed_marker, removed_node
 from .paths import Paths
+from .times import rfc3339
 from .version import bcd_version
 
 _FETCH_PINS = "print them on the control plane with `better-compute pki show --query <name>Pin`"
@@ -227,10 +228,6 @@ def jwk(public_key: x25519.X25519PublicKey, pin: str) -> str:
     return msgspec.json.encode(document).decode() + "\n"
 
 
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
                     document: WellKnown, encryption: x25519.X25519PublicKey,
                     key: ec.EllipticCurvePrivateKey, joined: Joined) -> None:
@@ -253,7 +250,7 @@ def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
         node=NodeSection(
             id=response.node_id, site_id=response.site_id, pool_id=response.pool_id,
             tenant_id=response.tenant_id, role=response.role,
-            certificate_not_after=rfc3339(joined.not_after),
+            certificate_not_after=rfc3339(joined.not_after, timespec="seconds"),
         ),
         files=FilesSection(
             key=str(paths.node_key), certificate=str(paths.node_certificate),
@@ -299,5 +296,5 @@ def join(options: JoinOptions, *, paths: Paths, env: Mapping[str, str], stdin: T
         token.file.unlink(missing_ok=True)
     response = joined.response
     print(f"joined as {response.node_id} (site {response.site_id}, role {response.role}); "
-          f"certificate valid until {rfc3339(joined.not_after)}", file=out)  # fmt: skip
+          f"certificate valid until {rfc3339(joined.not_after, timespec='seconds')}", file=out)  # fmt: skip
     return 0

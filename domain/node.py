@@ -121,10 +121,6 @@ class Node(TenantOwned):
         self._status_cache = self.statuses()
 
     @property
-    def joined_at(self) -> datetime:
-        return self.created_on
-
-    @property
     def adopted(self) -> bool:
         return self.provision_state == PROVISION_ADOPTED
 

@@ -29,6 +29,7 @@ from ..gpu import GpuSource, GpuSourceError, Inventory
 from ..kubelet.devices import advertised, resource_name
 from ..kubelet.plugin import DevicePlugin
 from ..paths import Paths
+from ..times import rfc3339
 from ..version import bcd_version
 from .apply import ApplyContext, apply_desired
 from .backoff import Backoff
@@ -47,10 +48,6 @@ from .state import (
 )
 
 STATUS_SCHEMA_VERSION = 1
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def utc_now() -> datetime:
