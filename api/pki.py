@@ -78,7 +78,7 @@ def _key_usage(ca: bool) -> x509.KeyUsage:
         digital_signature=not ca, content_commitment=False, key_encipherment=False,
         data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
         encipher_only=False, decipher_only=False,
-    )  # fmt: skip
+    )
 
 
 def _ca(common_name: str, now: datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
@@ -273,7 +273,7 @@ def issue_serving_certificate(
     cert = _leaf(
         bundle.serving_ca_cert, bundle.serving_ca_key, subject, key.public_key(), _utc(now),
         timedelta(days=days), names, ExtendedKeyUsageOID.SERVER_AUTH,
-    )  # fmt: skip
+    )
     return cert.public_bytes(serialization.Encoding.PEM), _private_pem(key).encode("ascii")
 
 
@@ -309,7 +309,7 @@ def issue_node_certificate(
     return _leaf(
         bundle.node_ca_cert, bundle.node_ca_key, subject, public_key, _utc(now), lifetime, [uri],
         ExtendedKeyUsageOID.CLIENT_AUTH,
-    )  # fmt: skip
+    )
 
 
 def node_id_from_certificate(cert: x509.Certificate) -> str:

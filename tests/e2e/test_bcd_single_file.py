@@ -38,7 +38,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         [str(ROOT / "scripts/build-bcd")], cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHON": sys.executable, "BCD_PYTHONS": PYTHON,
              "DIST_DIR": str(dist)},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     path_text, digest = done.stdout.split()
     return Path(path_text), digest
