@@ -22,7 +22,6 @@ import msgspec
 
 from .errors import BcdError
 from .files import write_atomic
-from .paths import Paths
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
@@ -110,10 +109,6 @@ def load(path: Path) -> AgentConfig | None:
             f"{path} is not a valid bcd config: {exc}. Fix that line (docs/bcd.md lists "
             "every key) or move the file away to join afresh"
         ) from None
-
-
-def load_default(paths: Paths) -> AgentConfig | None:
-    return load(paths.config)
 
 
 def save(path: Path, config: AgentConfig) -> None:

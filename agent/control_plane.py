@@ -149,13 +149,13 @@ class HttpControlPlane:
             raise RuntimeError("well_known() establishes the pinned TLS context first")
         url = self.server + "/rpc"
         body = {"jsonrpc": "2.0", "id": 1, "method": "nodes.join",
-                "params": msgspec.to_builtins(params)}  # fmt: skip
+                "params": msgspec.to_builtins(params)}
         try:
             with httpx.Client(verify=self._context, timeout=TIMEOUT) as client:
                 response = client.post(url, json=body)
         except httpx.HTTPError as exc:
             raise BcdError(f"cannot reach {url}: {exc}; nothing was written, run bcd join "
-                           "again once the control plane is reachable") from None  # fmt: skip
+                           "again once the control plane is reachable") from None
         return _rpc_result(url, response)
 
 
@@ -168,7 +168,7 @@ def _rpc_result(url: str, response: httpx.Response) -> SignedJoinResponse:
         raise BcdError(f"POST {url} answered something other than a JSON-RPC response")
     error = answer.get("error")
     if isinstance(error, dict):
-        data = error.get("data") if isinstance(error.get("data"), dict) else {}
+        data: dict[str, Any] = error["data"] if isinstance(error.get("data"), dict) else {}
         message = str(error.get("message") or "the control plane refused the join")
         raise BcdError(message, code=str(data.get("code")) if data.get("code") else None)
     try:

@@ -63,7 +63,7 @@ def check_privileges(paths: Paths) -> Check:
     if paths.root == Path("/") or blocked:
         where = ", ".join(blocked) if blocked else "/etc/bcd, /etc/cdi, /run/bcd"
         return _fail("privileges", f"not root, and cannot write {where}",
-                     "run bcd as root (sudo bcd ...), or set BCD_ROOT to a folder you can write")  # fmt: skip
+                     "run bcd as root (sudo bcd ...), or set BCD_ROOT to a folder you can write")
     return _ok("privileges", f"BCD_ROOT {paths.root} is writable")
 
 
@@ -84,7 +84,7 @@ def check_gpus(paths: Paths, env: Mapping[str, str]) -> Check:
         inventory = read_inventory(paths, env)
     except BcdError as exc:
         return _fail("GPU source", str(exc),
-                     "install the NVIDIA driver (NVML, nvidia-smi) or set BCD_GPU_SOURCE")  # fmt: skip
+                     "install the NVIDIA driver (NVML, nvidia-smi) or set BCD_GPU_SOURCE")
     names = sorted({gpu.name for gpu in inventory.gpus})
     unhealthy = [gpu.uuid for gpu in inventory.gpus if not gpu.healthy]
     detail = f"{inventory.source}: {len(inventory.gpus)} GPU(s)" + (
@@ -104,14 +104,14 @@ def check_server(server: str | None, pin: str | None,
     except BcdError as exc:
         return _fail("server", str(exc),
                      "check the URL (it ends in /api/compute), DNS, firewalls and that "
-                     "`better-compute serve` runs there"), None  # fmt: skip
+                     "`better-compute serve` runs there"), None
     detail = f"{url} answers the well-known document"
     if pin:
         published = ca_pin(fetched.document.serving_ca_certificate)
         if published != pin:
             return _fail("server", f"{url} serves CA pin {published}, not the pinned {pin}",
                          "check the pin (`better-compute pki show --query servingCaSpkiPin`) "
-                         "and that --server names the right control plane"), fetched  # fmt: skip
+                         "and that --server names the right control plane"), fetched
         detail += " with the pinned serving CA"
     return _ok("server", detail), fetched
 
@@ -119,7 +119,7 @@ def check_server(server: str | None, pin: str | None,
 def check_clock(fetched: Fetched | None, now: datetime) -> Check:
     if now < EARLIEST_SANE:
         return _fail("clock", f"the local clock reads {now:%Y-%m-%dT%H:%M:%SZ}",
-                     "set the time (timedatectl set-ntp true, or chrony)")  # fmt: skip
+                     "set the time (timedatectl set-ntp true, or chrony)")
     if fetched is None or fetched.date is None:
         return _ok("clock", f"{now:%Y-%m-%dT%H:%M:%SZ} (not compared: no server Date)")
     skew = now - fetched.date
@@ -127,7 +127,7 @@ def check_clock(fetched: Fetched | None, now: datetime) -> Check:
     if abs(skew) > MAX_CLOCK_SKEW:
         return _fail("clock", f"{seconds:.0f}s off the server's clock",
                      "synchronise the clock (timedatectl set-ntp true, or chrony): certificates "
-                     "and signed journal entries depend on it")  # fmt: skip
+                     "and signed journal entries depend on it")
     return _ok("clock", f"within {max(seconds, 1):.0f}s of the server's")
 
 
@@ -139,10 +139,10 @@ def check_certificate(existing: AgentConfig | None, paths: Paths, now: datetime)
         cert = x509.load_pem_x509_certificate(path.read_bytes())
     except (OSError, ValueError) as exc:
         return _fail("certificate", f"cannot read the node certificate {path}: {exc}",
-                     "move config.toml away and join again with a new token")  # fmt: skip
+                     "move config.toml away and join again with a new token")
     if cert.not_valid_after_utc <= now:
         return _fail("certificate", f"expired at {cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}",
-                     "move config.toml away and join again with a new token")  # fmt: skip
+                     "move config.toml away and join again with a new token")
     return _ok("certificate", f"valid until {cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}")
 
 
@@ -170,5 +170,5 @@ def doctor(*, paths: Paths, env: Mapping[str, str], server: str | None = None,
             print(f"      fix: {check.fix}", file=out)
     failed = [check.name for check in checks if check.status == "FAIL"]
     print(f"{len(failed)} check(s) failed: {', '.join(failed)}" if failed
-          else "all checks passed", file=out)  # fmt: skip
+          else "all checks passed", file=out)
     return 1 if failed else 0

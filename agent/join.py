@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TextIO
 
 import msgspec
@@ -57,6 +57,7 @@ from .hardware import collect
 from .join_token import JoinToken, read_token
 from .node.state import removed_marker, removed_node
 from .paths import Paths
+from .times import rfc3339
 from .version import bcd_version
 
 _FETCH_PINS = "print them on the control plane with `better-compute pki show --query <name>Pin`"
@@ -114,9 +115,9 @@ def resolve(options: JoinOptions, existing: AgentConfig | None) -> tuple[str, Pi
     for flag, value in values.items():
         if not str(value).startswith("sha256/"):
             raise BcdError(f"{flag} {value!r} is not a pin: pins look like sha256/<base64>; "
-                           f"{_FETCH_PINS}")  # fmt: skip
+                           f"{_FETCH_PINS}")
     pins = Pins(values["--serving-ca-pin"], values["--join-signing-pin"],  # type: ignore[arg-type]
-                values["--join-encryption-pin"])  # type: ignore[arg-type]  # fmt: skip
+                values["--join-encryption-pin"])  # type: ignore[arg-type]
     return normalize_server(str(server)), pins, server_cfg.gateway_url
 
 
@@ -142,7 +143,7 @@ def check_well_known(document: WellKnown, pins: Pins) -> tuple[ed25519.Ed25519Pu
          "--join-signing-pin"),
         ("join encryption key", document.join_encryption_key_pin, pins.join_encryption,
          "--join-encryption-pin"),
-    )  # fmt: skip
+    )
     for label, theirs, ours, flag in published:
         if theirs != ours:
             raise BcdError(
@@ -150,9 +151,9 @@ def check_well_known(document: WellKnown, pins: Pins) -> tuple[ed25519.Ed25519Pu
                 f"refusing to join (nothing written). Check the pin: {_FETCH_PINS}"
             )
     signing = _public_key(document.join_signing_public_key, ed25519.Ed25519PublicKey,
-                          "joinSigningPublicKey")  # fmt: skip
+                          "joinSigningPublicKey")
     encryption = _public_key(document.join_encryption_public_key, x25519.X25519PublicKey,
-                             "joinEncryptionPublicKey")  # fmt: skip
+                             "joinEncryptionPublicKey")
     actual = (
         ("serving CA certificate", ca_pin(document.serving_ca_certificate), pins.serving_ca),
         ("join signing public key", spki_pin(signing), pins.join_signing),  # type: ignore[arg-type]
@@ -213,7 +214,7 @@ def verify_response(signed: SignedJoinResponse, signing_key: ed25519.Ed25519Publ
         cert.verify_directly_issued_by(node_ca)
     except (InvalidSignature, ValueError, TypeError):
         raise BcdError("the node certificate is not issued by the node CA sent with it: "
-                       "refusing the join response (nothing written)") from None  # fmt: skip
+                       "refusing the join response (nothing written)") from None
     names = [attr.value for attr in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
     if names != [response.node_id]:
         raise BcdError(f"the node certificate names {names}, not node {response.node_id}")
@@ -227,16 +228,12 @@ def jwk(public_key: x25519.X25519PublicKey, pin: str) -> str:
     return msgspec.json.encode(document).decode() + "\n"
 
 
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
                     document: WellKnown, encryption: x25519.X25519PublicKey,
                     key: ec.EllipticCurvePrivateKey, joined: Joined) -> None:
     response = joined.response
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())  # fmt: skip
+                                serialization.NoEncryption())
     paths.etc.mkdir(parents=True, exist_ok=True, mode=0o755)
     write_atomic(paths.node_key, key_pem, mode=0o600)
     write_atomic(paths.node_certificate, response.certificate_pem)
@@ -253,7 +250,7 @@ def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
         node=NodeSection(
             id=response.node_id, site_id=response.site_id, pool_id=response.pool_id,
             tenant_id=response.tenant_id, role=response.role,
-            certificate_not_after=rfc3339(joined.not_after),
+            certificate_not_after=rfc3339(joined.not_after, timespec="seconds"),
         ),
         files=FilesSection(
             key=str(paths.node_key), certificate=str(paths.node_certificate),
@@ -264,7 +261,7 @@ def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
         container_toolkit=before.container_toolkit if before else None,
         metrics=before.metrics if before else None,
         log=before.log if before else None,
-    )  # fmt: skip
+    )
     config_file.save(paths.config, config)  # last: its [node] is what "joined" means
 
 
@@ -289,7 +286,7 @@ def join(options: JoinOptions, *, paths: Paths, env: Mapping[str, str], stdin: T
     nonce = base64.b64encode(os.urandom(32)).decode("ascii")
     request = JoinRequest(token=token.secret, nonce=nonce, hardware=facts,
                           csr_pem=certificate_request(key, facts.hostname),
-                          bcd_version=bcd_version())  # fmt: skip
+                          bcd_version=bcd_version())
     sealed = seal_to(encryption, msgspec.json.encode(request))
     signed = plane.join(JoinParams(sealed=base64.b64encode(sealed).decode("ascii")))
     joined = verify_response(signed, signing, nonce, key)
@@ -299,5 +296,5 @@ def join(options: JoinOptions, *, paths: Paths, env: Mapping[str, str], stdin: T
         token.file.unlink(missing_ok=True)
     response = joined.response
     print(f"joined as {response.node_id} (site {response.site_id}, role {response.role}); "
-          f"certificate valid until {rfc3339(joined.not_after)}", file=out)  # fmt: skip
+          f"certificate valid until {rfc3339(joined.not_after, timespec='seconds')}", file=out)
     return 0

@@ -120,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
         from .join import JoinOptions, join
 
         options = JoinOptions(args.server, args.serving_ca_pin, args.join_signing_pin,
-                              args.join_encryption_pin, args.token_file)  # fmt: skip
+                              args.join_encryption_pin, args.token_file)
         return join(options, paths=paths, env=env, stdin=sys.stdin)
     if args.command == "doctor":
         from .doctor import doctor

@@ -63,10 +63,10 @@ def _check_spec(output: bytes, inventory: Inventory) -> str | None:
     except ValueError as exc:
         return f"its output is not JSON ({exc})"
     if not isinstance(document, dict) or not isinstance(document.get("devices"), list) or \
-            not document.get("kind") or not document.get("cdiVersion"):  # fmt: skip
+            not document.get("kind") or not document.get("cdiVersion"):
         return "its output is not a CDI spec (cdiVersion, kind and devices are required)"
     names = {str(device.get("name")) for device in document["devices"]
-             if isinstance(device, dict)}  # fmt: skip
+             if isinstance(device, dict)}
     missing = [gpu.uuid for gpu in inventory.gpus
                if gpu.uuid not in names and str(gpu.index) not in names]
     if missing:
@@ -86,7 +86,7 @@ def generate_vendor_spec(paths: Paths, inventory: Inventory | None, source_error
     target = paths.under(VENDOR_SPEC)
     if inventory is None:
         return UnitResult("failed", f"{UNIT}: {target} not generated: the GPU source cannot be "
-                          f"read ({source_error})", previous)  # fmt: skip
+                          f"read ({source_error})", previous)
     wanted = fingerprint(inventory, argv)
     summary = f"{len(inventory.gpus)} GPUs, driver {inventory.driver_version or 'unknown'}"
     if wanted == previous and target.is_file():
@@ -97,13 +97,13 @@ def generate_vendor_spec(paths: Paths, inventory: Inventory | None, source_error
             f"{UNIT}: {argv[0]} is not on PATH, so {target} was not written: install the NVIDIA "
             "container toolkit (package nvidia-container-toolkit), or set [container_toolkit] "
             "cdi_generate in config.toml; holds carry only NVIDIA_VISIBLE_DEVICES until then"),
-            previous)  # fmt: skip
+            previous)
     try:
         done = subprocess.run([program, *argv[1:]], capture_output=True, timeout=TIMEOUT_S,
-                              check=False)  # fmt: skip
+                              check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return UnitResult("failed", f"{UNIT}: {' '.join(argv)} did not run ({exc}); "
-                          f"{target} was not changed", previous)  # fmt: skip
+                          f"{target} was not changed", previous)
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip()[-500:]
         return UnitResult("failed", f"{UNIT}: {' '.join(argv)} exited with {done.returncode}"
@@ -111,23 +111,23 @@ def generate_vendor_spec(paths: Paths, inventory: Inventory | None, source_error
     problem = _check_spec(done.stdout, inventory)
     if problem:
         return UnitResult("failed", f"{UNIT}: {' '.join(argv)} ran but {problem}; {target} "
-                          "was not changed", previous)  # fmt: skip
+                          "was not changed", previous)
     write_atomic(target, done.stdout, mode=0o644)
     refreshed = cdi.refresh_all(paths, inventory)
     rewritten = f"; {len(refreshed.rewritten)} hold spec(s) rewritten" if refreshed.rewritten \
-        else ""  # fmt: skip
+        else ""
     return UnitResult("applied", f"{UNIT}: generated {target} with {argv[0]} ({summary})"
                       f"{rewritten}", wanted)
 
 
 def apply_profile(section: Mapping[str, Any], paths: Paths, inventory: Inventory | None,
                   source_error: str | None, command: Sequence[str] | None,
-                  previous: str | None) -> UnitResult:  # fmt: skip
+                  previous: str | None) -> UnitResult:
     """The ``profile`` section: run each unit it names (today: ``container-toolkit``)."""
     units = units_of(section)
     unknown = [unit for unit in units if unit not in UNITS]
     results = [generate_vendor_spec(paths, inventory, source_error, command, previous)] \
-        if UNIT in units else []  # fmt: skip
+        if UNIT in units else []
     messages = [result.message for result in results]
     messages += [f"{unit}: this bcd does not know the unit; upgrade bcd" for unit in unknown]
     failed = unknown or any(result.state == "failed" for result in results)

@@ -7,7 +7,7 @@ from importlib import metadata
 
 def bcd_version() -> str:
     try:
-        from ._build import VERSION  # type: ignore[import-not-found]  # written by the build
+        from ._build import VERSION  # written by the build
 
         return str(VERSION)
     except ImportError:

@@ -32,7 +32,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from better_compute.api.wire import sealing
-from better_compute.api.wire.sealing import seal_to, spki_pin  # noqa: F401  (re-exported)
+from better_compute.api.wire.sealing import seal_to as seal_to  # re-exported
+from better_compute.api.wire.sealing import spki_pin as spki_pin  # re-exported
 from better_compute.domain.errors import InvalidInput
 
 MASTER_KEY_PREFIX = "bcmk1_"
@@ -77,7 +78,7 @@ def _key_usage(ca: bool) -> x509.KeyUsage:
         digital_signature=not ca, content_commitment=False, key_encipherment=False,
         data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
         encipher_only=False, decipher_only=False,
-    )  # fmt: skip
+    )
 
 
 def _ca(common_name: str, now: datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
@@ -156,9 +157,10 @@ def _aes(master_key: bytes) -> AESGCM:
 
 
 def _private_pem(key: Any) -> str:
-    return key.private_bytes(
+    pem: bytes = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode("ascii")
+    )
+    return pem.decode("ascii")
 
 
 def seal_bundle(bundle: PkiBundle, master_key: bytes) -> str:
@@ -271,7 +273,7 @@ def issue_serving_certificate(
     cert = _leaf(
         bundle.serving_ca_cert, bundle.serving_ca_key, subject, key.public_key(), _utc(now),
         timedelta(days=days), names, ExtendedKeyUsageOID.SERVER_AUTH,
-    )  # fmt: skip
+    )
     return cert.public_bytes(serialization.Encoding.PEM), _private_pem(key).encode("ascii")
 
 
@@ -307,7 +309,7 @@ def issue_node_certificate(
     return _leaf(
         bundle.node_ca_cert, bundle.node_ca_key, subject, public_key, _utc(now), lifetime, [uri],
         ExtendedKeyUsageOID.CLIENT_AUTH,
-    )  # fmt: skip
+    )
 
 
 def node_id_from_certificate(cert: x509.Certificate) -> str:

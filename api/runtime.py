@@ -1,7 +1,11 @@
-"""The composition root: store, projections and service, built from the environment.
+"""The composition root: store, projections and every service, built from the environment.
 
-``serve`` and the CLI's in-process mode build the same Runtime, so both read
-and write the same store.
+``Runtime.open`` opens the store and the projections and builds every service once, over one
+``Aggregates`` (api/services/registry.py, api/services/unit.py), with everything they need
+passed in (the master key's reader, the token lifetimes, the published gateway URL): nothing
+is attached later. ``serve`` and the CLI's in-process mode build the same Runtime, so both
+read and write the same store. Registration is explicit too: the gateway's journal handlers
+(api/gateway/journal.py ``journal_handlers``) are built from these services.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from eventsourcing.persistence import Notification, StoredEvent
 
 from better_compute.api.http.server_config import with_file
 from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.registry import Services, build_services
 from better_compute.api.services.tokens import lifetimes_from_env
+from better_compute.api.services.unit import Aggregates
 from better_compute.api.store.store import (
     ComputeStore,
     SqlRunner,
@@ -59,7 +65,8 @@ class StoreEvents:
     def restore(self, topic: str, state: str, originator_id: Any, version: int) -> Any:
         stored = StoredEvent(originator_id=originator_id, originator_version=version, topic=topic,
                              state=state.encode())
-        return self.store.mapper.to_domain_event(stored).mutate(None)
+        event: Any = self.store.mapper.to_domain_event(stored)
+        return event.mutate(None)
 
 
 class Projections(ProjectionRunner):
@@ -77,11 +84,14 @@ class Runtime:
     config: StoreConfig
     store: ComputeStore
     projections: Projections
-    service: ComputeService
+    services: Services
     env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, env: Mapping[str, str] | None = None) -> Runtime:
+    def open(cls, env: Mapping[str, str] | None = None, *, gateway_url: str | None = None
+             ) -> Runtime:
+        """``gateway_url``: the agents' gateway as ``serve`` publishes it (nodes.join answers
+        it); None in the CLI's in-process mode."""
         env = with_file(os.environ if env is None else env)  # BETTER_COMPUTE_CONFIG's file
         config = StoreConfig.from_env(env)
         with setup_lock(config):  # the store's and the projections' tables
@@ -93,10 +103,14 @@ class Runtime:
             except BaseException:
                 store.close()
                 raise
-        runtime = cls(config, store, projections, ComputeService(store, projections), env)
-        runtime.service.master_key_text = runtime.master_key_text
-        runtime.service.lifetimes = lifetimes
-        return runtime
+        services = build_services(Aggregates(store, projections), lifetimes=lifetimes,
+                                  master_key_text=lambda: master_key_text(env, config),
+                                  gateway_url=gateway_url)
+        return cls(config, store, projections, services, env)
+
+    @property
+    def service(self) -> ComputeService:
+        return self.services.compute
 
     def close(self) -> None:
         try:
@@ -111,16 +125,24 @@ class Runtime:
         return self.config.data_dir
 
     def master_key_path(self) -> Path:
-        return Path(self.env.get("BETTER_COMPUTE_MASTER_KEY_FILE") or self.data_dir / "master.key")
+        return master_key_path(self.env, self.config)
 
     def master_key_text(self) -> str:
-        if self.env.get("BETTER_COMPUTE_MASTER_KEY"):
-            return self.env["BETTER_COMPUTE_MASTER_KEY"]
-        path = self.master_key_path()
-        try:
-            return path.read_text()
-        except FileNotFoundError:
-            raise InvalidInput(
-                f"no master key at {path}: set BETTER_COMPUTE_MASTER_KEY_FILE to the file "
-                "`better-compute init` wrote, or BETTER_COMPUTE_MASTER_KEY to its contents"
-            ) from None
+        return master_key_text(self.env, self.config)
+
+
+def master_key_path(env: Mapping[str, str], config: StoreConfig) -> Path:
+    return Path(env.get("BETTER_COMPUTE_MASTER_KEY_FILE") or config.data_dir / "master.key")
+
+
+def master_key_text(env: Mapping[str, str], config: StoreConfig) -> str:
+    if env.get("BETTER_COMPUTE_MASTER_KEY"):
+        return env["BETTER_COMPUTE_MASTER_KEY"]
+    path = master_key_path(env, config)
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise InvalidInput(
+            f"no master key at {path}: set BETTER_COMPUTE_MASTER_KEY_FILE to the file "
+            "`better-compute init` wrote, or BETTER_COMPUTE_MASTER_KEY to its contents"
+        ) from None

@@ -54,7 +54,7 @@ class Retry:
         self._last = kind
         delay = min(self.cap, self.first * 2 ** min(self.failures, 20))
         self.failures += 1
-        return delay
+        return float(delay)
 
     def succeeded(self) -> None:
         if self.failures:

@@ -33,7 +33,6 @@ import uuid
 from pathlib import Path
 
 from better_compute.api.runtime import Runtime
-from better_compute.api.services.reservations import reservations
 from better_compute.benchmarks.fleet import add_nodes, make_pool
 from better_compute.domain.access import LOCAL_OPERATOR
 
@@ -77,7 +76,7 @@ def _fleet(runtime: Runtime, nodes: int, key: str) -> tuple[str, float]:
 
 
 def throughput(runtime: Runtime, pool: str, clients: int, seconds: float) -> float:
-    service = reservations(runtime.service)
+    service = runtime.services.reservations
     stop = time.monotonic() + seconds
     placed: list[str] = []
     errors: list[str] = []
@@ -110,7 +109,7 @@ def throughput(runtime: Runtime, pool: str, clients: int, seconds: float) -> flo
 
 
 def latency(runtime: Runtime, pool: str, samples: int) -> tuple[float, float]:
-    service = reservations(runtime.service)
+    service = runtime.services.reservations
     times = []
     for _ in range(samples):
         started = time.perf_counter()

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from better_compute.api.runtime import Runtime
-from better_compute.api.services.reservations import reservations
 from better_compute.benchmarks.fleet import add_nodes, make_pool
 from better_compute.benchmarks.placer import _drop, _store_env
 from better_compute.domain.access import LOCAL_OPERATOR, Principal, Role
@@ -119,7 +118,7 @@ def booked_fleet(runtime: Runtime, nodes: int, per_gpu: int, key: str) -> tuple[
 def preview_latency(runtime: Runtime, pools: dict[int, str], samples: int
                     ) -> dict[tuple[int, int], tuple[float, float, str]]:
     """p50, p95 (ms) and the answer per (fleet size, GPUs), the sizes taking turns."""
-    service = reservations(runtime.service)
+    service = runtime.services.reservations
     times: dict[tuple[int, int], list[float]] = {}
     answers: dict[tuple[int, int], dict[str, Any]] = {}
     for _ in range(samples):
@@ -193,7 +192,7 @@ def dispatch_time(env: dict[str, str], nodes: int, samples: int) -> dict[str, fl
         add_nodes(service, pool, nodes)
         service.tenants_create(LOCAL_OPERATOR, "acme", None)
         service.pools_offer(LOCAL_OPERATOR, pool, "acme", {"gpu": 1})
-        rs = reservations(service)
+        rs = runtime.services.reservations
         port, gateway = _free_port(), _free_port()
         server = subprocess.Popen(
             [CLI, "serve", "--listen", f"127.0.0.1:{port}", "--gateway-listen",

@@ -218,7 +218,7 @@ class LocalClient:
             return service.authenticate(self.token) if self.token else LOCAL_OPERATOR
 
         request = RpcRequest(method=method, params=msgspec.Raw(msgspec.json.encode(params or {})))
-        answer = rpc.answer(request, service, authenticate)
+        answer = rpc.answer(request, self.runtime.services, authenticate)
         if answer.error is not msgspec.UNSET:
             _raise_rpc_error(msgspec.to_builtins(answer.error))
         return msgspec.to_builtins(answer.result)

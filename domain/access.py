@@ -74,14 +74,36 @@ class Principal:
             )
 
     def require_admin_of(self, tenant_id: str, action: str) -> None:
+        self._require_of(tenant_id, Role.ADMIN, action, hint="")
+
+    def require_member_of(self, tenant_id: str, action: str) -> None:
+        """Members and admins of the tenant, or a root administrator for any tenant.
+
+        Root-tenant tokens READ every tenant's reservations, but only a root
+        administrator changes another tenant's: a root member or read-only token
+        is refused, like any other tenant's.
+        """
+        self._require_of(tenant_id, Role.MEMBER, action,
+                         hint=f": use a token of tenant {tenant_id} (member or admin)")
+
+    def _require_of(self, tenant_id: str, role: Role, action: str, hint: str) -> None:
         if self.is_root_admin:
             return
         if self.tenant_id != tenant_id:
             raise PermissionDenied(
                 f"this token belongs to tenant {self.tenant_id} and cannot {action} for tenant "
-                f"{tenant_id}"
+                f"{tenant_id}{hint}"
             )
-        self.require_role(Role.ADMIN, action)
+        self.require_role(role, action)
+
+    def require_can_act_on(self, tenant_id: str) -> None:
+        """A call acts on the caller's own tenant, or any tenant for a root-tenant caller."""
+        if not self.can_see_tenant(tenant_id):
+            raise PermissionDenied(
+                f"this token belongs to tenant {self.tenant_id} and cannot act on tenant "
+                f"{tenant_id} (named by --tenant, tenantId or BETTER_COMPUTE_TENANT): use a token "
+                f"of tenant {tenant_id}, or set BETTER_COMPUTE_TENANT={self.tenant_id}"
+            )
 
 
 LOCAL_OPERATOR = Principal(tenant_id=ROOT_TENANT, role=Role.ADMIN, token_id=None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from eventsourcing.domain import Aggregate
 
@@ -36,6 +36,9 @@ class TenantOwned(Aggregate):
 
     class Event(Aggregate.Event):
         TOPIC = "bc.event"
+        tenant_id: str
+
+    if TYPE_CHECKING:  # set by each aggregate's creation (not a dataclass field here)
         tenant_id: str
 
     def trigger_event(self, event_class: Any, **kwargs: Any) -> None:

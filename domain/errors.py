@@ -112,6 +112,10 @@ class FellBehind(BetterComputeError):
     rpc_code = -32016
 
 
+def _error_classes() -> list[type[BetterComputeError]]:
+    return [BetterComputeError, *_all_subclasses(BetterComputeError)]
+
+
 def _all_subclasses(cls: type[BetterComputeError]) -> list[type[BetterComputeError]]:
     out: list[type[BetterComputeError]] = []
     for sub in cls.__subclasses__():
@@ -122,12 +126,12 @@ def _all_subclasses(cls: type[BetterComputeError]) -> list[type[BetterComputeErr
 
 def error_codes() -> set[str]:
     """Every stable code of the tree (what ``data.code`` of an error can be)."""
-    return {cls.code for cls in [BetterComputeError, *_all_subclasses(BetterComputeError)]}
+    return {cls.code for cls in _error_classes()}
 
 
 def error_from_code(code: str, message: str, data: dict[str, Any] | None = None) -> BetterComputeError:
     """Rebuild the error class named by a wire ``code`` (unknown codes stay generic)."""
-    for cls in [BetterComputeError, *_all_subclasses(BetterComputeError)]:
+    for cls in _error_classes():
         if cls.code == code:
             return cls(message, data=data)
     return BetterComputeError(message, data=data)

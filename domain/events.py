@@ -37,10 +37,6 @@ _SUBJECT_PREFIX: dict[str, str | None] = {
 }
 
 
-def register_subject(head: str, prefix: str | None) -> None:
-    _SUBJECT_PREFIX[head] = prefix
-
-
 _UNITS = {"mib": "MiB", "gib": "GiB"}  # memory_gib is memoryGiB, as in every other document
 
 

@@ -46,12 +46,18 @@ from better_compute.domain.node_rules import (
     SESSION_UNREACHABLE,
     placement_eligible,
 )
+from better_compute.domain.node_view import node_conditions, node_doc
 
 PROVISION_ADOPTING = "adopting"
 PROVISION_ADOPTED = "adopted"
 PROVISION_REMOVED = "removed"
 NODE_ROLE = "node"
 ADOPTED_GENERATION = 1  # the desired-state generation a node gets when it is adopted
+
+_NO_DEVICES: dict[str, dict[str, Any]] = {}
+_NO_TIME: datetime | None = None
+_NO_REMOVAL: dict[str, Any] | None = None
+_NO_STATUSES: dict[str, bool] = {}
 
 
 class Node(TenantOwned):
@@ -60,6 +66,16 @@ class Node(TenantOwned):
 
     class Event(TenantOwned.Event):
         TOPIC = "bc.node.event"
+
+    # State that events after node.joined brought in: a node (or snapshot) recorded before
+    # any of them reads these defaults. Event bodies replace them, never change them in place.
+    # (Not annotated here: annotated names would become fields of the aggregate's __init__.)
+    devices = _NO_DEVICES  # holds by allocation id (assign_devices)
+    draining = False
+    drained_at = _NO_TIME
+    acceptance_failure = ""  # "timeout" when the last attempt timed out
+    removal = _NO_REMOVAL
+    _status_cache = _NO_STATUSES
 
     @event("Joined", topic="node.joined")
     def __init__(
@@ -102,11 +118,7 @@ class Node(TenantOwned):
         self.cordon_reason = ""
         self.cordoned_since: datetime | None = None
         self.transitions: dict[str, str] = {}  # condition -> when it last changed
-        self._status_cache = self._statuses()
-
-    @property
-    def joined_at(self) -> datetime:
-        return self.created_on
+        self._status_cache = self.statuses()
 
     @property
     def adopted(self) -> bool:
@@ -315,11 +327,11 @@ class Node(TenantOwned):
 
     def device_assignments(self) -> list[dict[str, Any]]:
         """Holds the node must keep, oldest first (the ``devices`` section of desired state)."""
-        return [dict(a) for a in getattr(self, "devices", {}).values()]
+        return [dict(a) for a in self.devices.values()]
 
     def assign_devices(self, assignment: dict[str, Any], at: datetime) -> bool:
         """Add a reservation's hold; the desired generation goes up. False if already there."""
-        devices = getattr(self, "devices", {})
+        devices = self.devices
         if assignment["allocationId"] in devices:
             return False
         self._devices_assigned(assignment=dict(assignment), generation=self.generation + 1, at=at)
@@ -328,12 +340,12 @@ class Node(TenantOwned):
     @event("DevicesAssigned", topic="node.devices.assigned")
     def _devices_assigned(self, assignment: dict[str, Any], generation: int, at: datetime
                           ) -> None:
-        self.devices = {**getattr(self, "devices", {}), assignment["allocationId"]: assignment}
+        self.devices = {**self.devices, assignment["allocationId"]: assignment}
         self.generation = generation
 
     def unassign_devices(self, allocation_id: str, at: datetime) -> bool:
         """Drop a hold from the desired state (release, re-placement); False if absent."""
-        if allocation_id not in getattr(self, "devices", {}):
+        if allocation_id not in self.devices:
             return False
         self._devices_unassigned(allocation_id=allocation_id, generation=self.generation + 1,
                                  at=at)
@@ -341,7 +353,7 @@ class Node(TenantOwned):
 
     @event("DevicesUnassigned", topic="node.devices.unassigned")
     def _devices_unassigned(self, allocation_id: str, generation: int, at: datetime) -> None:
-        self.devices = {k: v for k, v in getattr(self, "devices", {}).items()
+        self.devices = {k: v for k, v in self.devices.items()
                         if k != allocation_id}
         self.generation = generation
 
@@ -354,8 +366,8 @@ class Node(TenantOwned):
     @property
     def maintenance_state(self) -> str:
         """``none``, ``cordoned``, ``draining`` or ``drained`` (docs/nodes.md)."""
-        if getattr(self, "draining", False):
-            return "drained" if getattr(self, "drained_at", None) else "draining"
+        if self.draining:
+            return "drained" if self.drained_at else "draining"
         return "cordoned" if self.cordoned else "none"
 
     def drain(self, reason: str, at: datetime, by: str | None, held: int) -> bool:
@@ -364,7 +376,7 @@ class Node(TenantOwned):
         if self.removed:
             raise Conflict(f"node {self.public_id} was removed: there is nothing to drain")
         changed = False
-        if not getattr(self, "draining", False):
+        if not self.draining:
             self._draining(reason=reason, at=at, by=by, held=held)
             changed = True
         if held == 0 and self.mark_drained(at):
@@ -377,12 +389,12 @@ class Node(TenantOwned):
         self.cordon_reason = reason
         self.cordoned_since = at
         self.draining = True
-        self.drained_at: datetime | None = None
+        self.drained_at = None
         self._touch(at)
 
     def mark_drained(self, at: datetime) -> bool:
         """The last hold or booking of a draining node ended; False when not draining."""
-        if not getattr(self, "draining", False) or getattr(self, "drained_at", None) is not None:
+        if not self.draining or self.drained_at is not None:
             return False
         self._drained(at=at)
         return True
@@ -470,9 +482,9 @@ class Node(TenantOwned):
     @property
     def schedulable(self) -> bool:
         return placement_eligible(self.provision_state, self.session, self.cordoned,
-                                  getattr(self, "draining", False), self.gpus)
+                                  self.draining, self.gpus)
 
-    def _statuses(self) -> dict[str, bool]:
+    def statuses(self) -> dict[str, bool]:
         return {
             "Connected": self.session == SESSION_CONNECTED,
             "AcceptancePassed": self.acceptance_state == ACCEPTANCE_PASSED,
@@ -482,8 +494,8 @@ class Node(TenantOwned):
 
     def _touch(self, at: datetime) -> None:
         """Remember when each condition last changed (runs inside event bodies: derived only)."""
-        previous = getattr(self, "_status_cache", None) or {}
-        statuses = self._statuses()
+        previous = self._status_cache
+        statuses = self.statuses()
         stamped = dict(self.transitions)
         for name, status in statuses.items():
             if previous.get(name) != status:
@@ -493,52 +505,7 @@ class Node(TenantOwned):
 
     def conditions(self) -> list[dict[str, Any]]:
         """Connected, AcceptancePassed, Healthy, Schedulable, each with a reason and a time."""
-        joined = iso(self.created_on) or ""
-        since = self.transitions
-        statuses = self._statuses()
-        sick = [g for g in self.gpus if not gpu_is_healthy(g)]
-        session_reason = {
-            SESSION_NEVER: ("NeverConnected", "bcd node has not opened a session yet"),
-            SESSION_CONNECTED: ("SessionUp", f"connected (epoch {self.session_epoch})"),
-            SESSION_DISCONNECTED: ("Disconnected",
-                                   f"session epoch {self.session_epoch} ended; bcd reconnects"),
-            SESSION_UNREACHABLE: ("Unreachable", "no session and no heartbeat within the timeout"),
-        }[self.session]
-        acceptance_reason = {
-            ACCEPTANCE_PENDING: ("Pending", "acceptance starts once the session is up"),
-            ACCEPTANCE_RUNNING: ("Running", f"attempt {self.acceptance_attempt} is running"),
-            ACCEPTANCE_PASSED: ("Passed", f"attempt {self.acceptance_attempt} passed"),
-            ACCEPTANCE_FAILED: ("TimedOut" if getattr(self, "acceptance_failure", "") == "timeout"
-                                else "Failed", f"attempt {self.acceptance_attempt}: "
-                                f"{self.acceptance_message}"),
-        }[self.acceptance_state]
-        health_reason = (("AllGpusHealthy", f"{len(self.gpus)} GPUs healthy") if not sick else
-                         ("GpusUnhealthy", "; ".join(
-                             f"{g.get('uuid')}: {', '.join(g.get('healthReasons') or ['unhealthy'])}"
-                             for g in sick)))
-        if self.removed:
-            sched = ("Removed", "the node was removed from its pool")
-        elif not self.adopted:
-            sched = ("NotAdopted", "the node is still adopting")
-        elif self.session == SESSION_UNREACHABLE:
-            sched = ("Unreachable", "the node is unreachable")
-        elif getattr(self, "draining", False):
-            sched = ("Drained" if getattr(self, "drained_at", None) else "Draining",
-                     self.cordon_reason or "draining")
-        elif self.cordoned:
-            sched = ("Cordoned", self.cordon_reason or "in maintenance")
-        elif not statuses["Schedulable"]:
-            sched = ("NoHealthyGpus", "no GPU of the node is healthy")
-        else:
-            sched = ("Ready", "the placer considers this node")
-        reasons = {"Connected": session_reason, "AcceptancePassed": acceptance_reason,
-                   "Healthy": health_reason, "Schedulable": sched}
-        return [
-            {"type": name, "status": "True" if statuses[name] else "False",
-             "reason": reasons[name][0], "message": reasons[name][1],
-             "lastTransitionTime": since.get(name) or joined}
-            for name in ("Connected", "AcceptancePassed", "Healthy", "Schedulable")
-        ]
+        return node_conditions(self)
 
     def desired_sections(self, pool_sections: dict[str, Any] | None = None) -> dict[str, Any]:
         """The node's desired state by section (docs/nodes.md, api/wire/gateway.py).
@@ -557,38 +524,4 @@ class Node(TenantOwned):
         return sections
 
     def to_doc(self) -> dict[str, Any]:
-        return {
-            "id": self.public_id,
-            "tenantId": self.tenant_id,
-            "poolId": self.pool_id,
-            "siteId": self.site_id,
-            "role": self.role,
-            "provisionState": self.provision_state,
-            "conditions": self.conditions(),
-            "session": {"state": self.session, "epoch": self.session_epoch,
-                        "since": iso(self.session_since), "lastSeen": iso(self.last_seen)},
-            "acceptance": {"state": self.acceptance_state, "attempt": self.acceptance_attempt,
-                           "message": self.acceptance_message,
-                           "checks": [dict(c) for c in self.acceptance_results],
-                           "since": iso(self.acceptance_since),
-                           "failureReason": (getattr(self, "acceptance_failure", None) or "checks")
-                           if self.acceptance_state == ACCEPTANCE_FAILED else None},
-            "generation": self.generation,
-            "maintenance": {"state": self.maintenance_state, "cordoned": self.cordoned,
-                            "reason": self.cordon_reason, "since": iso(self.cordoned_since),
-                            "drainedAt": iso(getattr(self, "drained_at", None))},
-            "removal": dict(getattr(self, "removal", None) or {}) or None,
-            "hardwareKey": self.hardware_key,
-            "hardware": dict(self.hardware),
-            "gpus": [dict(g) for g in self.gpus],
-            "heldGpus": sum(len(a.get("gpus", [])) for a in self.device_assignments()),
-            "keyPin": self.key_pin,
-            "certificate": {
-                "serial": self.certificate_serial,
-                "notAfter": iso(self.certificate_not_after),
-            },
-            "joinTokenId": self.join_token_id,
-            "bcdVersion": self.bcd_version,
-            "joinedAt": iso(self.created_on),
-            "adoptedAt": iso(self.adopted_at),
-        }
+        return node_doc(self)

@@ -103,7 +103,7 @@ def parse_policy(raw: bytes | str | dict[str, Any], *, source: str = "the policy
                 f"{DEFAULT_RESOURCE}"
             )
     if policy.node_profile is not None and \
-            len(set(policy.node_profile.units)) != len(policy.node_profile.units):  # fmt: skip
+            len(set(policy.node_profile.units)) != len(policy.node_profile.units):
         raise PolicyError(f"{source}: nodeProfile.units names a unit twice; name each once")
     return policy
 

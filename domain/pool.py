@@ -12,6 +12,13 @@ from better_compute.domain.errors import InvalidInput
 from better_compute.domain.ids import keyed_uuid, new_uuid
 
 NODE_CLASSES = ("metal-host",)
+
+
+def check_node_class(node_class: str) -> None:
+    if node_class not in NODE_CLASSES:
+        raise InvalidInput(
+            f"--class {node_class!r} is not a pool class: use {', '.join(NODE_CLASSES)}"
+        )
 QUOTA_RESOURCES = ("gpu",)
 MAX_QUOTA_GPUS = 1_000_000  # far above any pool; bounds what a quota row can claim
 UNLIMITED = None  # the owner's quota: effectively unlimited
@@ -68,7 +75,7 @@ class Pool(TenantOwned):
     def with_id(cls, id: UUID, **fields: Any) -> Pool:
         """A new pool with the given aggregate id (the service's, in the installation's
         namespace, domain/ids.py) instead of ``create_id``'s."""
-        return cls._create(cls.Created, id=id, **fields)  # type: ignore[attr-defined]
+        return cls._create(cls.Created, id=id, **fields)
 
     def offer(self, to_tenant: str, quota: dict[str, int]) -> bool:
         """Offer the pool to a tenant (or change its quota). False when nothing changes."""

@@ -24,7 +24,7 @@ goes into slice names).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from eventsourcing.domain import Aggregate, event
@@ -63,6 +63,10 @@ class Reservation(TenantOwned):
 
     class Event(TenantOwned.Event):
         TOPIC = "bc.reservation.event"
+
+    if TYPE_CHECKING:  # set when a reservation is queued (not dataclass fields of __init__)
+        queued_at: datetime
+        queue_deadline: datetime
 
     @event("Placed", topic="reservation.placed")
     def __init__(

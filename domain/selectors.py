@@ -276,9 +276,10 @@ def _compare(text: str, op: _Token, attribute: str, value: Any) -> Predicate:
             return bool(have != value)
         if not isinstance(have, int | float):
             return False
-        return {
+        result: bool = {
             "<": have < value, "<=": have <= value, ">": have > value, ">=": have >= value,
         }[op.text]
+        return result
 
     return predicate
 

@@ -7,10 +7,32 @@ from uuid import UUID
 
 from eventsourcing.domain import event
 
+from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned, iso
+from better_compute.domain.errors import InvalidInput, PermissionDenied
 from better_compute.domain.ids import keyed_uuid, new_uuid
+from better_compute.domain.text import MAX_REGION, check_name, check_text
 
 SITE_KINDS = ("shared", "dedicated")
+
+
+def check_new_site(principal: Principal, kind: str, region: str, name: str | None) -> None:
+    """A site's kind and region, and who may create platform sites (the root tenant's admins)."""
+    if kind not in SITE_KINDS:
+        raise InvalidInput(f"--kind {kind!r} is not a site kind: use shared or dedicated")
+    if not principal.is_root:
+        raise PermissionDenied(
+            "only the root tenant creates platform sites (shared or dedicated); "
+            f"this token belongs to tenant {principal.tenant_id}"
+        )
+    principal.require_root_admin("create sites")
+    check_text(region, "--region", MAX_REGION, example="eu-1")
+    check_name(name)
+    if not region or not region.replace("-", "").replace("_", "").isalnum():
+        raise InvalidInput(
+            f"--region {region!r} is not a region name: use letters, digits and dashes "
+            "(for example eu-1)"
+        )
 
 
 class Site(TenantOwned):
@@ -40,7 +62,7 @@ class Site(TenantOwned):
     def with_id(cls, id: UUID, **fields: Any) -> Site:
         """A new site with the given aggregate id (the service's, in the installation's
         namespace, domain/ids.py) instead of ``create_id``'s."""
-        return cls._create(cls.Created, id=id, **fields)  # type: ignore[attr-defined]
+        return cls._create(cls.Created, id=id, **fields)
 
     def to_doc(self) -> dict[str, Any]:
         return {

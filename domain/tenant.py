@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -40,5 +39,3 @@ def tenant_uuid(tenant_id: str) -> UUID:
     return named_uuid("tenant", tenant_id)
 
 
-def created_at(aggregate: TenantOwned) -> datetime:
-    return aggregate.created_on

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Generator, Iterator
 from typing import Any
 
 from better_compute.domain.earliest import NEVER, Booking, Timeline, node_index
@@ -153,7 +153,7 @@ def timeline_of(sql: Sql, node_id: str, exclude_allocation: str | None = None
 
 def timelines(sql: Sql, pool_id: str, gpus: int, length: float, not_before: float, *,
               force: Collection[str] = (), exclude_allocation: str | None = None
-              ) -> Iterator[Timeline]:
+              ) -> Generator[Timeline, None, None]:
     """The pool's nodes in ascending lower bound for a request of ``gpus`` x ``length``.
 
     ``force``: nodes read first with the bound ``not_before`` whatever the index says (the

@@ -43,7 +43,7 @@ def well_known_of(bundle: pki.PkiBundle, gateway_url: str | None = None) -> Well
         serving_ca_certificate=parts["servingCaCertificate"],
         join_signing_public_key=parts["joinSigningPublicKey"],
         join_encryption_public_key=parts["joinEncryptionPublicKey"],
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -59,7 +59,7 @@ class FakeControlPlane:
         parts = pki.public_parts(self.bundle)
         return {"serving_ca_pin": parts["servingCaSpkiPin"],
                 "join_signing_pin": parts["joinSigningKeyPin"],
-                "join_encryption_pin": parts["joinEncryptionKeyPin"]}  # fmt: skip
+                "join_encryption_pin": parts["joinEncryptionKeyPin"]}
 
     def __call__(self, server: str) -> FakeControlPlane:  # the factory bcd's join() takes
         return self
@@ -75,7 +75,7 @@ class FakeControlPlane:
         self.calls += 1
         blob = base64.b64decode(params.sealed, validate=True)
         request = msgspec.json.decode(pki.open_sealed(self.bundle.join_encryption_key, blob),
-                                      type=JoinRequest)  # fmt: skip
+                                      type=JoinRequest)
         self.requests.append(request)
         if request.token != self.token:
             raise BcdError("the join token is not valid: mint a new one", code="unauthenticated")
@@ -96,7 +96,7 @@ class FakeControlPlane:
             certificate_pem=pki.pem(cert), node_ca_certificate=pki.pem(self.bundle.node_ca_cert),
             not_after=cert.not_valid_after_utc.isoformat(),
             gateway_url="https://gw.example.com:8443",
-        )  # fmt: skip
+        )
         payload = msgspec.json.encode(response)
         signature = pki.sign_join_response(self.bundle, payload)
         if self.misbehave == "forge":
@@ -104,4 +104,4 @@ class FakeControlPlane:
         if self.misbehave == "tamper":
             payload = payload.replace(NODE_ID.encode(), b"node_fake0000000000000000002")
         return SignedJoinResponse(payload=base64.b64encode(payload).decode(),
-                                  signature=base64.b64encode(signature).decode())  # fmt: skip
+                                  signature=base64.b64encode(signature).decode())

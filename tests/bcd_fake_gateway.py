@@ -66,7 +66,7 @@ class NodeRoot:
 
 
 def make_node_root(root: Path, bundle: pki.PkiBundle, gateway_url: str, *, gpus: int = 8,
-                   node_id: str = NODE_ID) -> NodeRoot:  # fmt: skip
+                   node_id: str = NODE_ID) -> NodeRoot:
     paths = Paths(root)
     key = ec.generate_private_key(ec.SECP256R1())
     csr = x509.CertificateSigningRequestBuilder().subject_name(
@@ -75,7 +75,7 @@ def make_node_root(root: Path, bundle: pki.PkiBundle, gateway_url: str, *, gpus:
     paths.etc.mkdir(parents=True)
     paths.node_key.write_bytes(key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))  # fmt: skip
+        serialization.NoEncryption()))
     paths.node_key.chmod(0o600)
     paths.node_certificate.write_text(pki.pem(cert))
     paths.node_ca_certificate.write_text(pki.pem(bundle.node_ca_cert))
@@ -90,7 +90,7 @@ def make_node_root(root: Path, bundle: pki.PkiBundle, gateway_url: str, *, gpus:
                            node_ca=str(paths.node_ca_certificate),
                            serving_ca=str(paths.serving_ca_certificate),
                            join_encryption_key=str(paths.join_encryption_jwk)),
-    ))  # fmt: skip
+    ))
     gpu_file = root / "gpus.json"
     write_fake_fleet_file(gpu_file, gpus=gpus)
     return NodeRoot(paths, gpu_file, key)
@@ -176,12 +176,12 @@ class FakeGateway:
         self.generation, self.sections = generation, sections
         for stream in list(self._streams):
             await stream.send(encode(DesiredState(epoch=self.epoch, generation=generation,
-                                                  sections=sections)))  # fmt: skip
+                                                  sections=sections)))
 
     async def _handshake(self, raw: ByteStream, context: ssl.SSLContext) -> None:
         try:
             stream = await TLSStream.wrap(raw, server_side=True, ssl_context=context,
-                                          standard_compatible=False)  # fmt: skip
+                                          standard_compatible=False)
         except (ssl.SSLError, OSError, anyio.BrokenResourceError, anyio.EndOfStream):
             self.handshake_failures += 1
             await raw.aclose()
@@ -209,14 +209,14 @@ class FakeGateway:
                 await stream.send(encode(Welcome(epoch=epoch,
                                                  heartbeat_seconds=self.heartbeat_seconds)))
                 await stream.send(encode(DesiredState(epoch=epoch, generation=self.generation,
-                                                      sections=self.sections)))  # fmt: skip
+                                                      sections=self.sections)))
                 self._streams.append(stream)
                 self._fire()
                 while True:
                     line = await reader.receive_until(b"\n", 1 << 24)
                     await self._on(stream, decode_to_gateway(line), epoch)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
-                anyio.IncompleteRead, ssl.SSLError, OSError):  # fmt: skip
+                anyio.IncompleteRead, ssl.SSLError, OSError):
             pass
         finally:
             if stream in self._streams:

@@ -28,7 +28,7 @@ from better_compute.api import pki
 from better_compute.api.controllers.node_lifecycle import UNREACHABLE_AFTER, NodeLifecycle
 from better_compute.api.gateway.server import Gateway
 from better_compute.api.gateway.tls import server_context
-from better_compute.api.http.watch import WatchHub
+from better_compute.api.http.follower import WatchHub
 from better_compute.api.runtime import Runtime
 from better_compute.api.services.join import JoinService
 from better_compute.api.services.nodes import NodeService
@@ -140,7 +140,7 @@ async def running_gateway(plane: Plane) -> AsyncIterator[Gateway]:
     runtime = plane.runtime
     hub = WatchHub.for_runtime(runtime)
     context = server_context(plane.bundle, ["localhost", "127.0.0.1"], plane.tmp / "run")
-    gateway = Gateway(runtime.service, context, heartbeat_seconds=5.0, hub=hub,
+    gateway = Gateway(runtime.services, context, heartbeat_seconds=5.0, hub=hub,
                       flush_interval=3600)
     plane.gateway = gateway
     async with anyio.create_task_group() as tg:

@@ -24,7 +24,6 @@ import better_compute.api.http.methods  # noqa: F401  (registers every method)
 from better_compute.api.http.app import ServerState, build_app
 from better_compute.api.runtime import Runtime
 from better_compute.api.services.join import JoinService
-from better_compute.api.services.reservations import reservations
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.fleet import add_nodes, make_pool
 from tests.support import open_runtime, quick_init
@@ -57,7 +56,7 @@ def build_world(env: dict[str, str]) -> World:
     service.pools_offer(LOCAL_OPERATOR, pool, "acme", {"gpu": 16})
     world.ids["node"] = add_nodes(service, pool, 2)[0]
     member = service.authenticate(world.tokens["member"])
-    rsv = reservations(service).create(member, tenant_id=None, pool_id=pool, gpus=1,
+    rsv = rt.services.reservations.create(member, tenant_id=None, pool_id=pool, gpus=1,
                                        duration="2h")
     world.ids["rsv"] = rsv["id"]
     jt = JoinService(service).create(LOCAL_OPERATOR, pool, "2h", 5, None, None, None, None)

@@ -86,7 +86,7 @@ class Kubelet:
         handler = grpc.method_handlers_generic_handler("v1beta1.Registration", {
             "Register": grpc.unary_unary_rpc_method_handler(
                 self._register, request_deserializer=api_pb2.RegisterRequest.FromString,
-                response_serializer=api_pb2.Empty.SerializeToString)})  # fmt: skip
+                response_serializer=api_pb2.Empty.SerializeToString)})
         server.add_generic_rpc_handlers((handler,))
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
@@ -115,7 +115,7 @@ class Kubelet:
     # -- Registration (the server half) --------------------------------------------
 
     def _register(self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext
-                  ) -> api_pb2.Empty:  # fmt: skip
+                  ) -> api_pb2.Empty:
         if self.refuse is not None:
             with self._changed:
                 self.refused += 1
@@ -181,25 +181,25 @@ class Kubelet:
         self._wait(lambda: self.refused >= count, f"{count} refused registrations", timeout)
 
     def wait_list(self, check: Callable[[Devices], bool], what: str,
-                  timeout: float = 30.0) -> Devices:  # fmt: skip
+                  timeout: float = 30.0) -> Devices:
         """The newest list, once it satisfies ``check``."""
         found = self._wait(lambda: [dict(self.lists[-1])] if self.lists and check(self.lists[-1])
-                           else None, what, timeout)  # fmt: skip
+                           else None, what, timeout)
         return found[0]  # type: ignore[no-any-return]
 
     # -- the plugin's client half --------------------------------------------------
 
     def allocate(self, ids: list[str]) -> api_pb2.ContainerAllocateResponse:
         response = self._plugin.Allocate(api_pb2.AllocateRequest(container_requests=[
-            api_pb2.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)  # fmt: skip
+            api_pb2.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
         return response.container_responses[0]
 
     def preferred(self, available: list[str], size: int,
-                  must_include: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+                  must_include: tuple[str, ...] = ()) -> list[str]:
         response = self._plugin.GetPreferredAllocation(api_pb2.PreferredAllocationRequest(
             container_requests=[api_pb2.ContainerPreferredAllocationRequest(
                 available_deviceIDs=available, must_include_deviceIDs=list(must_include),
-                allocation_size=size)]), timeout=10)  # fmt: skip
+                allocation_size=size)]), timeout=10)
         return list(response.container_responses[0].deviceIDs)
 
 

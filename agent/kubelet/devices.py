@@ -59,14 +59,14 @@ def _kubernetes_assignments(sections: Mapping[str, Any]) -> dict[str, Mapping[st
     found: dict[str, Mapping[str, Any]] = {}
     for item in items if isinstance(items, list) else []:
         if isinstance(item, Mapping) and item.get("kubernetes") is True \
-                and isinstance(item.get("allocationId"), str):  # fmt: skip
+                and isinstance(item.get("allocationId"), str):
             found[item["allocationId"]] = item
     return found
 
 
 def advertised(sections: Mapping[str, Any], holds: Mapping[str, str],
                inventory: Inventory | None, source_error: str | None = None
-               ) -> list[KubeletDevice]:  # fmt: skip
+               ) -> list[KubeletDevice]:
     """The devices to list: GPUs held here for kubernetes assignments, in GPU index order.
 
     ``holds`` maps GPU UUID -> allocation id (bcd's state); ``sections`` is the desired
@@ -84,13 +84,13 @@ def advertised(sections: Mapping[str, Any], holds: Mapping[str, str],
         reservation_id = str(assignment.get("reservationId") or "")
         if gpu is None:
             why = f"GPU source error: {source_error}" if inventory is None else \
-                "missing from the GPU source"  # fmt: skip
+                "missing from the GPU source"
             out.append(KubeletDevice(uuid, False, allocation_id, reservation_id, reasons=(why,)))
             continue
         out.append(KubeletDevice(
             uuid, gpu.healthy and not gpu.health_reasons, allocation_id, reservation_id,
             index=gpu.index, numa_node=gpu.numa_node, nvlink_domain=gpu.nvlink_domain,
-            reasons=tuple(gpu.health_reasons)))  # fmt: skip
+            reasons=tuple(gpu.health_reasons)))
     out.sort(key=lambda d: (d.index if d.index is not None else 1 << 30, d.id))
     return out
 
@@ -122,7 +122,7 @@ def _joined(values: Iterable[str]) -> str:
 
 
 def allocate(requested: Sequence[str], devices: Sequence[KubeletDevice],
-             resource: str) -> ContainerGrant:  # fmt: skip
+             resource: str) -> ContainerGrant:
     """The CDI names and envs for ``requested`` GPU ids; NotHeld names any that is not listed."""
     listed = {device.id: device for device in devices}
     wanted = list(dict.fromkeys(requested))
@@ -141,7 +141,7 @@ def allocate(requested: Sequence[str], devices: Sequence[KubeletDevice],
 
 
 def preferred(available: Sequence[str], must_include: Sequence[str], size: int,
-              devices: Sequence[KubeletDevice]) -> list[str]:  # fmt: skip
+              devices: Sequence[KubeletDevice]) -> list[str]:
     """``size`` ids from ``available`` (``must_include`` first): one reservation, one domain.
 
     Starting from ``must_include``, the rest comes from their reservation and NVLink domain
@@ -173,7 +173,7 @@ def preferred(available: Sequence[str], must_include: Sequence[str], size: int,
         allocations = {allocation(uuid) for uuid in picked}
         domains = {domain(uuid) for uuid in picked if domain(uuid) is not None}
         rest.sort(key=lambda u: (allocation(u) not in allocations, domain(u) not in domains,
-                                 rank(u)))  # fmt: skip
+                                 rank(u)))
         return picked + rest[:need]
     for key in (lambda u: (allocation(u), domain(u)), allocation, domain):
         groups: dict[Any, list[str]] = {}
@@ -187,5 +187,5 @@ def preferred(available: Sequence[str], must_include: Sequence[str], size: int,
         for group_key in (allocation(uuid), (allocation(uuid), domain(uuid))):
             sizes[group_key] = sizes.get(group_key, 0) + 1
     rest.sort(key=lambda u: (-sizes[allocation(u)], -sizes[(allocation(u), domain(u))],
-                             rank(u)))  # fmt: skip
+                             rank(u)))
     return rest[:need]

@@ -188,7 +188,7 @@ class DevicePlugin:
             self.status.registered = False
 
     async def _stay_registered(self, service: Any, resource: str,
-                               own: tuple[int, int] | None, backoff: Backoff) -> None:  # fmt: skip
+                               own: tuple[int, int] | None, backoff: Backoff) -> None:
         """Register, and again whenever kubelet.sock is a new file; return when our socket goes."""
         registered_with: tuple[int, int] | None = None
         failed_with: tuple[int, int] | None = None

@@ -41,12 +41,12 @@ class DevicePluginService:
         self.resource = resource
 
     async def GetDevicePluginOptions(self, request: api_pb2.Empty, context: Any
-                                     ) -> api_pb2.DevicePluginOptions:  # fmt: skip
+                                     ) -> api_pb2.DevicePluginOptions:
         return api_pb2.DevicePluginOptions(pre_start_required=False,
                                            get_preferred_allocation_available=True)
 
     async def ListAndWatch(self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
-                           ) -> None:  # fmt: skip
+                           ) -> None:
         """The current list now, and a new one whenever it changes, until the kubelet leaves."""
         with self.plugin.stream() as stream:
             while True:
@@ -58,13 +58,13 @@ class DevicePluginService:
                 await changed.wait()
 
     async def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest,
-                                     context: Any) -> api_pb2.PreferredAllocationResponse:  # fmt: skip
+                                     context: Any) -> api_pb2.PreferredAllocationResponse:
         devices = list(self.plugin.devices)
         return api_pb2.PreferredAllocationResponse(container_responses=[
             api_pb2.ContainerPreferredAllocationResponse(deviceIDs=preferred(
                 list(req.available_deviceIDs), list(req.must_include_deviceIDs),
                 req.allocation_size, devices))
-            for req in request.container_requests])  # fmt: skip
+            for req in request.container_requests])
 
     async def Allocate(self, request: api_pb2.AllocateRequest,
                        context: grpc.aio.ServicerContext[Any, Any]) -> api_pb2.AllocateResponse:
@@ -82,7 +82,7 @@ class DevicePluginService:
         return api_pb2.AllocateResponse(container_responses=answers)
 
     async def PreStartContainer(self, request: api_pb2.PreStartContainerRequest, context: Any
-                                ) -> api_pb2.PreStartContainerResponse:  # fmt: skip
+                                ) -> api_pb2.PreStartContainerResponse:
         return api_pb2.PreStartContainerResponse()
 
 
@@ -115,7 +115,7 @@ async def register(kubelet_socket: Path, endpoint: str, resource: str) -> None:
     request = api_pb2.RegisterRequest(
         version=API_VERSION, endpoint=endpoint, resource_name=resource,
         options=api_pb2.DevicePluginOptions(pre_start_required=False,
-                                            get_preferred_allocation_available=True))  # fmt: skip
+                                            get_preferred_allocation_available=True))
     async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}") as channel:
         stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
         try:

@@ -29,6 +29,7 @@ from ..gpu import GpuSource, GpuSourceError, Inventory
 from ..kubelet.devices import advertised, resource_name
 from ..kubelet.plugin import DevicePlugin
 from ..paths import Paths
+from ..times import rfc3339
 from ..version import bcd_version
 from .apply import ApplyContext, apply_desired
 from .backoff import Backoff
@@ -47,10 +48,6 @@ from .state import (
 )
 
 STATUS_SCHEMA_VERSION = 1
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def utc_now() -> datetime:
@@ -93,14 +90,14 @@ def _health_shape(inventory: Inventory | None, error: str | None) -> Any:
     if inventory is None:
         return ("error", error)
     return tuple((gpu.uuid, gpu.healthy, tuple(gpu.health_reasons), gpu.family, gpu.memory_mib)
-                 for gpu in inventory.gpus)  # fmt: skip
+                 for gpu in inventory.gpus)
 
 
 class NodeAgent:
     def __init__(self, settings: NodeSettings, paths: Paths, source: GpuSource, key: NodeKey, *,
                  options: NodeOptions | None = None,
                  clock: Callable[[], datetime] = utc_now,
-                 devices: DevicesApplier | None = None) -> None:  # fmt: skip
+                 devices: DevicesApplier | None = None) -> None:
         self.settings = settings
         self.paths = paths
         self.source = source
@@ -154,7 +151,7 @@ class NodeAgent:
             inventory, error = await anyio.to_thread.run_sync(self._read_inventory)
         self.inventory, self.source_error, self.inventory_time = inventory, error, self.now()
         shape = _health_shape(inventory, error)
-        changed = shape != self._shape
+        changed = bool(shape != self._shape)
         if changed and self._shape is not None:
             self._log_health_change(inventory, error)
         self._shape = shape
@@ -169,7 +166,7 @@ class NodeAgent:
             held = self.state.holds.get(gpu.uuid)
             self.say(f"GPU {gpu.index} ({gpu.uuid}) {state}"
                      + (f", still held by {held}" if held else ""),
-                     "info" if gpu.healthy else "warning")  # fmt: skip
+                     "info" if gpu.healthy else "warning")
 
     async def _monitor(self) -> None:
         while True:
@@ -187,7 +184,7 @@ class NodeAgent:
         """List for the kubelet what ``sections`` hands it of the holds; the withdrawn ids."""
         before = {device.id for device in self.kubelet.devices}
         self.kubelet.publish(advertised(sections, self.state.holds, self.inventory,
-                                        self.source_error))  # fmt: skip
+                                        self.source_error))
         return sorted(before - {device.id for device in self.kubelet.devices})
 
     async def _withdraw_first(self, sections: dict[str, Any]) -> None:
@@ -197,13 +194,13 @@ class NodeAgent:
             sent = await self.kubelet.delivered()
             self.say(f"kubelet: withdrew {len(gone)} GPU(s) before releasing their hold"
                      + ("" if sent else " (a ListAndWatch stream did not take the new list "
-                        "within 5s)"))  # fmt: skip
+                        "within 5s)"))
 
     def _toolkit_due(self) -> bool:
         """True once when the GPU set or driver changed under a profile with the toolkit."""
         profile = self.state.desired_sections.get("profile")
         if self.inventory is None or not isinstance(profile, dict) or \
-                "container-toolkit" not in (profile.get("units") or []):  # fmt: skip
+                "container-toolkit" not in (profile.get("units") or []):
             return False
         basis = (sorted(gpu.uuid for gpu in self.inventory.gpus), self.inventory.driver_version)
         due = self._toolkit_basis is not None and basis != self._toolkit_basis
@@ -216,7 +213,7 @@ class NodeAgent:
         """A DesiredState from the gateway: wake the applier (or just report when unchanged)."""
         if self._pending is None and not self._dirty and \
                 generation == self.state.observed_generation and \
-                sections == self.state.desired_sections:  # fmt: skip
+                sections == self.state.desired_sections:
             self.report_wanted.fire()  # nothing new (a resend after Welcome): say where we are
             return
         self._pending = (generation, sections)
@@ -244,7 +241,7 @@ class NodeAgent:
                     inventory=self.inventory, source_error=self.source_error,
                     paths=self.paths, devices=self.devices,
                     cdi_generate=self.settings.cdi_generate,
-                )  # fmt: skip
+                )
                 await self._withdraw_first(work.desired_sections)
                 result, written = await anyio.to_thread.run_sync(self._apply, work, context)
                 result.last_epoch = max(result.last_epoch, self.state.last_epoch)
@@ -317,7 +314,7 @@ class NodeAgent:
     # -- run -------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:  # fmt: skip
+                  ) -> None:
         from .session import session_loop
         from .status_server import serve_status
 
@@ -340,7 +337,7 @@ class NodeAgent:
             group.start_soon(session_loop, self)
             group.start_soon(self.kubelet.supervise,
                              lambda: resource_name(self.state.desired_sections),
-                             self.kubelet_wanted)  # fmt: skip
+                             self.kubelet_wanted)
             task_status.started()
 
     async def _serve_metrics(self, group: anyio.abc.TaskGroup, sock: socket.socket) -> None:
@@ -374,7 +371,7 @@ class NodeAgent:
                 "utilizationPct": gpu.utilization_pct, "temperatureC": gpu.temperature_c,
                 "powerW": gpu.power_w, "memoryUsedMiB": gpu.memory_used_mib,
                 "memoryMiB": gpu.memory_mib, "heldBy": holds.get(gpu.uuid),
-            })  # fmt: skip
+            })
         unsettled = self.journal.unsettled()
         return {
             "schemaVersion": STATUS_SCHEMA_VERSION,
@@ -400,4 +397,4 @@ class NodeAgent:
                 "renewals": self.renewal.renewals, "lastRenewed": self.renewal.last_renewed,
                 "lastError": self.renewal.last_error},
             "kubernetes": self.kubelet.snapshot(),
-        }  # fmt: skip
+        }

@@ -43,7 +43,7 @@ def _common(ctx: ApplyContext, kind: str) -> dict[str, Any]:
 def _set(state: NodeState, name: str, section: SectionState, ctx: ApplyContext) -> None:
     old = state.sections.get(name)
     if old is None or (old.state, old.message, old.attempt) != (section.state, section.message,
-                                                                 section.attempt):  # fmt: skip
+                                                                 section.attempt):
         section.since = ctx.time
     else:
         section.since = old.since
@@ -56,11 +56,11 @@ def _acceptance_state(payload: dict[str, Any], generation: int) -> SectionState:
     detail = "; ".join(str(check.get("message", "")) for check in checks) or "no checks"
     return SectionState(state="passed" if payload.get("passed") else "failed",
                         message=f"attempt {attempt}: {detail}", generation=generation,
-                        attempt=attempt if isinstance(attempt, int) else None)  # fmt: skip
+                        attempt=attempt if isinstance(attempt, int) else None)
 
 
 def _apply_acceptance(section: dict[str, Any], state: NodeState, journal: Journal,
-                      ctx: ApplyContext, generation: int) -> Entry | None:  # fmt: skip
+                      ctx: ApplyContext, generation: int) -> Entry | None:
     raw_attempt = section.get("attempt", 0)
     attempt = raw_attempt if isinstance(raw_attempt, int) else 0
     key = f"acceptance.result/{attempt}"
@@ -82,9 +82,9 @@ def _apply_acceptance(section: dict[str, Any], state: NodeState, journal: Journa
 
 
 def _apply_devices(section: dict[str, Any], state: NodeState, journal: Journal,
-                   ctx: ApplyContext, generation: int) -> list[Entry]:  # fmt: skip
+                   ctx: ApplyContext, generation: int) -> list[Entry]:
     outcome = ctx.devices(section, paths=ctx.paths, inventory=ctx.inventory,
-                          holds=dict(state.holds), done=journal.has)  # fmt: skip
+                          holds=dict(state.holds), done=journal.has)
     entries = []
     for key, body in outcome.entries:
         if journal.has(key):
@@ -93,17 +93,17 @@ def _apply_devices(section: dict[str, Any], state: NodeState, journal: Journal,
         entries.append(journal.append(key, _common(ctx, kind) | body))
     state.holds = dict(outcome.holds)
     _set(state, "devices", SectionState(state=outcome.state, message=outcome.message,
-                                        generation=generation), ctx)  # fmt: skip
+                                        generation=generation), ctx)
     return entries
 
 
 def _apply_profile(section: dict[str, Any], state: NodeState, ctx: ApplyContext,
-                   generation: int) -> None:  # fmt: skip
+                   generation: int) -> None:
     result = apply_profile(section, ctx.paths, ctx.inventory, ctx.source_error,
-                           ctx.cdi_generate, state.toolkit_fingerprint)  # fmt: skip
+                           ctx.cdi_generate, state.toolkit_fingerprint)
     state.toolkit_fingerprint = result.fingerprint
     _set(state, "profile", SectionState(state=result.state, message=result.message,
-                                        generation=generation), ctx)  # fmt: skip
+                                        generation=generation), ctx)
 
 
 def _kubernetes_state(section: dict[str, Any], generation: int) -> SectionState:
@@ -135,7 +135,7 @@ def apply_desired(state: NodeState, journal: Journal, ctx: ApplyContext) -> list
         else:
             _set(state, name, SectionState(
                 state="unsupported", generation=generation,
-                message=f"this bcd does not know the section {name!r}; upgrade bcd"), ctx)  # fmt: skip
+                message=f"this bcd does not know the section {name!r}; upgrade bcd"), ctx)
     for name in list(state.sections):
         if name not in state.desired_sections and name != "devices":
             del state.sections[name]

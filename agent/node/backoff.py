@@ -22,7 +22,7 @@ class Backoff:
         """The delay before the next attempt; counts one more failure."""
         ceiling = min(self.cap, self.base * 2 ** min(self.failures, 30))
         self.failures += 1
-        return ceiling * (0.5 + 0.5 * self.random())
+        return float(ceiling * (0.5 + 0.5 * self.random()))
 
     def reset(self) -> None:
         self.failures = 0

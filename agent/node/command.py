@@ -99,7 +99,7 @@ def _log_format(text: str | None) -> str:
 
 def node_command(config: str | None, *, paths: Paths, env: Mapping[str, str],
                  out: TextIO = sys.stdout, options: NodeOptions | None = None,
-                 log_format: str | None = None, metrics_listen: str | None = None) -> int:  # fmt: skip
+                 log_format: str | None = None, metrics_listen: str | None = None) -> int:
     settings = load_settings(resolve_config_path(config, paths))
     log_format = _log_format(log_format or settings.log_format)
     logs.configure("warning", log_format, out)  # libraries' warnings, in the same format

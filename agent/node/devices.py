@@ -39,11 +39,11 @@ class DevicesOutcome:
 
 class DevicesApplier(Protocol):
     def __call__(self, section: dict[str, Any], *, paths: Paths, inventory: Inventory | None,
-                 holds: dict[str, str], done: Callable[[str], bool]) -> DevicesOutcome: ...  # fmt: skip
+                 holds: dict[str, str], done: Callable[[str], bool]) -> DevicesOutcome: ...
 
 
 def unsupported(section: dict[str, Any], *, paths: Paths, inventory: Inventory | None,
-                holds: dict[str, str], done: Callable[[str], bool]) -> DevicesOutcome:  # fmt: skip
+                holds: dict[str, str], done: Callable[[str], bool]) -> DevicesOutcome:
     """The stand-in while agent/binding.py is absent: records, holds nothing new."""
     assignments = section.get("assignments") or []
     if not assignments:
@@ -57,7 +57,7 @@ def unsupported(section: dict[str, Any], *, paths: Paths, inventory: Inventory |
 
 
 def bind_devices(section: dict[str, Any], *, paths: Paths, inventory: Inventory | None,
-                 holds: dict[str, str], done: Callable[[str], bool]) -> DevicesOutcome:  # fmt: skip
+                 holds: dict[str, str], done: Callable[[str], bool]) -> DevicesOutcome:
     from .. import binding, cdi
 
     problems: list[str] = []
@@ -72,9 +72,9 @@ def bind_devices(section: dict[str, Any], *, paths: Paths, inventory: Inventory 
     on_disk = cdi.read_holds(paths)
     released = 0
     for allocation_id in sorted((set(holds.values()) | set(binding.held_allocations(paths)))
-                                - live):  # fmt: skip
+                                - live):
         entries.append((f"allocation.released/{allocation_id}",
-                        binding.release(allocation_id, paths).journal_entry()))  # fmt: skip
+                        binding.release(allocation_id, paths).journal_entry()))
         released += 1
     bound = failed = 0
     for a in assignments:
@@ -82,7 +82,7 @@ def bind_devices(section: dict[str, Any], *, paths: Paths, inventory: Inventory 
             failed += 1
             continue
         if done(f"allocation.bound/{a.allocation_id}") and \
-                sorted(on_disk.get(a.allocation_id, [])) == sorted(a.gpus):  # fmt: skip
+                sorted(on_disk.get(a.allocation_id, [])) == sorted(a.gpus):
             bound += 1
             continue
         if inventory is None:
@@ -90,7 +90,7 @@ def bind_devices(section: dict[str, Any], *, paths: Paths, inventory: Inventory 
             continue
         result = binding.bind(a, inventory, paths, live=live)
         entries.append((f"{'allocation.bound' if result.bound else 'allocation.failed'}/"
-                        f"{a.allocation_id}", result.journal_entry()))  # fmt: skip
+                        f"{a.allocation_id}", result.journal_entry()))
         if result.bound:
             bound += 1
         else:

@@ -29,11 +29,11 @@ def _describe(gpu: Gpu) -> str:
 
 
 def diag_nvml(expect: Mapping[str, Any], inventory: Inventory | None,
-              source_error: str | None = None) -> CheckResult:  # fmt: skip
+              source_error: str | None = None) -> CheckResult:
     kind = "diag.nvml"
     if inventory is None:
         return CheckResult(kind=kind, passed=False,
-                           message=f"the GPU source cannot be read: {source_error or 'no inventory'}")  # fmt: skip
+                           message=f"the GPU source cannot be read: {source_error or 'no inventory'}")
     model = expect.get("gpuModel")
     count = expect.get("gpuCount")
     wanted = str(model).lower() if model else None
@@ -45,7 +45,7 @@ def diag_nvml(expect: Mapping[str, Any], inventory: Inventory | None,
     problems = [_describe(gpu) for gpu in inventory.gpus if not gpu.healthy]
     strangers = [gpu for gpu in inventory.gpus if not of_model(gpu)]
     problems += [f"GPU {gpu.index} is a {gpu.name} (family {gpu.family or 'unknown'}), "
-                 f"not {model}" for gpu in strangers]  # fmt: skip
+                 f"not {model}" for gpu in strangers]
     label = f"healthy {model} GPUs" if model else "healthy GPUs"
     if isinstance(count, int) and not isinstance(count, bool):
         passed = len(healthy) == count and not strangers
@@ -57,7 +57,7 @@ def diag_nvml(expect: Mapping[str, Any], inventory: Inventory | None,
         return CheckResult(kind=kind, passed=True, message=f"{summary} ({inventory.source})")
     detail = "; ".join(problems) if problems else "fewer GPUs than the pool expects"
     return CheckResult(kind=kind, passed=False,
-                       message=f"{summary} ({inventory.source}): {detail}")  # fmt: skip
+                       message=f"{summary} ({inventory.source}): {detail}")
 
 
 CheckFunction = Callable[[Mapping[str, Any], Inventory | None, str | None], CheckResult]
@@ -65,12 +65,12 @@ CHECKS: dict[str, CheckFunction] = {"diag.nvml": diag_nvml}
 
 
 def run_check(check: Mapping[str, Any], inventory: Inventory | None,
-              source_error: str | None) -> CheckResult:  # fmt: skip
+              source_error: str | None) -> CheckResult:
     kind = str(check.get("kind", ""))
     function = CHECKS.get(kind)
     if function is None:
         return CheckResult(kind=kind, passed=False, message=(
             f"bcd does not know the check {kind!r} (it knows {', '.join(sorted(CHECKS))}): "
-            "upgrade bcd or remove the check from the pool's policy"))  # fmt: skip
+            "upgrade bcd or remove the check from the pool's policy"))
     expect = check.get("expect") or {}
     return function(expect if isinstance(expect, Mapping) else {}, inventory, source_error)

@@ -87,7 +87,7 @@ class Journal:
         payload_b64, signature_b64 = str(record["payload"]), str(record["signature"])
         payload = msgspec.json.decode(base64.b64decode(payload_b64))
         entry = Entry(int(record["seq"]), str(record["key"]),
-                      SignedEntry(payload=payload_b64, signature=signature_b64), payload)  # fmt: skip
+                      SignedEntry(payload=payload_b64, signature=signature_b64), payload)
         self._entries[entry.seq] = entry
         self._by_key[entry.key] = entry.seq
 
@@ -107,7 +107,7 @@ class Journal:
     def unsettled(self) -> list[Entry]:
         with self._lock:
             return [self._entries[seq] for seq in sorted(self._entries)
-                    if seq not in self._settled]  # fmt: skip
+                    if seq not in self._settled]
 
     def outcome(self, seq: int) -> str | None:
         with self._lock:
@@ -128,7 +128,7 @@ class Journal:
             signed = SignedEntry(payload=payload_b64, signature=signature_b64)
             entry = Entry(self.next_seq, key, signed, payload)
             self._write({"seq": entry.seq, "key": key, "payload": payload_b64,
-                         "signature": signature_b64})  # fmt: skip
+                         "signature": signature_b64})
             self._entries[entry.seq] = entry
             self._by_key[key] = entry.seq
             return entry

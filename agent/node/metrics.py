@@ -21,7 +21,7 @@ from ..version import bcd_version
 if TYPE_CHECKING:
     from .agent import NodeAgent
 
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 NS = "bcd"
 GPU_LABELS = ["gpu", "uuid", "model", "pci_bus_id", "node", "pool", "allocation", "reservation"]
 _MIB = 1024 * 1024

@@ -10,7 +10,7 @@ def _session(session: dict[str, Any]) -> str:
     gateway = session.get("gateway")
     if state == "connected":
         return (f"connected (epoch {session.get('epoch')}) to {gateway} "
-                f"since {session.get('since')}")  # fmt: skip
+                f"since {session.get('since')}")
     text = "connecting" if state == "connecting" else "disconnected"
     if session.get("epoch") is not None:
         text += f" (last epoch {session.get('epoch')})"
@@ -30,13 +30,13 @@ def _number(value: Any, unit: str, missing: str = "n/a") -> str:
 
 def _gpu(gpu: dict[str, Any]) -> str:
     health = "healthy" if gpu.get("healthy") else (
-        "unhealthy (" + (", ".join(gpu.get("healthReasons") or []) or "unknown") + ")")  # fmt: skip
+        "unhealthy (" + (", ".join(gpu.get("healthReasons") or []) or "unknown") + ")")
     used, total = gpu.get("memoryUsedMiB"), gpu.get("memoryMiB")
     memory = f"{_number(used, '')}/{_number(total, '')} MiB"
     line = (f"gpu {gpu.get('index')}  {gpu.get('uuid')}  {gpu.get('name')}  {health}  "
             f"util {_number(gpu.get('utilizationPct'), '%')}  "
             f"temp {_number(gpu.get('temperatureC'), 'C')}  "
-            f"power {_number(gpu.get('powerW'), 'W')}  mem {memory}")  # fmt: skip
+            f"power {_number(gpu.get('powerW'), 'W')}  mem {memory}")
     if gpu.get("heldBy"):
         line += f"  held by {gpu['heldBy']}"
     return line
@@ -87,5 +87,5 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(_kubelet(status["kubernetes"]))
     journal = status.get("journal") or {}
     lines.append(f"journal  {journal.get('entries', 0)} entries, "
-                 f"{journal.get('unacknowledged', 0)} not yet acknowledged")  # fmt: skip
+                 f"{journal.get('unacknowledged', 0)} not yet acknowledged")
     return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ afresh.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -55,9 +56,10 @@ def read_window(path: Path) -> CertificateWindow | None:
     return CertificateWindow(cert.not_valid_before_utc, cert.not_valid_after_utc)
 
 
-def _spki(key: object) -> bytes:
-    return key.public_bytes(serialization.Encoding.DER,  # type: ignore[attr-defined]
-                            serialization.PublicFormat.SubjectPublicKeyInfo)
+def _spki(key: typing.Any) -> bytes:
+    der: bytes = key.public_bytes(serialization.Encoding.DER,
+                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+    return der
 
 
 def make_csr(key: NodeKey, node_id: str) -> str:

@@ -76,7 +76,7 @@ REMOVED_CODES = frozenset({"node_removed"})
 
 CONNECTION_ERRORS = (OSError, ssl.SSLError, TimeoutError, SessionEnded, anyio.EndOfStream,
                      anyio.BrokenResourceError, anyio.ClosedResourceError,
-                     anyio.IncompleteRead, anyio.DelimiterNotFound)  # fmt: skip
+                     anyio.IncompleteRead, anyio.DelimiterNotFound)
 
 
 class Link:
@@ -102,7 +102,7 @@ def _tune_socket(stream: ByteStream, heartbeat: float) -> None:
     grace = max(10.0, heartbeat * 3)
     options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
     for name, value in (("TCP_USER_TIMEOUT", int(grace * 1000)), ("TCP_KEEPIDLE", int(grace)),
-                        ("TCP_KEEPINTVL", max(1, int(heartbeat))), ("TCP_KEEPCNT", 3)):  # fmt: skip
+                        ("TCP_KEEPINTVL", max(1, int(heartbeat))), ("TCP_KEEPCNT", 3)):
         if hasattr(socket, name):
             options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
     for level, option, value in options:
@@ -131,7 +131,7 @@ def report(agent: NodeAgent, link: Link) -> Report:
              "temperatureC": gpu.temperature_c, "powerW": gpu.power_w,
              "memoryUsedMiB": gpu.memory_used_mib, "memoryMiB": gpu.memory_mib,
              "healthy": gpu.healthy}
-            for gpu in inventory.gpus]}  # fmt: skip
+            for gpu in inventory.gpus]}
     return Report(
         epoch=link.epoch, applied_generation=agent.state.applied_generation,
         observed_generation=agent.state.observed_generation,
@@ -139,7 +139,7 @@ def report(agent: NodeAgent, link: Link) -> Report:
                   for name, section in agent.state.sections.items()},
         inventory=msgspec.to_builtins(inventory) if inventory is not None else None,
         telemetry=telemetry,
-    )  # fmt: skip
+    )
 
 
 async def _heartbeats(agent: NodeAgent, link: Link) -> None:
@@ -201,7 +201,7 @@ async def _read(agent: NodeAgent, link: Link, reader: BufferedByteReceiveStream)
             raise NodeRemoved(message.message)
         elif isinstance(message, Refused):
             raise SessionEnded(f"the gateway ended the session: {message.code}: "
-                               f"{message.message}")  # fmt: skip
+                               f"{message.message}")
 
 
 async def _renewals(agent: NodeAgent, link: Link) -> None:
@@ -239,7 +239,7 @@ async def run_session(agent: NodeAgent, stream: ByteStream) -> None:
     await stream.send(encode(Hello(
         node_id=identity.node_id, bcd_version=bcd_version(),
         applied_generation=agent.state.applied_generation,
-        observed_generation=agent.state.observed_generation)))  # fmt: skip
+        observed_generation=agent.state.observed_generation)))
     with anyio.fail_after(agent.options.welcome_timeout):
         first = await _receive(reader)
     if isinstance(first, Refused) and first.code in REMOVED_CODES:
@@ -248,7 +248,7 @@ async def run_session(agent: NodeAgent, stream: ByteStream) -> None:
         raise SessionEnded(f"the gateway refused the session: {first.code}: {first.message}")
     if not isinstance(first, Welcome):
         raise SessionEnded(f"the gateway answered Hello with {type(first).__name__}, "
-                           "not Welcome")  # fmt: skip
+                           "not Welcome")
     link = Link(stream, first.epoch)
     if first.heartbeat_seconds > 0:
         agent.heartbeat_seconds = first.heartbeat_seconds
@@ -295,7 +295,7 @@ async def session_loop(agent: NodeAgent) -> None:
                 agent.say(f"cannot use the renewed certificate ({exc}); keeping the old one")
         try:
             stream = await anyio.connect_tcp(gateway.host, gateway.port, ssl_context=context,
-                                             tls_standard_compatible=False)  # fmt: skip
+                                             tls_standard_compatible=False)
             async with stream:
                 await run_session(agent, stream)
         except* NodeRemoved as group:

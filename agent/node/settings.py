@@ -74,15 +74,15 @@ class NodeSettings:
             ) from None
         except OSError as exc:
             raise BcdError(f"cannot read the node key {self.key_path}: {exc.strerror}; "
-                           "run bcd node as root") from None  # fmt: skip
+                           "run bcd node as root") from None
         try:
             key = serialization.load_pem_private_key(data, password=None)
         except (ValueError, TypeError):
             raise BcdError(f"{self.key_path} is not a PEM private key: restore it or join "
-                           "this machine afresh") from None  # fmt: skip
+                           "this machine afresh") from None
         if not isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey):
             raise BcdError(f"{self.key_path} holds a {type(key).__name__}; node keys are EC "
-                           "P-256 or Ed25519")  # fmt: skip
+                           "P-256 or Ed25519")
         return key
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -92,7 +92,7 @@ class NodeSettings:
         except OSError as exc:
             raise BcdError(f"cannot read the serving CA {self.serving_ca_path}: {exc.strerror}; "
                            "restore it from the control plane (better-compute pki show) or "
-                           "join afresh") from None  # fmt: skip
+                           "join afresh") from None
         if self.serving_ca_pin and ca_pin(ca_text) != self.serving_ca_pin:
             raise BcdError(
                 f"{self.serving_ca_path} does not match config.toml's serving_ca_pin "
@@ -128,7 +128,7 @@ def parse_gateway_url(url: str | None, config_path: Path) -> Endpoint:
     except ValueError:
         port = None
     if scheme not in ("tls", "https") or not parts.hostname or port is None or \
-            parts.path not in ("", "/"):  # fmt: skip
+            parts.path not in ("", "/"):
         raise BcdError(
             f"gateway_url {url!r} in {config_path} is not a gateway address: write "
             "tls://HOST:PORT or https://HOST[:PORT] (no path)"

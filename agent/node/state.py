@@ -64,7 +64,7 @@ def load_state(path: Path, node_id: str) -> NodeState:
         state = msgspec.json.decode(data, type=NodeState)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise BcdError(f"{path} is damaged ({exc}): move it away and bcd starts afresh "
-                       "(the gateway sends the desired state again)") from None  # fmt: skip
+                       "(the gateway sends the desired state again)") from None
     if state.node_id != node_id:
         for old in (path, path.with_name("journal.jsonl")):
             if old.exists():

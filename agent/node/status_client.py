@@ -57,7 +57,7 @@ def fetch_status(socket_path: Path) -> dict[str, object]:
         body = response.read()
     except (ConnectionRefusedError, FileNotFoundError):
         raise _unreachable(socket_path, "nothing answers (bcd node is not running; start "
-                           "it with systemctl start bcd)") from None  # fmt: skip
+                           "it with systemctl start bcd)") from None
     except (OSError, http.client.HTTPException) as exc:
         raise _unreachable(socket_path, f"{exc or type(exc).__name__}; is bcd node hung? "
                            "see its log") from None
@@ -75,7 +75,7 @@ def fetch_status(socket_path: Path) -> dict[str, object]:
 
 
 def status_command(*, paths: Paths, as_json: bool, socket: str | None = None,
-                   out: TextIO = sys.stdout) -> int:  # fmt: skip
+                   out: TextIO = sys.stdout) -> int:
     status = fetch_status(Path(socket) if socket else paths.socket)
     if as_json:
         out.write(json.dumps(status, indent=2) + "\n")

@@ -30,7 +30,7 @@ _MAX_HEAD = 8192
 def _response(status: int, reason: str, body: Any) -> bytes:
     data = msgspec.json.encode(body) + b"\n"
     head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n")
     return head.encode("ascii") + data
 
 
@@ -39,9 +39,9 @@ async def _handle(agent: NodeAgent, client: SocketStream) -> None:
         try:
             with anyio.fail_after(5):
                 head = await BufferedByteReceiveStream(client).receive_until(b"\r\n\r\n",
-                                                                             _MAX_HEAD)  # fmt: skip
+                                                                             _MAX_HEAD)
         except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound,
-                anyio.BrokenResourceError):  # fmt: skip
+                anyio.BrokenResourceError):
             return
         parts = head.split(b"\r\n", 1)[0].split()
         method, target = (parts[0], parts[1].decode("latin-1")) if len(parts) >= 2 else (b"", "")
@@ -49,7 +49,7 @@ async def _handle(agent: NodeAgent, client: SocketStream) -> None:
             answer = _response(200, "OK", agent.snapshot())
         else:
             answer = _response(404, "Not Found", {
-                "error": f"bcd serves only GET {STATUS_PATH} on this socket"})  # fmt: skip
+                "error": f"bcd serves only GET {STATUS_PATH} on this socket"})
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await client.send(answer)
 

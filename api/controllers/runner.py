@@ -38,9 +38,7 @@ from better_compute.api.controllers.node_lifecycle import (
 )
 from better_compute.api.controllers.queue import QueueDispatcher
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.services.nodes import NodeService
-from better_compute.api.services.reservations import reservations
-from better_compute.api.services.tokens import TokenExpiry, TokenService
+from better_compute.api.services.tokens import TokenExpiry
 from better_compute.api.settings import env_seconds
 from better_compute.api.store.actor import (
     CONTROLLER_NODES,
@@ -84,7 +82,7 @@ def acceptance_timeout(env: Any) -> timedelta:
 
 
 def lifecycle_for(runtime: Any) -> NodeLifecycle:
-    return NodeLifecycle(NodeService(runtime.service), Presence(runtime.store.sql()),
+    return NodeLifecycle(runtime.services.nodes, Presence(runtime.store.sql()),
                          unreachable_after(runtime.env), acceptance_timeout(runtime.env))
 
 
@@ -98,9 +96,9 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
     retry = env_seconds(env, "BETTER_COMPUTE_CONTROLLER_RETRY", 1.0)
     lead = leadership or leadership_for(runtime)
     lifecycle = await anyio.to_thread.run_sync(lifecycle_for, runtime)
-    timers = ReservationTimers(reservations(runtime.service))
-    expiry = TokenExpiry(TokenService(runtime.service))
-    dispatcher = QueueDispatcher(reservations(runtime.service))
+    timers = ReservationTimers(runtime.services.reservations)
+    expiry = TokenExpiry(runtime.services.tokens)
+    dispatcher = QueueDispatcher(runtime.services.reservations)
     hub = state.extra.get("watch_hub")
     limiter = anyio.CapacityLimiter(1)
     passes = {"lifecycle": Retry("a NodeLifecycle pass", log),

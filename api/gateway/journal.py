@@ -11,14 +11,18 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from better_compute.api.services.reservation_journal import JournalHandler, reservation_handlers
 from better_compute.api.wire.gateway import SignedEntry
+
+if TYPE_CHECKING:
+    from better_compute.api.services.registry import Services
 
 
 class EntryRefused(Exception):
@@ -57,20 +61,13 @@ def verify_entry(public_key: Any, entry: SignedEntry) -> dict[str, Any]:
     return doc
 
 
-# kind -> handler(node_service, node uuid, session epoch, payload) -> None; raising a
-# BetterComputeError refuses the entry. Reservations add the allocation.* kinds here.
-Handler = Callable[[Any, Any, int, dict[str, Any]], None]
-HANDLERS: dict[str, Handler] = {}
+def journal_handlers(services: Services) -> dict[str, JournalHandler]:
+    """Every kind of journal entry this control plane takes, and who answers it (registered
+    here, explicitly: the composition root's services)."""
+    nodes = services.nodes
 
+    def acceptance_result(uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
+        nodes.acceptance_result(uuid, epoch, payload)
 
-def handles(kind: str) -> Callable[[Handler], Handler]:
-    def register(handler: Handler) -> Handler:
-        HANDLERS[kind] = handler
-        return handler
-
-    return register
-
-
-@handles("acceptance.result")
-def _acceptance_result(nodes: Any, uuid: Any, epoch: int, payload: dict[str, Any]) -> None:
-    nodes.acceptance_result(uuid, epoch, payload)
+    return {"acceptance.result": acceptance_result,
+            **reservation_handlers(services.reservations)}

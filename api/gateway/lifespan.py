@@ -25,7 +25,7 @@ def gateway_task(host: str, port: int, hostnames: list[str]) -> Any:
                                        pki.parse_master_key(runtime.master_key_text()))
             context = server_context(bundle, hostnames, runtime.data_dir / "run")
             return Gateway(
-                runtime.service, context,
+                runtime.services, context,
                 heartbeat_seconds=env_seconds(runtime.env, "BETTER_COMPUTE_NODE_HEARTBEAT", 5.0),
                 hub=state.extra.get("watch_hub"), bundle=bundle,
             )

@@ -38,6 +38,7 @@ from anyio.streams.tls import TLSAttribute, TLSListener, TLSStream
 from cryptography import x509
 
 from better_compute.api import pki
+from better_compute.api.gateway.journal import journal_handlers
 from better_compute.api.gateway.renewal import Renewal
 from better_compute.api.gateway.session import (
     _CLOSED,
@@ -48,7 +49,7 @@ from better_compute.api.gateway.session import (
 )
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.join import NODE_CERTIFICATE_LIFETIME
-from better_compute.api.services.nodes import NodeService
+from better_compute.api.services.registry import Services
 from better_compute.api.store.actor import acting_as
 from better_compute.api.store.eventlog import EventFilter
 from better_compute.api.store.node_presence import Presence, Reports
@@ -88,13 +89,15 @@ class _QuietTLSListener(TLSListener):
 
 
 class Gateway:
-    def __init__(self, service: ComputeService, ssl_context: ssl.SSLContext, *,
+    def __init__(self, services: Services, ssl_context: ssl.SSLContext, *,
                  heartbeat_seconds: float = 5.0, flush_interval: float = 1.0,
                  hello_timeout: float = 10.0, min_idle: float = 15.0,
                  hub: Any = None, limiter: anyio.CapacityLimiter | None = None,
                  bundle: pki.PkiBundle | None = None,
                  certificate_lifetime: timedelta = NODE_CERTIFICATE_LIFETIME) -> None:
-        self.nodes = NodeService(service)
+        service = services.compute
+        self.nodes = services.nodes
+        self.journal_handlers = journal_handlers(services)
         self.renewal = Renewal(self.nodes, (lambda: bundle) if bundle is not None
                                else lambda: _open_bundle(service), certificate_lifetime)
         self.presence = Presence(service.sql)

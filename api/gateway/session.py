@@ -19,7 +19,7 @@ import anyio
 import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from better_compute.api.gateway.journal import HANDLERS, EntryRefused, verify_entry
+from better_compute.api.gateway.journal import EntryRefused, verify_entry
 from better_compute.api.gateway.renewal import RenewRefused
 from better_compute.api.store.node_presence import summarize_report
 from better_compute.api.wire.gateway import (
@@ -267,11 +267,11 @@ class Session:
             if payload.get("nodeId") != self.node_id:
                 raise EntryRefused("wrong_node", f"the entry names node {payload.get('nodeId')}, "
                                    f"not this session's node {self.node_id}")
-            handler = HANDLERS.get(str(payload["kind"]))
+            handler = gateway.journal_handlers.get(str(payload["kind"]))
             if handler is None:
                 raise EntryRefused("unknown_kind", f"no handler for journal entries of kind "
                                    f"{payload['kind']!r} on this control plane")
-            await gateway.call(handler, gateway.nodes, self.uuid, self.epoch, payload)
+            await gateway.call(handler, self.uuid, self.epoch, payload)
         except EntryRefused as exc:
             gateway.stats["refused"] += 1
             log.warning("node %s: journal entry %d refused: %s", self.node_id, message.seq,

@@ -95,7 +95,7 @@ async def _rpc(request: Request) -> Response:
     try:
         async with state.admission.slot(http_limits.caller_key(request, token)):
             answer = await anyio.to_thread.run_sync(
-                rpc.handle, body, service, authenticate, limiter=state.limiter
+                rpc.handle, body, state.runtime.services, authenticate, limiter=state.limiter
             )
     except RateLimited as exc:
         return http_limits.rate_limited(exc, body)
@@ -144,11 +144,11 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state = ServerState(runtime, anyio.CapacityLimiter(8), gateway_url)
+        state = ServerState(runtime, anyio.CapacityLimiter(8),
+                            gateway_url or runtime.service.gateway_url)
         app.state.bc = state
         app.state.metrics.bind(state)
         state.extra["metrics"] = app.state.metrics
-        runtime.service.gateway_url = gateway_url
         if on_startup is not None:
             on_startup(state)
         try:

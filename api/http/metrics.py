@@ -40,7 +40,7 @@ from better_compute.projections.capacity import (
 from better_compute.projections.reservations import count_reservations
 
 log = logging.getLogger("better_compute.metrics")
-disable_created_metrics()  # no *_created series: a counter's start is not worth a series each
+disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series: a counter's start is not worth a series each
 NS = "better_compute"
 RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _RESOURCE_METRICS = {"gpu": ("pool_gpus", "GPUs of a pool by capacity state"),

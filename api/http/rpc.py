@@ -29,6 +29,7 @@ from better_compute.api.http import request_log
 from better_compute.api.http.params_bounds import check_params
 from better_compute.api.http.schemas import Params, RpcError, RpcRequest, RpcResponse
 from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.registry import Services
 from better_compute.api.store.actor import LOCAL, acting_as
 from better_compute.api.store.outage import outage_error
 from better_compute.domain.access import Principal
@@ -39,8 +40,12 @@ log = logging.getLogger("better_compute.rpc")
 
 @dataclass(frozen=True)
 class Call:
-    service: ComputeService
+    services: Services  # built once by the composition root (api/runtime.py)
     principal: Principal
+
+    @property
+    def service(self) -> ComputeService:
+        return self.services.compute
 
 
 Handler = Callable[[Call, Any], Any]
@@ -126,7 +131,7 @@ def _unknown_method(name: str) -> RpcError:
 
 def handle(
     body: bytes,
-    service: ComputeService,
+    services: Services,
     authenticate: Callable[[], Principal],
 ) -> bytes:
     """Answer one JSON-RPC request body (a single request; batches are refused).
@@ -143,7 +148,7 @@ def handle(
                                    "JSON-RPC 2.0 request object")
     except Exception as exc:  # no decoding failure may become internal
         return parse_error(-32700, f"the body is not JSON ({type(exc).__name__})")
-    response = answer(request, service, authenticate)
+    response = answer(request, services, authenticate)
     request_log.answered(request.method if request.method in METHODS else "unknown",
                          response.error)
     if request.id is msgspec.UNSET and request.jsonrpc == "2.0":
@@ -158,7 +163,7 @@ def parse_error(code: int, message: str, request_id: int | str | None = None) ->
 
 
 def answer(
-    request: RpcRequest, service: ComputeService, authenticate: Callable[[], Principal]
+    request: RpcRequest, services: Services, authenticate: Callable[[], Principal]
 ) -> RpcResponse:
     request_id = None if request.id is msgspec.UNSET else request.id
     if request.jsonrpc != "2.0":
@@ -172,7 +177,7 @@ def answer(
         params = decode_params(m, request.params)
         actor = None if principal is None else (principal.token_id or LOCAL)
         with acting_as(actor):  # the events this call saves carry who made it
-            result = m.handler(Call(service, principal), params)  # type: ignore[arg-type]
+            result = m.handler(Call(services, principal), params)  # type: ignore[arg-type]
     except Exception as exc:
         return RpcResponse(id=request_id, error=_error(exc))
     return RpcResponse(id=request_id, result=result)

@@ -19,6 +19,7 @@ from better_compute.api.controllers.runner import run_controllers
 from better_compute.api.http import http_limits
 from better_compute.api.http.app import LifespanTask, build_app
 from better_compute.api.http.request_log import RequestFields
+from better_compute.api.http.server_config import with_file
 from better_compute.api.http.watch import stop_streams
 from better_compute.api.net import is_loopback
 from better_compute.api.runtime import Runtime
@@ -189,9 +190,13 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     primary = worker_index == 0
     metrics = _metrics_listener(options.metrics_listen) \
         if options.metrics_listen and primary else None
-    runtime = Runtime.open(env)
+    env = with_file(os.environ if env is None else env)  # BETTER_COMPUTE_CONFIG's file
+    gateway_url = options.gateway_url or env.get("BETTER_COMPUTE_GATEWAY_URL") or None
+    gateway = _gateway(options, gateway_url) if options.gateway_listen else None
+    if gateway is not None:
+        gateway_url = gateway[0]
+    runtime = Runtime.open(env, gateway_url=gateway_url)
     runtime.service.pki()  # refuses early, with the fix, when `init` has not run
-    gateway_url = options.gateway_url or runtime.env.get("BETTER_COMPUTE_GATEWAY_URL") or None
     ssl: dict[str, str] = {}
     if options.insecure_loopback:
         if not is_loopback(host):
@@ -214,14 +219,13 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     tasks: list[LifespanTask] = [run_controllers, flush_token_use] if primary \
         else [flush_token_use]
     gateway_note = ""
-    if options.gateway_listen and primary:
-        gateway_url, task = _gateway(options, gateway_url)
-        tasks.append(task)
+    if gateway is not None and primary:  # the other workers publish its URL only
+        tasks.append(gateway[1])
         gateway_note = f"; gateway {gateway_url} (mutual TLS)"
     if metrics is not None:
         tasks.append(metrics[1])
         gateway_note += f"; metrics {metrics[0]}"
-    app = build_app(runtime, gateway_url=gateway_url, tasks=tasks)
+    app = build_app(runtime, tasks=tasks)
     shown = f"[{host}]" if ":" in host else host
     ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"
              + (f" (certificate for {', '.join(names)})" if names else " (plain HTTP, loopback only)")

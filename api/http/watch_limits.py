@@ -21,7 +21,7 @@ from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, FellBehind, Unauthenticated
 
 if TYPE_CHECKING:
-    from better_compute.api.http.watch import WatchHub
+    from better_compute.api.http.follower import WatchHub
 
 MAX_WRITE_BYTES = 256 * 1024
 WINDOW_BYTES = 16 << 20

@@ -1,29 +1,30 @@
-"""The service layer: every command and query of the control plane.
+"""The control plane's own commands: bootstrap (init, the PKI, ids), authentication, the catalog.
 
-Each command checks the caller, reads clocks and ids, calls aggregate methods
-and ends with ONE ``save`` of every aggregate it touched (atomic). Queries read
-aggregates directly (``get``) or the listings projection (``list``), which is
-caught up first, so a caller always reads its own writes.
+Tenants, sites, pools and the PKI bundle; tokens are api/services/tokens.py's. Each command
+checks the caller, reads clocks and ids, calls aggregate methods and ends with ONE ``save`` of
+every aggregate it touched (atomic), through the shared ``Aggregates`` (api/services/unit.py).
+Queries read aggregates directly (``get``) or the listings projection (``listing``), which is
+caught up first, so a caller always reads its own writes. The other services (nodes, join,
+reservations) are built beside this one by the composition root (api/runtime.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, project_aggregate
+from eventsourcing.application import project_aggregate
 from eventsourcing.persistence import IntegrityError
 
 from better_compute.api.services.tokens import TokenService, new_token_secret
+from better_compute.api.services.unit import Aggregates, Clock, utc_now
 from better_compute.api.store.actor import LOCAL, acting_as, current_actor
 from better_compute.api.store.token_use import TokenUse
 from better_compute.domain.access import ROOT_TENANT, Principal, Role
-from better_compute.domain.base import TenantOwned, fingerprint, iso
+from better_compute.domain.base import fingerprint, iso
 from better_compute.domain.errors import (
     Conflict,
-    InvalidInput,
     NotFound,
     NotInitialized,
     PermissionDenied,
@@ -33,10 +34,10 @@ from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.ids import NAMESPACE, check_key, check_tenant_id, keyed_or_new, parse_id
 from better_compute.domain.pki import PKI_ID, PkiBundle
 from better_compute.domain.policy import parse_policy, policy_to_dict
-from better_compute.domain.pool import NODE_CLASSES, Pool, parse_quota
-from better_compute.domain.site import SITE_KINDS, Site
+from better_compute.domain.pool import Pool, check_node_class, parse_quota
+from better_compute.domain.site import Site, check_new_site
 from better_compute.domain.tenant import Tenant, tenant_uuid
-from better_compute.domain.text import MAX_REGION, check_name, check_text
+from better_compute.domain.text import check_name
 from better_compute.domain.token import (
     TOKEN_PREFIX,
     ApiToken,
@@ -44,98 +45,43 @@ from better_compute.domain.token import (
     token_hash,
     token_uuid,
 )
-from better_compute.projections.listings import query_listing
 
-A = TypeVar("A", bound=TenantOwned)
-Clock = Callable[[], datetime]
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
+__all__ = ["ComputeService", "utc_now"]
 
 
 class ComputeService:
-    def __init__(self, store: Any, projections: Any, clock: Clock = utc_now) -> None:
-        self.store = store
-        self.projections = projections
-        self.sql = projections.sql
-        self.clock = clock
-        # Reads the operator's master key (set by the Runtime); commands that sign need it.
-        self.master_key_text: Callable[[], str] | None = None
+    def __init__(self, aggregates: Aggregates, *, token_use: TokenUse,
+                 lifetimes: TokenLifetimes | None = None,
+                 master_key_text: Callable[[], str] | None = None,
+                 gateway_url: str | None = None) -> None:
+        self.aggregates = aggregates
+        self.store = aggregates.store
+        self.projections = aggregates.projections
+        self.sql = aggregates.sql
+        # Reads the operator's master key; commands that sign need it.
+        self.master_key_text = master_key_text
         # The agents' gateway as `serve` publishes it (None in the CLI's in-process mode).
-        self.gateway_url: str | None = None
-        self.lifetimes = TokenLifetimes()  # the Runtime sets the server's (api/services/tokens.py)
-        self.token_use = TokenUse(self.sql)
+        self.gateway_url = gateway_url
+        self.lifetimes = lifetimes or TokenLifetimes()  # the server's (api/services/tokens.py)
+        self.token_use = token_use
+        self.tokens = TokenService(self)
         self._id_namespace: UUID | None = None
 
-    # ----------------------------------------------------------------- helpers
+    @property
+    def clock(self) -> Clock:
+        return self.aggregates.clock
 
-    def _get(self, cls: type[A], uuid: UUID) -> A | None:
-        try:
-            aggregate = self.store.repository.get(uuid)
-        except AggregateNotFoundError:
-            return None
-        return aggregate if isinstance(aggregate, cls) else None
-
-    def _save(self, *aggregates: TenantOwned) -> None:
-        try:
-            self.store.save(*aggregates)
-        except IntegrityError:
-            raise Conflict(
-                "another request changed the same objects at the same time; nothing was "
-                "saved: run the command again"
-            ) from None
-
-    def _create(self, cls: type[A], make: Callable[[], A], *, key: str | None, fp: str,
-                what: str) -> A:
-        """Create once per idempotency key: a retry returns the first object."""
-        aggregate = make()
-        if key:
-            existing = self._get(cls, aggregate.id)
-            if existing is not None:
-                existing.check_retry(fp, what, key)
-                return existing
-        try:
-            self.store.save(aggregate)
-        except IntegrityError:
-            existing = self._get(cls, aggregate.id)
-            if existing is None:
-                raise
-            existing.check_retry(fp, what, key)
-            return existing
-        return aggregate
-
-    def _scope(self, principal: Principal, tenant_id: str | None) -> str:
-        """The tenant a call acts on: the caller's own unless a root caller names another."""
-        if tenant_id:
-            check_tenant_id(tenant_id)
-        tenant = tenant_id or principal.tenant_id
-        if not principal.can_see_tenant(tenant):
-            raise PermissionDenied(
-                f"this token belongs to tenant {principal.tenant_id} and cannot act on tenant "
-                f"{tenant} (named by --tenant, tenantId or BETTER_COMPUTE_TENANT): use a token "
-                f"of tenant {tenant}, or set BETTER_COMPUTE_TENANT={principal.tenant_id}"
-            )
-        return tenant
-
-    def _tenant(self, tenant_id: str) -> Tenant:
-        check_tenant_id(tenant_id)
-        tenant = self._get(Tenant, tenant_uuid(tenant_id))
-        if tenant is None:
-            raise NotFound(
-                f"no tenant {tenant_id!r}: create it first with "
-                f"`better-compute tenants create {tenant_id}`"
-            )
-        return tenant
+    @clock.setter
+    def clock(self, clock: Clock) -> None:  # tests move time
+        self.aggregates.clock = clock
 
     def listing(self, kind: str, **filters: Any) -> list[dict[str, Any]]:
-        self.projections.catch_up("listings")
-        return query_listing(self.sql, kind, **filters)
+        return self.aggregates.listing(kind, **filters)
 
     # ------------------------------------------------------------ bootstrap
 
     def is_initialized(self) -> bool:
-        return self._get(PkiBundle, PKI_ID) is not None
+        return self.aggregates.get(PkiBundle, PKI_ID) is not None
 
     def new_id(self, tenant_id: str, kind: str, key: str | None) -> UUID:
         """A create's aggregate id: from its idempotency key in this installation's
@@ -149,7 +95,7 @@ class ComputeService:
         return self._id_namespace
 
     def pki(self) -> PkiBundle:
-        bundle = self._get(PkiBundle, PKI_ID)
+        bundle = self.aggregates.get(PkiBundle, PKI_ID)
         if bundle is None:
             raise NotInitialized(
                 "this store has no PKI bundle and no root tenant yet: run `better-compute init`"
@@ -223,23 +169,25 @@ class ComputeService:
         check_tenant_id(tenant_id)
         check_name(name)
         name = name or tenant_id
-        existing = self._get(Tenant, tenant_uuid(tenant_id))
-        if existing is not None:
-            if existing.name == name:
-                return existing.to_doc()
-            raise Conflict(f"tenant {tenant_id!r} already exists with the name {existing.name!r}")
-        tenant = Tenant(tenant_id=tenant_id, name=name, created_by=principal.token_id)
-        try:
-            self.store.save(tenant)
-        except IntegrityError:  # created by a concurrent request just now
-            return self.tenants_create(principal, tenant_id, name)
-        return tenant.to_doc()
+        existing = self.aggregates.get(Tenant, tenant_uuid(tenant_id))
+        if existing is None:
+            tenant = Tenant(tenant_id=tenant_id, name=name, created_by=principal.token_id)
+            try:
+                self.store.save(tenant)
+                return tenant.to_doc()
+            except IntegrityError:  # created by a concurrent request just now: as a retry
+                existing = self.aggregates.get(Tenant, tenant_uuid(tenant_id))
+                if existing is None:
+                    raise
+        if existing.name == name:
+            return existing.to_doc()
+        raise Conflict(f"tenant {tenant_id!r} already exists with the name {existing.name!r}")
 
     def tenants_get(self, principal: Principal, tenant_id: str) -> dict[str, Any]:
         check_tenant_id(tenant_id)
         if not principal.can_see_tenant(tenant_id):
             raise NotFound(f"no tenant {tenant_id!r}")
-        return self._tenant(tenant_id).to_doc()
+        return self.aggregates.tenant(tenant_id).to_doc()
 
     def tenants_list(self, principal: Principal) -> list[dict[str, Any]]:
         if principal.is_root:
@@ -252,40 +200,26 @@ class ComputeService:
 
     def tokens_create(self, principal: Principal, tenant_id: str | None, role: str,
                       name: str | None, ttl: str | None = None) -> dict[str, Any]:
-        return TokenService(self).create(principal, tenant_id, role, name, ttl)
+        return self.tokens.create(principal, tenant_id, role, name, ttl)
 
     def tokens_list(self, principal: Principal, tenant_id: str | None) -> list[dict[str, Any]]:
-        return TokenService(self).list(principal, tenant_id)
+        return self.tokens.list(principal, tenant_id)
 
     def tokens_revoke(self, principal: Principal, token_id: str) -> dict[str, Any]:
-        return TokenService(self).revoke(principal, token_id)
+        return self.tokens.revoke(principal, token_id)
 
     # ------------------------------------------------------------------- sites
 
     def sites_create(
         self, principal: Principal, kind: str, region: str, name: str | None, key: str | None
     ) -> dict[str, Any]:
-        if kind not in SITE_KINDS:
-            raise InvalidInput(f"--kind {kind!r} is not a site kind: use shared or dedicated")
-        if not principal.is_root:
-            raise PermissionDenied(
-                "only the root tenant creates platform sites (shared or dedicated); "
-                f"this token belongs to tenant {principal.tenant_id}"
-            )
-        principal.require_root_admin("create sites")
-        check_text(region, "--region", MAX_REGION, example="eu-1")
-        check_name(name)
-        if not region or not region.replace("-", "").replace("_", "").isalnum():
-            raise InvalidInput(
-                f"--region {region!r} is not a region name: use letters, digits and dashes "
-                "(for example eu-1)"
-            )
+        check_new_site(principal, kind, region, name)
         if key:
             check_key(key)
         tenant = principal.tenant_id
         params = {"kind": kind, "region": region, "name": name or ""}
         uuid = self.new_id(tenant, "site", key)
-        site = self._create(
+        site = self.aggregates.create_once(
             Site,
             lambda: Site.with_id(uuid, tenant_id=tenant, kind=kind, region=region, name=name or "", key=key,
                          fingerprint=fingerprint(params)),
@@ -294,7 +228,7 @@ class ComputeService:
         return site.to_doc()
 
     def _site(self, principal: Principal, site_id: str) -> Site:
-        site = self._get(Site, parse_id("site", site_id))
+        site = self.aggregates.get(Site, parse_id("site", site_id))
         if site is None or not self._site_visible(principal, site):
             raise NotFound(f"no site {site_id!r}: `better-compute sites list` shows the sites you see")
         return site
@@ -326,10 +260,7 @@ class ComputeService:
         principal.require_admin_of(site.tenant_id, "create pools")
         if site.tenant_id != principal.tenant_id:
             raise PermissionDenied(f"site {site_id} belongs to tenant {site.tenant_id}")
-        if node_class not in NODE_CLASSES:
-            raise InvalidInput(
-                f"--class {node_class!r} is not a pool class: use {', '.join(NODE_CLASSES)}"
-            )
+        check_node_class(node_class)
         check_name(name)
         family = parse_gpu_model(gpu_model)
         checked = policy_to_dict(parse_policy(policy, source="the pool policy"))
@@ -339,7 +270,7 @@ class ComputeService:
                   "policy": checked, "name": name or ""}
         fp = fingerprint(params)
         uuid = self.new_id(principal.tenant_id, "pool", key)
-        pool = self._create(
+        pool = self.aggregates.create_once(
             Pool,
             lambda: Pool.with_id(uuid, tenant_id=principal.tenant_id, site_id=site.public_id,
                          node_class=node_class, gpu_model=family, policy=checked,
@@ -349,7 +280,7 @@ class ComputeService:
         return pool.to_doc()
 
     def pool(self, principal: Principal, pool_id: str) -> Pool:
-        pool = self._get(Pool, parse_id("pool", pool_id))
+        pool = self.aggregates.get(Pool, parse_id("pool", pool_id))
         if pool is None or not (principal.is_root or pool.visible_to(principal.tenant_id)):
             raise NotFound(f"no pool {pool_id!r}: `better-compute pools list` shows the pools you see")
         return pool
@@ -378,9 +309,9 @@ class ComputeService:
         if pool.tenant_id != principal.tenant_id and not principal.is_root_admin:
             raise PermissionDenied(f"pool {pool_id} belongs to tenant {pool.tenant_id}")
         checked = parse_quota(quota)
-        self._tenant(to_tenant)
+        self.aggregates.tenant(to_tenant)
         if pool.offer(to_tenant, checked):
-            self._save(pool)
+            self.aggregates.save(pool)
         return pool.to_doc()
 
     # --------------------------------------------------------------------- pki

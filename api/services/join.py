@@ -28,6 +28,7 @@ from eventsourcing.persistence import IntegrityError
 
 from better_compute.api import pki
 from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.unit import RETRY_ATTEMPTS
 from better_compute.api.store.actor import acting_as
 from better_compute.api.wire.join import HardwareFacts, HardwareGpu, JoinRequest, JoinResponse
 from better_compute.domain.access import Principal
@@ -57,7 +58,7 @@ from better_compute.domain.pool import Pool
 
 # Node certificates are short-lived; the node renews its certificate over its session.
 NODE_CERTIFICATE_LIFETIME = timedelta(days=7)
-_SAVE_ATTEMPTS = 3
+
 _REQUEST = msgspec.json.Decoder(JoinRequest)
 _ENCODER = msgspec.json.Encoder()
 
@@ -87,7 +88,7 @@ class JoinService:
                           "maxUses": uses, "expect": expect})
         token_uuid = self.service.new_id(pool.tenant_id, "jointoken", key)
         if key:
-            existing = self.service._get(JoinToken, token_uuid)
+            existing = self.service.aggregates.get(JoinToken, token_uuid)
             if existing is not None:
                 return self._replayed(existing, fp, key)
         secret = make_secret(token_uuid, secrets.token_urlsafe(32))
@@ -100,7 +101,7 @@ class JoinService:
         try:
             self.service.store.save(token)
         except IntegrityError:
-            existing = self.service._get(JoinToken, token_uuid)
+            existing = self.service.aggregates.get(JoinToken, token_uuid)
             if existing is None or not key:
                 raise
             return self._replayed(existing, fp, key)
@@ -111,7 +112,7 @@ class JoinService:
         return {**token.to_doc(self.service.clock()), "replayed": True}
 
     def _token(self, principal: Principal, token_id: str) -> JoinToken:
-        token = self.service._get(JoinToken, parse_id("jt", token_id))
+        token = self.service.aggregates.get(JoinToken, parse_id("jt", token_id))
         if token is None or not principal.can_see_tenant(token.tenant_id):
             raise NotFound(
                 f"no join token {token_id!r}: `better-compute join-tokens list` shows yours"
@@ -123,7 +124,7 @@ class JoinService:
 
     def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None
              ) -> list[dict[str, Any]]:
-        tenant = self.service._scope(principal, tenant_id)
+        tenant = self.service.aggregates.scope(principal, tenant_id)
         docs = self.service.listing("jointoken", tenant_id=tenant,
                                     where={"poolId": pool_id} if pool_id else None)
         now = self.service.clock()
@@ -136,7 +137,7 @@ class JoinService:
         principal.require_admin_of(token.tenant_id, "revoke join tokens")
         now = self.service.clock()
         token.revoke(now, principal.token_id)
-        self.service._save(token)
+        self.service.aggregates.save(token)
         return token.to_doc(now)
 
     # -------------------------------------------------------------------- join
@@ -146,7 +147,7 @@ class JoinService:
         bundle = self._bundle()
         request = self._open(bundle, sealed)
         csr = _load_csr(request.csr_pem)
-        for _ in range(_SAVE_ATTEMPTS):
+        for _ in range(RETRY_ATTEMPTS):  # the one retry policy (api/services/unit.py)
             answer = self._try_join(bundle, request, csr)
             if answer is not None:
                 return answer
@@ -157,7 +158,7 @@ class JoinService:
 
     def _try_join(self, bundle: pki.PkiBundle, request: JoinRequest,
                   csr: x509.CertificateSigningRequest) -> dict[str, str] | None:
-        token = self.service._get(JoinToken, token_uuid_of_secret(request.token))
+        token = self.service.aggregates.get(JoinToken, token_uuid_of_secret(request.token))
         if token is None or not token.matches(request.token):
             raise Unauthenticated(UNKNOWN_TOKEN)
         with acting_as(token.public_id):  # the join token admitted the machine
@@ -177,10 +178,10 @@ class JoinService:
         token.check_fresh(key_pin, request.nonce)  # a replayed request: before anything else
         hw = request.hardware
         hardware_key = check_binding(token.expect, hw.serial, hw.product_uuid, hw.macs)
-        if self.service._get(Pool, parse_id("pool", token.pool_id)) is None:
+        if self.service.aggregates.get(Pool, parse_id("pool", token.pool_id)) is None:
             raise NotFound(f"pool {token.pool_id} of join token {token.public_id} is gone")
         node_uuid = machine_node_uuid(hardware_key, self.service.id_namespace())
-        earlier = self.service._get(Node, node_uuid)
+        earlier = self.service.aggregates.get(Node, node_uuid)
         _check_rejoin(earlier, token, hardware_key)
         node_id = public_id("node", node_uuid)
         cert = pki.issue_node_certificate(bundle, csr, node_id, token.site_id, now=now,

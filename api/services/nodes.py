@@ -9,6 +9,7 @@ ends in one save, retried a few times when another writer got there first.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ import msgspec
 from eventsourcing.persistence import IntegrityError, Notification
 
 from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.unit import RETRY_ATTEMPTS
 from better_compute.api.store.eventlog import render
 from better_compute.api.store.node_presence import Reports
 from better_compute.domain.access import Principal
@@ -40,7 +42,7 @@ from better_compute.domain.text import MAX_REASON, check_text
 from better_compute.projections.capacity import capacity_resources, count_nodes, read_capacity
 
 T = TypeVar("T")
-_ATTEMPTS = 5
+
 
 
 def _reason(text: str | None, what: str) -> str:
@@ -60,7 +62,7 @@ class NodeService:
     # ----------------------------------------------------------------- helpers
 
     def load(self, uuid: UUID) -> Node | None:
-        return self.service._get(Node, uuid)
+        return self.service.aggregates.get(Node, uuid)
 
     def _node(self, principal: Principal, node_id: str) -> Node:
         node = self.load(parse_id("node", node_id))
@@ -69,19 +71,19 @@ class NodeService:
         return node
 
     def _pool(self, pool_id: str) -> Pool:
-        pool = self.service._get(Pool, parse_id("pool", pool_id))
+        pool = self.service.aggregates.get(Pool, parse_id("pool", pool_id))
         if pool is None:
             raise NotFound(f"pool {pool_id} is gone")
         return pool
 
     def pool_sections(self, node: Node) -> dict[str, Any]:
         """The desired-state sections the node's pool policy adds (``kubernetes``, ``profile``)."""
-        pool = self.service._get(Pool, parse_id("pool", node.pool_id))
+        pool = self.service.aggregates.get(Pool, parse_id("pool", node.pool_id))
         return node_sections(pool.policy) if pool is not None else {}
 
     def _change(self, uuid: UUID, change: Callable[[Node], T]) -> tuple[Node, T]:
         """Load, change, save; again on a version clash (another writer got there first)."""
-        for _ in range(_ATTEMPTS):
+        for _ in range(RETRY_ATTEMPTS):
             node = self.load(uuid)
             if node is None:
                 raise NotFound(f"no node with id {uuid}")
@@ -98,14 +100,14 @@ class NodeService:
     # ---------------------------------------------------------------- queries
 
     def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None
-             ) -> list[dict[str, Any]]:
+             ) -> builtins.list[dict[str, Any]]:
         where = None
         if pool_id:
             parse_id("pool", pool_id)  # a malformed --pool is an error, not an empty list
             where = {"poolId": pool_id}
         if principal.is_root and tenant_id is None:
             return self.service.listing("node", where=where)
-        tenant = self.service._scope(principal, tenant_id)
+        tenant = self.service.aggregates.scope(principal, tenant_id)
         return self.service.listing("node", tenant_id=tenant, where=where)
 
     def get(self, principal: Principal, node_id: str) -> dict[str, Any]:
@@ -115,7 +117,7 @@ class NodeService:
         doc["report"] = Reports(self.service.sql).latest(str(node.id))
         return doc
 
-    def events(self, principal: Principal, node_id: str) -> list[dict[str, Any]]:
+    def events(self, principal: Principal, node_id: str) -> builtins.list[dict[str, Any]]:
         """Every event of the node, oldest first, as the event log shows them."""
         node = self._node(principal, node_id)
         sql = self.service.sql
@@ -166,7 +168,7 @@ class NodeService:
             self.clock(), checks, why, principal.token_id or "local operator"))
         return node.to_doc()
 
-    def checks_for(self, node: Node) -> list[dict[str, Any]]:
+    def checks_for(self, node: Node) -> builtins.list[dict[str, Any]]:
         pool = self._pool(node.pool_id)
         return acceptance_checks(pool.policy, pool.gpu_model)
 
@@ -186,7 +188,7 @@ class NodeService:
     # ---------------------------------------------------- drain and remove
 
     def _bookings(self, node: Node) -> NodeBookings | None:
-        return self.service._get(NodeBookings, bookings_uuid(node.public_id))
+        return self.service.aggregates.get(NodeBookings, bookings_uuid(node.public_id))
 
     def _held(self, node: Node) -> set[str]:
         """Allocation ids held (device assignments) or booked (now or later) on ``node``."""
@@ -214,7 +216,7 @@ class NodeService:
         first = self._node(principal, node_id)
         principal.require_admin_of(first.tenant_id, "remove nodes")
         why = _reason(reason, "remove") or "removed"
-        for _ in range(_ATTEMPTS):
+        for _ in range(RETRY_ATTEMPTS):
             node = self.load(first.id)
             assert node is not None
             if node.removed:
@@ -242,19 +244,19 @@ class NodeService:
         raise Conflict("the node kept changing while it was being removed: try again")
 
     def _release_all(self, node: Node, bookings: NodeBookings | None, now: datetime
-                     ) -> tuple[list[str], list[TenantOwned]]:
+                     ) -> tuple[builtins.list[str], builtins.list[TenantOwned]]:
         """Release every live reservation booked on ``node`` and end its bookings."""
-        released: list[str] = []
-        changed: list[TenantOwned] = []
+        released: builtins.list[str] = []
+        changed: builtins.list[TenantOwned] = []
         quotas: dict[UUID, QuotaUse] = {}
         for allocation_id, booking in list((bookings.bookings if bookings else {}).items()):
-            rsv = self.service._get(Reservation, parse_id("rsv", str(booking["reservationId"])))
+            rsv = self.service.aggregates.get(Reservation, parse_id("rsv", str(booking["reservationId"])))
             if rsv is not None and rsv.allocation_id == allocation_id and \
                     rsv.release(now, reason="node-removed"):
                 released.append(rsv.public_id)
                 changed.append(rsv)
                 key = quota_uuid(rsv.pool_id, rsv.tenant_id)
-                quota = quotas.get(key) or self.service._get(QuotaUse, key)
+                quota = quotas.get(key) or self.service.aggregates.get(QuotaUse, key)
                 if quota is not None and quota.refund(rsv.public_id):
                     quotas[key] = quota
             assert bookings is not None
@@ -332,7 +334,7 @@ class NodeService:
 
         return self._change(uuid, change)[1]
 
-    def gpu_health(self, uuid: UUID, epoch: int, gpus: list[dict[str, Any]]) -> int:
+    def gpu_health(self, uuid: UUID, epoch: int, gpus: builtins.list[dict[str, Any]]) -> int:
         """Health from a report's inventory: one event per GPU whose health changed."""
         def change(node: Node) -> int:
             if node.session_epoch != epoch:
@@ -356,7 +358,7 @@ _GPU_KEYS = ("uuid", "name", "serial", "pciBusId", "memoryMiB", "nvlinkDomain", 
              "family", "healthy", "healthReasons", "index")
 
 
-def _inventory_gpus(gpus: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def _inventory_gpus(gpus: builtins.list[dict[str, Any]]) -> builtins.list[dict[str, Any]] | None:
     """The GPUs a node is adopted with: identity and health, never telemetry."""
     if not gpus:
         return None

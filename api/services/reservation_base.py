@@ -1,25 +1,21 @@
 """What the reservation commands share: loading aggregates, placing, booking, ending holds.
 
-Time is "database time" (``now()``): on PostgreSQL the server's ``now()``,
-so every replica books on one clock; on SQLite, which lives on one machine,
-the process clock. A clock injected into the ComputeService (tests) wins.
+Time is "database time" (``now()``, api/services/unit.py): on PostgreSQL the server's
+``now()``, so every replica books on one clock; on SQLite the process clock.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TypeVar
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError
-from eventsourcing.persistence import IntegrityError
-
-from better_compute.api.services.compute import ComputeService, utc_now
+from better_compute.api.services.compute import ComputeService
 from better_compute.domain.base import TenantOwned, iso
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
-from better_compute.domain.errors import Conflict, NoCapacity, NotFound
+from better_compute.domain.errors import NoCapacity, NotFound
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 from better_compute.domain.placement import Placement, PlacementRequest, place
@@ -42,6 +38,7 @@ class ReservationBase:
 
     def __init__(self, service: ComputeService) -> None:
         self.service = service
+        self.aggregates = service.aggregates
         self.store = service.store
         self.sql = service.sql
         self.projections = service.projections
@@ -52,20 +49,11 @@ class ReservationBase:
     # ----------------------------------------------------------------- helpers
 
     def now(self) -> datetime:
-        """Database time (see the module docstring)."""
-        if self.service.clock is not utc_now or not self.sql.postgres:
-            return self.service.clock()
-        with self.sql.transaction(commit=False) as cursor:
-            cursor.execute("SELECT now() AS now")
-            value = cursor.fetchone()["now"]
-        return value.astimezone(UTC)  # type: ignore[no-any-return]
+        """Database time (api/services/unit.py)."""
+        return self.aggregates.now()
 
     def get(self, cls: type[A], uuid: UUID) -> A | None:
-        try:
-            aggregate = self.store.repository.get(uuid)
-        except AggregateNotFoundError:
-            return None
-        return aggregate if isinstance(aggregate, cls) else None
+        return self.aggregates.get(cls, uuid)
 
     def get_aggregate(self, uuid: UUID) -> Reservation | None:
         return self.get(Reservation, uuid)
@@ -149,18 +137,10 @@ class ReservationBase:
                       cpu_capacity=cpu_cap, memory_capacity_gib=mem_cap)
 
     def _retrying(self, change: Callable[[], list[TenantOwned]]) -> None:
-        """Run ``change`` (which re-reads what it changes) and save; again on a conflict."""
-        for attempt in range(20):
-            aggregates = change()
-            if not aggregates:
-                return
-            try:
-                self.store.save(*aggregates)
-                return
-            except IntegrityError:
-                if attempt == 19:
-                    raise Conflict("another request changed this reservation at the same "
-                                   "time; nothing was saved: run the command again") from None
+        """Run ``change`` (which re-reads what it changes) and save; again on a conflict
+        (the one retry policy: ``Aggregates.retrying``)."""
+        self.aggregates.retrying(change, conflict="another request changed this reservation "
+                                 "at the same time; nothing was saved: run the command again")
 
     def _end_hold(self, rsv: Reservation, at: datetime, refund: bool = True
                   ) -> list[TenantOwned]:

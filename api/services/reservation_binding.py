@@ -26,6 +26,7 @@ from better_compute.domain.policy import DEFAULT_RESOURCE, kubernetes_resource
 from better_compute.domain.pool import Pool
 from better_compute.domain.quota import QuotaUse, quota_uuid
 from better_compute.domain.reservation import BINDING, Reservation, new_allocation_id
+from better_compute.domain.reservation_rules import cdi_devices, check_bound_devices
 from better_compute.domain.selectors import parse_selector
 from better_compute.projections.reservations import reservation_of_allocation
 
@@ -100,15 +101,10 @@ class ReservationBinding(ReservationBase):
             rsv = self._by_allocation(allocation_id)
             if rsv is None or rsv.node_id != node_id or rsv.state != BINDING:
                 return []
-            expected = sorted(f"bcd.dev/gpu={u}" for u in rsv.gpus)
-            devices = sorted(str(d) for d in entry.get("cdiDevices") or [])
-            if devices != expected:
-                raise Conflict(
-                    f"node {node_id} bound {allocation_id} with devices {devices}, but "
-                    f"{rsv.public_id} booked {expected}"
-                )
+            check_bound_devices(node_id, allocation_id, rsv.public_id, rsv.gpus,
+                                entry.get("cdiDevices") or [])
             binding: dict[str, Any] = {
-                "nodeId": node_id, "cdiDevices": [f"bcd.dev/gpu={u}" for u in rsv.gpus],
+                "nodeId": node_id, "cdiDevices": cdi_devices(rsv.gpus),
                 "envFile": str(entry.get("envFile") or ""),
                 "cgroupParent": str(entry.get("cgroupParent") or "")}
             if rsv.kubernetes:

@@ -2,19 +2,23 @@
 
 The gateway verifies each entry's signature with the node key before it calls
 these handlers (api/gateway/journal.py); they turn the node's word into the
-reservation's state. Importing this module registers them (api/methods does).
+reservation's state. The gateway's handlers are built, explicitly, from the services the
+composition root made (``journal_handlers`` in api/gateway/journal.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from better_compute.api.gateway.journal import handles
-from better_compute.api.services.reservations import reservations
+from better_compute.api.services.reservations import ReservationService
 from better_compute.domain.errors import InvalidInput
 from better_compute.domain.ids import public_id
 from better_compute.domain.reservation import BIND_FAILURE_REASONS
+
+# handler(node uuid, session epoch, payload) -> None; raising a BetterComputeError refuses it
+JournalHandler = Callable[[UUID, int, dict[str, Any]], None]
 
 
 def _allocation(payload: dict[str, Any]) -> str:
@@ -24,25 +28,25 @@ def _allocation(payload: dict[str, Any]) -> str:
     return allocation_id
 
 
-@handles("allocation.bound")
-def allocation_bound(nodes: Any, uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
-    _allocation(payload)
-    reservations(nodes.service).bound(public_id("node", uuid), payload)
+def reservation_handlers(reservations: ReservationService) -> dict[str, JournalHandler]:
+    """The allocation.* kinds, answered by ``reservations``."""
 
+    def bound(uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
+        _allocation(payload)
+        reservations.bound(public_id("node", uuid), payload)
 
-@handles("allocation.failed")
-def allocation_failed(nodes: Any, uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
-    allocation_id = _allocation(payload)
-    reason = str(payload.get("reason") or "")
-    if reason not in BIND_FAILURE_REASONS:
-        reason = "device-missing" if not reason else reason[:40]
-    service = reservations(nodes.service)
-    service.bind_failed(public_id("node", uuid), allocation_id, reason,
-                        str(payload.get("message") or reason)[:500], service.now())
+    def failed(uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
+        allocation_id = _allocation(payload)
+        reason = str(payload.get("reason") or "")
+        if reason not in BIND_FAILURE_REASONS:
+            reason = "device-missing" if not reason else reason[:40]
+        reservations.bind_failed(public_id("node", uuid), allocation_id, reason,
+                                 str(payload.get("message") or reason)[:500], reservations.now())
 
+    def released(uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
+        # The hold is gone from the node; the reservation already ended when it was released,
+        # so there is nothing left to record.
+        _allocation(payload)
 
-@handles("allocation.released")
-def allocation_released(nodes: Any, uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
-    # The hold is gone from the node; the reservation already ended when it was released,
-    # so there is nothing left to record.
-    _allocation(payload)
+    return {"allocation.bound": bound, "allocation.failed": failed,
+            "allocation.released": released}

@@ -88,7 +88,7 @@ def request_of(rsv: Reservation) -> PlacementRequest:
 
 def length_of(rsv: Reservation) -> timedelta:
     if rsv.start is not None and rsv.end is not None:
-        return rsv.end - rsv.start  # type: ignore[no-any-return]
+        return rsv.end - rsv.start
     return parse_duration(str(rsv.request["for"]))
 
 

@@ -19,7 +19,6 @@ earlier in api/services/reservation_queue.py.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -27,10 +26,9 @@ from typing import Any
 
 from eventsourcing.persistence import IntegrityError
 
-from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.reservation_binding import ReservationBinding
 from better_compute.api.services.reservation_queue import ReservationQueue
-from better_compute.domain.access import Principal, Role
+from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned, fingerprint, iso
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
 from better_compute.domain.durations import format_duration, parse_duration, parse_start
@@ -40,7 +38,6 @@ from better_compute.domain.errors import (
     KubernetesNotEnabled,
     NoCapacity,
     NotFound,
-    PermissionDenied,
     QuotaExceeded,
 )
 from better_compute.domain.gpus import parse_gpu_model
@@ -54,31 +51,16 @@ from better_compute.domain.reservation import (
     Reservation,
     new_allocation_id,
 )
+from better_compute.domain.reservation_rules import (
+    MAX_START_AHEAD,
+    check_extension,
+    check_gpu_count,
+    check_length,
+)
 from better_compute.domain.selectors import parse_selector
 from better_compute.projections.reservations import list_reservations
 
-MAX_GPUS = 1024
-MIN_DURATION = timedelta(minutes=1)
-MAX_DURATION = timedelta(days=366)
-MAX_START_AHEAD = timedelta(days=366)
 PLACEMENT_DEADLINE_S = 30.0  # how long a create keeps placing again after conflicts
-
-
-def require_member_of(principal: Principal, tenant_id: str, action: str) -> None:
-    """Members and admins of the tenant, or a root administrator for any tenant.
-
-    Root-tenant tokens READ every tenant's reservations, but only a root
-    administrator changes another tenant's: a root member or read-only token
-    is refused, like any other tenant's.
-    """
-    if principal.is_root_admin:
-        return
-    if principal.tenant_id != tenant_id:
-        raise PermissionDenied(
-            f"this token belongs to tenant {principal.tenant_id} and cannot {action} for tenant "
-            f"{tenant_id}: use a token of tenant {tenant_id} (member or admin)"
-        )
-    principal.require_role(Role.MEMBER, action)
 
 
 def check_kubernetes(pool: Pool) -> None:
@@ -116,9 +98,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
 
     def _request(self, pool: Pool, gpus: int, model: str | None, product: str | None,
                  selector: str | None, nvlink: bool) -> PlacementRequest:
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
-            raise InvalidInput(f"--gpus {gpus!r} is not a GPU count: use a whole number from 1 "
-                               f"to {MAX_GPUS} (for example --gpus 4)")
+        check_gpu_count(gpus)
         family = None
         if model:
             family = parse_gpu_model(model)
@@ -134,8 +114,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
     def _interval(self, duration: str, start: str | None, now: datetime
                   ) -> tuple[datetime, datetime]:
         length = parse_duration(duration, flag="--for")
-        if not MIN_DURATION <= length <= MAX_DURATION:
-            raise InvalidInput(f"--for {duration} is out of range: reserve for 1m to 366d")
+        check_length(length, duration)
         begin = parse_start(start, now, latest=MAX_START_AHEAD) if start else now
         begin = max(begin, now)  # a start in the past means now
         return begin, begin + length
@@ -147,8 +126,8 @@ class ReservationService(ReservationBinding, ReservationQueue):
         key: str | None = None, queue: bool = False, queue_timeout: str | None = None,
         move_earlier: bool = False, kubernetes: bool = False,
     ) -> dict[str, Any]:
-        tenant = self.service._scope(principal, tenant_id)
-        require_member_of(principal, tenant, "reserve GPUs")
+        tenant = self.service.aggregates.scope(principal, tenant_id)
+        principal.require_member_of(tenant, "reserve GPUs")
         if key:
             check_key(key)
         pool = self._visible_pool(principal, tenant, pool_id)
@@ -257,7 +236,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
                 selector: str | None = None, nvlink: bool = False, start: str | None = None
                 ) -> dict[str, Any]:
         """Would this request fit now, and if not, when first? Books nothing."""
-        tenant = self.service._scope(principal, tenant_id)
+        tenant = self.service.aggregates.scope(principal, tenant_id)
         pool = self._visible_pool(principal, tenant, pool_id)
         request = self._request(pool, gpus, model, product, selector, nvlink)
         now = self.now()
@@ -276,7 +255,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
 
     def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None,
              state: str | None) -> list[dict[str, Any]]:
-        tenant = self.service._scope(principal, tenant_id)
+        tenant = self.service.aggregates.scope(principal, tenant_id)
         if pool_id:
             parse_id("pool", pool_id)
         self.projections.catch_up("reservations")
@@ -293,7 +272,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
     def release(self, principal: Principal, reservation_id: str, cancel: bool = False
                 ) -> dict[str, Any]:
         first = self.reservation(principal, reservation_id)
-        require_member_of(principal, first.tenant_id, "release reservations")
+        principal.require_member_of(first.tenant_id, "release reservations")
         result: dict[str, Any] = {}
         loaded = [first]  # the first attempt changes what was just loaded; a retry re-reads
 
@@ -327,7 +306,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
 
     def extend(self, principal: Principal, reservation_id: str, by: str) -> dict[str, Any]:
         first = self.reservation(principal, reservation_id)
-        require_member_of(principal, first.tenant_id, "extend reservations")
+        principal.require_member_of(first.tenant_id, "extend reservations")
         delta = parse_duration(by, flag="--by")
         if delta <= timedelta(0):
             raise InvalidInput(f"--by {by} must be longer than 0 (for example --by 2h)")
@@ -339,8 +318,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
             assert rsv is not None
             result["rsv"] = rsv
             new_end = rsv.end + delta
-            if new_end - rsv.start > MAX_DURATION:
-                raise InvalidInput("a reservation lasts at most 366d: reserve again instead")
+            check_extension(rsv.start, new_end)
             rsv.extend(new_end)
             bookings = self.get(NodeBookings, bookings_uuid(rsv.node_id))
             if bookings is None or bookings.booking(rsv.allocation_id) is None:
@@ -350,17 +328,3 @@ class ReservationService(ReservationBinding, ReservationQueue):
 
         self._retrying(change)
         return result["rsv"].to_doc()  # type: ignore[no-any-return]
-
-
-_GUARD = threading.Lock()
-
-
-def reservations(service: ComputeService) -> ReservationService:
-    """The ReservationService of ``service`` (one per ComputeService, made on first use)."""
-    with _GUARD:
-        found = getattr(service, "_reservation_service", None)
-        if found is None:
-            found = ReservationService(service)
-            service._reservation_service = found  # type: ignore[attr-defined]
-        return found  # type: ignore[no-any-return]
-

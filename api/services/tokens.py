@@ -9,6 +9,7 @@ has passed (authentication already refuses them by the clock).
 
 from __future__ import annotations
 
+import builtins
 import secrets
 import time
 from collections.abc import Mapping
@@ -64,7 +65,7 @@ class TokenService:
         self.service = service
 
     def _visible(self, principal: Principal, token_id: str) -> ApiToken:
-        token = self.service._get(ApiToken, parse_id("tok", token_id))
+        token = self.service.aggregates.get(ApiToken, parse_id("tok", token_id))
         if token is None or not principal.can_see_tenant(token.tenant_id):
             raise NotFound(f"no token {token_id!r}: `better-compute tokens list` shows your "
                            "tenant's tokens")
@@ -73,7 +74,7 @@ class TokenService:
     def create(self, principal: Principal, tenant_id: str | None, role: str,
                name: str | None, ttl: str | None = None) -> dict[str, Any]:
         service = self.service
-        tenant = service._scope(principal, tenant_id)
+        tenant = service.aggregates.scope(principal, tenant_id)
         principal.require_admin_of(tenant, "create tokens")
         role_enum = Role.parse(role)
         check_name(name)
@@ -82,19 +83,19 @@ class TokenService:
                 f"root-admin exists only on the root tenant; for tenant {tenant} use --role admin"
             )
         lifetime = service.lifetimes.ttl(ttl)
-        service._tenant(tenant)
+        service.aggregates.tenant(tenant)
         secret = new_token_secret()
         now = service.clock()
         token = ApiToken(tenant_id=tenant, role=role_enum.value,
                          name=name or f"{role_enum.value} token", secret_hash=token_hash(secret),
                          created_by=principal.token_id, expires_at=now + lifetime,
                          ttl=format_duration(lifetime))
-        service._save(token)
+        service.aggregates.save(token)
         return {**token.to_doc(now), "token": secret}
 
-    def list(self, principal: Principal, tenant_id: str | None) -> list[dict[str, Any]]:
+    def list(self, principal: Principal, tenant_id: str | None) -> builtins.list[dict[str, Any]]:
         service = self.service
-        tenant = service._scope(principal, tenant_id)
+        tenant = service.aggregates.scope(principal, tenant_id)
         principal.require_admin_of(tenant, "list tokens")
         docs = service.listing("apitoken", tenant_id=tenant)
         used = service.token_use.last_used(d["id"] for d in docs)
@@ -109,7 +110,7 @@ class TokenService:
         principal.require_admin_of(token.tenant_id, "revoke tokens")
         now = self.service.clock()
         token.revoke(now, principal.token_id)
-        self.service._save(token)
+        self.service.aggregates.save(token)
         return token.to_doc(now)
 
     def rotate(self, principal: Principal, token_id: str, grace: str | None,
@@ -130,10 +131,10 @@ class TokenService:
                        expires_at=now + lifetime, ttl=format_duration(lifetime),
                        rotated_from=old.public_id)
         old.rotate(now, principal.token_id, new.public_id, period)
-        service._save(old, new)
+        service.aggregates.save(old, new)
         return {**new.to_doc(now), "token": secret, "previous": old.to_doc(now)}
 
-    def expire_due(self, now: datetime | None = None) -> list[str]:
+    def expire_due(self, now: datetime | None = None) -> builtins.list[str]:
         """Record ``token.expired`` for every token past its end (the tokens controller)."""
         service = self.service
         now = now or service.clock()
@@ -144,17 +145,17 @@ class TokenService:
                 continue
             if effective_token_state(doc, now) != "expired":
                 continue
-            token = service._get(ApiToken, parse_id("tok", doc["id"]))
+            token = service.aggregates.get(ApiToken, parse_id("tok", doc["id"]))
             if token is not None and token.mark_expired(now):
                 try:
-                    service._save(token)
+                    service.aggregates.save(token)
                 except Conflict:  # recorded by another process just now
                     continue
                 done.append(token.public_id)
         return done
 
     @staticmethod
-    def next_end(docs: list[dict[str, Any]]) -> str | None:
+    def next_end(docs: builtins.list[dict[str, Any]]) -> str | None:
         ends = [str(d["expiresAt"]) for d in docs
                 if d.get("state") in ("active", "rotated") and d.get("expiresAt")]
         return min(ends) if ends else None
@@ -181,7 +182,7 @@ class TokenExpiry:
         self._next_scan = 0.0  # monotonic
         self._next_end: datetime | None = None
 
-    def tick(self, now: datetime | None = None) -> list[str]:
+    def tick(self, now: datetime | None = None) -> builtins.list[str]:
         service = self.tokens.service
         now = now or service.clock()
         due = self._next_end is not None and now >= self._next_end

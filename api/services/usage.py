@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from better_compute.api.services.compute import ComputeService
-from better_compute.api.services.reservations import reservations
 from better_compute.domain.access import Principal
 from better_compute.domain.durations import parse_instant
 from better_compute.domain.usage import check_window, parse_by, summarize, to_us
@@ -22,12 +21,12 @@ def usage_report(service: ComputeService, principal: Principal, *, tenant_id: st
                  pool_id: str | None, start: str, end: str | None,
                  by: str | list[str] | None) -> dict[str, Any]:
     keys = parse_by(by)
-    now = reservations(service).now()
+    now = service.aggregates.now()
     begin = parse_instant(start, now, flag="--from")
     until = parse_instant(end, now, flag="--to") if end else now
     check_window(begin, until)
     if tenant_id is not None or not principal.is_root:
-        tenant: str | None = service._scope(principal, tenant_id)
+        tenant: str | None = service.aggregates.scope(principal, tenant_id)
     else:
         tenant = None  # the root tenant, no --tenant: every tenant
     pools = [service.pool(principal, pool_id).public_id] if pool_id else []

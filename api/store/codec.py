@@ -98,7 +98,7 @@ def _kind_of(annotation: Any) -> str | None:
 
 
 @lru_cache(maxsize=1024)
-def field_kinds(cls: type[Any]) -> dict[str, str]:
+def field_kinds(cls: Any) -> dict[str, str]:
     """The top-level fields of ``cls`` stored natively, and their kind (from annotations)."""
     try:
         hints: dict[str, Any] = typing.get_type_hints(cls)
@@ -240,7 +240,7 @@ class EventMapper(Mapper[Any]):
     """
 
     def to_stored_event(self, domain_event: Any) -> StoredEvent:
-        cls = type(domain_event)
+        cls: Any = type(domain_event)
         state = dict(vars(domain_event))
         if isinstance(domain_event, TenantOwned.Event) and "actor" not in state:
             state["actor"] = current_actor()  # who did it (api/store/actor.py)
@@ -258,7 +258,7 @@ class EventMapper(Mapper[Any]):
                            topic=get_topic(cls), state=stored)
 
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
-        cls = event_class(stored_event.topic)
+        cls: Any = event_class(stored_event.topic)
         data = stored_event.state
         try:
             if self.cipher:
@@ -272,7 +272,8 @@ class EventMapper(Mapper[Any]):
                 f"'{stored_event.topic}', originator_id '{stored_event.originator_id}' and "
                 f"originator_version {stored_event.originator_version}: {exc}"
             ) from exc
-        convert = find_id_convertor(cls, type(stored_event.originator_id))
+        id_type: Any = type(stored_event.originator_id)
+        convert = find_id_convertor(cls, id_type)
         state["originator_id"] = convert(stored_event.originator_id)
         state["originator_version"] = stored_event.originator_version
         class_version = getattr(cls, "class_version", 1)

@@ -128,8 +128,9 @@ def summarize_report(epoch: int, at: datetime, applied_generation: int,
     for name, section in list((sections or {}).items())[:32]:
         if isinstance(section, dict):
             item = {k: section.get(k) for k in _SECTION if k in section}
-            if isinstance(item.get("message"), str):
-                item["message"] = item["message"][:MAX_SECTION_MESSAGE]
+            message = item.get("message")
+            if isinstance(message, str):
+                item["message"] = message[:MAX_SECTION_MESSAGE]
             shown[str(name)[:64]] = item
     health: dict[str, list[str]] = {}
     for gpu in (inventory or {}).get("gpus") or []:

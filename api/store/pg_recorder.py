@@ -67,10 +67,11 @@ class LockingFunctionApplicationRecorder(PostgresApplicationRecorder):
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any
                       ) -> Sequence[int] | None:
         if not stored_events:
-            return super().insert_events(stored_events, **kwargs)
+            ids: Sequence[int] | None = super().insert_events(stored_events, **kwargs)
+            return ids
         events = [self.construct_pg_stored_event(e.originator_id, e.originator_version,
                                                  e.topic, e.state) for e in stored_events]
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             assert conn.autocommit  # the statement is its own transaction
             curs.execute(self._call_insert, (events,), prepare=True)
-            return [row["notification_id"] for row in curs.fetchall()]
+            return [int(row["notification_id"]) for row in curs.fetchall()]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -318,7 +318,7 @@ class SqlRunner:
                 cursor.execute(f'SET LOCAL search_path TO "{self.schema}"')
             yield cursor
 
-    def execute(self, cursor: Any, statement: str, params: tuple[Any, ...] | list[Any] = ()) -> None:
+    def execute(self, cursor: Any, statement: str, params: Sequence[Any] = ()) -> None:
         cursor.execute(self.q(statement), tuple(params))
 
     def lock(self, cursor: Any, name: str) -> None:

@@ -131,7 +131,7 @@ def _preview(ctx: Any, a: argparse.Namespace) -> bool:
     return True
 
 
-capacity.EXTENSIONS.append((_preview_arguments, _preview))
+CAPACITY_PREVIEW: capacity.Extension = (_preview_arguments, _preview)  # cli/commands/__init__.py
 
 
 def register(sub: Any) -> None:

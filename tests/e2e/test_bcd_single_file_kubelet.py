@@ -28,16 +28,16 @@ def test_the_single_files_plugin_registers_with_the_kubelet(
     env = store_env("sqlite", tmp_path)  # one build is enough: the node side has no store
     with short_tempdir() as short, running_cluster(
             env, tmp_path, FAST, policy=KUBERNETES_POLICY,
-            machine_folder=short / "SN-7701") as c:  # fmt: skip
+            machine_folder=short / "SN-7701") as c:
         c.machine.command = [sys.executable, "-I", "-S", single_file]
         c.machine.env["SHIV_ROOT"] = str(short / "shiv")
         with kubelet_on(c) as kubelet:
             registration = kubelet.wait_registration(1)
             assert (registration.resource_name, registration.endpoint) == \
-                ("bcd.dev/gpu", "bcd-gpu.sock")  # fmt: skip
+                ("bcd.dev/gpu", "bcd-gpu.sock")
             doc = c.cli_json("reserve", "--pool", c.pool, "--gpus", "2", "--for", "1h",
-                             "--kubernetes")  # fmt: skip
+                             "--kubernetes")
             kubelet.wait_list(lambda d: d == dict.fromkeys(doc["gpus"], "Healthy"),
-                              "the reservation's 2 GPUs")  # fmt: skip
+                              "the reservation's 2 GPUs")
             grant = kubelet.allocate(doc["gpus"])
             assert [d.name for d in grant.cdi_devices] == [f"bcd.dev/gpu={u}" for u in doc["gpus"]]

@@ -61,14 +61,14 @@ class Tutorial:
         pins = []
         for name, flag in (("servingCaSpkiPin", "--serving-ca-pin"),
                            ("joinSigningKeyPin", "--join-signing-pin"),
-                           ("joinEncryptionKeyPin", "--join-encryption-pin")):  # fmt: skip
+                           ("joinEncryptionKeyPin", "--join-encryption-pin")):
             pins += [flag, self.cli("pki", "show", "--query", name).strip()]
         return pins
 
     def mint(self, out: str = "./join-token", key: str = "join-sn-7701") -> str:
         """`join-tokens create` as the tutorial writes it; returns the token's id."""
         self.cli("join-tokens", "create", "--pool", self.pool, "--ttl", "2h", "--max-uses", "1",
-                 "--expect-serial", "SN-7701", "--key", key, "--out", out)  # fmt: skip
+                 "--expect-serial", "SN-7701", "--key", key, "--out", out)
         listed = json.loads(self.cli("join-tokens", "list", "--output", "json"))
         items = listed["items"] if isinstance(listed, dict) else listed
         return next(item["id"] for item in items if item.get("key", key) == key)
@@ -92,10 +92,10 @@ def tutorial(env: dict[str, str], tmp_path: Path) -> Iterator[Tutorial]:
             return out.strip()
 
         site = create("sites", "create", "--kind", "shared", "--region", "eu-1",
-                      "--key", "site-eu-1", "--query", "id")  # fmt: skip
+                      "--key", "site-eu-1", "--query", "id")
         pool = create("pools", "create", "--site", site, "--class", "metal-host", "--gpu-model",
                       "H100", "--policy-file", str(work / "pool-policy.json"),
-                      "--key", "pool-eu-1-h100", "--query", "id")  # fmt: skip
+                      "--key", "pool-eu-1-h100", "--query", "id")
         root = tmp_path / "bcd-root"
         root.mkdir()
         write_fake_fleet_file(tmp_path / "gpus.json", serial="SN-7701")
@@ -150,7 +150,7 @@ def test_agent_side_refusals_write_nothing_and_spend_no_token(tutorial: Tutorial
 
     wrong = "sha256/" + "A" * 43 + "="
     for position, flag in ((1, "--serving-ca-pin"), (3, "--join-signing-pin"),
-                           (5, "--join-encryption-pin")):  # fmt: skip
+                           (5, "--join-encryption-pin")):
         bad = [*pins]
         bad[position] = wrong
         err = refused("--server", server, *bad, "--token-file", "./join-token", match=wrong)

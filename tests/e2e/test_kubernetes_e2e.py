@@ -70,7 +70,7 @@ class Output:
         """The position of the first line after ``after`` that contains ``needle``."""
         def found() -> int | None:
             return next((n for n, line in enumerate(self.lines)
-                         if n > after and needle in line), None)  # fmt: skip
+                         if n > after and needle in line), None)
 
         with self._changed:
             if not self._changed.wait_for(lambda: found() is not None, timeout):
@@ -80,7 +80,7 @@ class Output:
 
 @pytest.fixture
 def cluster(env: dict[str, str], tmp_path: Path, short_dir: Path
-            ) -> Iterator[tuple[Cluster, Kubelet, Path]]:  # fmt: skip
+            ) -> Iterator[tuple[Cluster, Kubelet, Path]]:
     """A kubernetes pool, its adopted node with nvidia-ctk and a kubelet, bcd running."""
     with running_cluster(env, tmp_path, FAST, policy=WITH_TOOLKIT,
                          machine_folder=short_dir / "SN-7701") as c:
@@ -99,7 +99,7 @@ def reserve(c: Cluster, gpus: int, *flags: str) -> tuple[str, str, list[str]]:
 
 
 def test_kubernetes_workers_get_exactly_the_gpus_they_reserved(
-        cluster: tuple[Cluster, Kubelet, Path]) -> None:  # fmt: skip
+        cluster: tuple[Cluster, Kubelet, Path]) -> None:
     c, kubelet, ctk_log = cluster
     agent = c.machine.agents[0]
     output = Output(agent)
@@ -143,7 +143,7 @@ def test_kubernetes_workers_get_exactly_the_gpus_they_reserved(
         kubelet.allocate([booked[0], plain_gpus[0]])
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     assert f"{plain_gpus[0]} is not held for a kubernetes reservation" in \
-        refused.value.details()  # fmt: skip
+        refused.value.details()
 
     # A second kubernetes reservation adds its GPUs; the preference keeps reservations whole.
     _, _, booked2 = reserve(c, 2, "--kubernetes")
@@ -157,7 +157,7 @@ def test_kubernetes_workers_get_exactly_the_gpus_they_reserved(
 
     status = json.loads(c.bcd("status", "--json").stdout)["kubernetes"]
     assert (status["enabled"], status["registered"], status["resourceName"]) == \
-        (True, True, "bcd.dev/gpu")  # fmt: skip
+        (True, True, "bcd.dev/gpu")
     assert sorted(d["id"] for d in status["devices"]) == sorted([*booked, *booked2])
     assert "kubelet  registered as bcd.dev/gpu since " in c.bcd("status").stdout
 
@@ -188,12 +188,12 @@ def test_kubernetes_workers_get_exactly_the_gpus_they_reserved(
 
 
 def test_reserve_kubernetes_is_refused_on_a_pool_without_the_policy(
-        env: dict[str, str], tmp_path: Path) -> None:  # fmt: skip
+        env: dict[str, str], tmp_path: Path) -> None:
     from tests.support import cli_inprocess
 
     with running_cluster(env, tmp_path, FAST) as c:
         code, out, err = cli_inprocess(["reserve", "--pool", c.pool, "--gpus", "1", "--for",
-                                        "1h", "--kubernetes"], c.env)  # fmt: skip
+                                        "1h", "--kubernetes"], c.env)
         assert code != 0 and out == ""
         assert f"pool {c.pool} has no kubernetes in its policy" in err
         assert c.cli_json("reservations", "list") == []

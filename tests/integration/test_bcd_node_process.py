@@ -31,7 +31,7 @@ def anyio_backend() -> str:
 
 
 async def _line_with(reader: BufferedByteReceiveStream, text: str, seen: list[str],
-                     timeout: float = 20.0) -> str:  # fmt: skip
+                     timeout: float = 20.0) -> str:
     with anyio.fail_after(timeout):
         while True:
             line = (await reader.receive_until(b"\n", 1 << 16)).decode()
@@ -42,7 +42,7 @@ async def _line_with(reader: BufferedByteReceiveStream, text: str, seen: list[st
 
 def _env(root: Path, gpu_file: Path) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", ""), "BCD_ROOT": str(root),
-            "BCD_GPU_SOURCE": f"fake:{gpu_file}"}  # fmt: skip
+            "BCD_GPU_SOURCE": f"fake:{gpu_file}"}
 
 
 async def test_bcd_node_runs_serves_status_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -55,7 +55,7 @@ async def test_bcd_node_runs_serves_status_and_stops_on_sigterm(tmp_path: Path) 
         gateway.node_key = root.key.public_key()
         env = _env(root.paths.root, root.gpu_file)
         process: Process = await anyio.open_process(
-            [BCD, "node", "--config", "/etc/bcd/config.toml"], env=env)  # fmt: skip
+            [BCD, "node", "--config", "/etc/bcd/config.toml"], env=env)
         seen: list[str] = []
         try:
             assert process.stdout is not None
@@ -103,7 +103,7 @@ async def test_bcd_node_runs_serves_status_and_stops_on_sigterm(tmp_path: Path) 
 async def test_status_without_a_running_agent_says_how_to_start_it(tmp_path: Path) -> None:
     result = await anyio.run_process([BCD, "status"], env={"BCD_ROOT": str(tmp_path),
                                                             "PATH": os.environ["PATH"]},
-                                     check=False)  # fmt: skip
+                                     check=False)
     assert result.returncode == 1
     assert b"bcd node is not running" in result.stderr and b"systemctl start bcd" in result.stderr
 
@@ -117,7 +117,7 @@ async def test_a_copied_config_without_the_node_key_cannot_connect(tmp_path: Pat
         root = make_node_root(tmp_path / "n", bundle, f"tls://127.0.0.1:{port}")
         root.paths.node_key.unlink()  # the config and certificate, stolen; the key stayed home
         result = await anyio.run_process([BCD, "node"], env=_env(root.paths.root, root.gpu_file),
-                                         check=False)  # fmt: skip
+                                         check=False)
         assert result.returncode == 1
         assert b"node key" in result.stderr and b"missing" in result.stderr
         assert gateway.hellos == []

@@ -37,9 +37,9 @@ def anyio_backend() -> str:
 def _agent(root: NodeRoot, out: io.StringIO, devices: Any = unsupported) -> NodeAgent:
     settings = load_settings(root.paths.config)
     options = NodeOptions(heartbeat_seconds=0.2, poll_seconds=0.05, report_every=2,
-                          backoff=Backoff(base=0.05, cap=0.3), out=out)  # fmt: skip
+                          backoff=Backoff(base=0.05, cap=0.3), out=out)
     return NodeAgent(settings, root.paths, FakeSource(root.gpu_file), settings.load_key(),
-                     options=options, devices=devices)  # fmt: skip
+                     options=options, devices=devices)
 
 
 async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -75,7 +75,7 @@ async def test_acceptance_passes_journals_once_and_status_shows_the_node(tmp_pat
         _point_at(root, await group.start(gateway.serve))
         await group.start(_agent(root, out).run)
         await gateway.wait_for(lambda: 1 in gateway.accepted and gateway.last_report is not None
-                               and gateway.last_report.applied_generation == 1)  # fmt: skip
+                               and gateway.last_report.applied_generation == 1)
         entry = gateway.accepted[1]
         assert entry["kind"] == "acceptance.result" and entry["passed"] is True
         assert entry["nodeId"] == NODE_ID and entry["epoch"] == 1 and entry["attempt"] == 1
@@ -94,7 +94,7 @@ async def test_acceptance_passes_journals_once_and_status_shows_the_node(tmp_pat
         assert status["sections"]["acceptance"]["state"] == "passed"
         assert len(status["gpus"]) == 8 and status["gpus"][0]["heldBy"] is None
         await _until(lambda: root.paths.under("var/lib/bcd/journal.jsonl").read_text()
-                     .count('"settled"') == 1)  # fmt: skip
+                     .count('"settled"') == 1)
         text = render_status(await _status(root.paths))
         assert f"node     {NODE_ID}" in text
         assert "session  connected (epoch 1)" in text
@@ -136,7 +136,7 @@ async def test_a_failed_acceptance_is_sticky_until_a_new_attempt(tmp_path: Path)
 
 
 async def test_reconnects_with_a_higher_epoch_and_resends_unacknowledged_entries(
-        tmp_path: Path) -> None:  # fmt: skip
+        tmp_path: Path) -> None:
     gateway, root = _setup(tmp_path)
     gateway.hold_acks = True
     out = io.StringIO()
@@ -159,7 +159,7 @@ async def test_reconnects_with_a_higher_epoch_and_resends_unacknowledged_entries
         assert "disconnected (last epoch 2)" in render_status(status)
         await group.start(gateway.serve)  # ... and comes back on the same port
         await gateway.wait_for(lambda: gateway.epoch == 3 and len(gateway.heartbeats) > 0
-                               and gateway.heartbeats[-1].epoch == 3)  # fmt: skip
+                               and gateway.heartbeats[-1].epoch == 3)
         assert list(gateway.accepted) == [1]  # applied once, whatever the reconnects
         group.cancel_scope.cancel()
     lines = out.getvalue()
@@ -200,7 +200,7 @@ async def test_an_unhealthy_gpu_or_a_lost_session_never_drops_a_hold(tmp_path: P
         agent = _agent(root, io.StringIO(), devices=bind_devices)
         await group.start(agent.run)
         await gateway.wait_for(lambda: any(e["kind"] == "allocation.bound"
-                                           for e in gateway.accepted.values()))  # fmt: skip
+                                           for e in gateway.accepted.values()))
         bound = next(e for e in gateway.accepted.values() if e["kind"] == "allocation.bound")
         assert bound["allocationId"] == "alloc_1" and bound["nodeId"] == NODE_ID
         assert bound["cdiDevices"] == [f"bcd.dev/gpu={uuid}"]
@@ -221,13 +221,13 @@ async def test_an_unhealthy_gpu_or_a_lost_session_never_drops_a_hold(tmp_path: P
         await _until(lambda: agent.inventory is not None and agent.inventory.gpus[2].healthy)
         await group.start(gateway.serve)
         await gateway.wait_for(lambda: gateway.epoch == 2 and gateway.last_report is not None
-                               and gateway.last_report.epoch == 2)  # fmt: skip
+                               and gateway.last_report.epoch == 2)
         assert gateway.last_report.inventory["gpus"][2]["healthy"] is True
         assert agent.state.holds == {uuid: "alloc_1"}
         # The assignment leaves the desired state: only then is the hold released.
         await gateway.push(2, {"acceptance": ACCEPTANCE, "devices": {"assignments": []}})
         await gateway.wait_for(lambda: any(e["kind"] == "allocation.released"
-                                           for e in gateway.accepted.values()))  # fmt: skip
+                                           for e in gateway.accepted.values()))
         assert agent.state.holds == {} and not spec.exists()
         assert [e["kind"] for e in gateway.accepted.values()].count("allocation.bound") == 1
         group.cancel_scope.cancel()
@@ -237,12 +237,12 @@ async def test_devices_without_a_binding_module_say_so(tmp_path: Path) -> None:
     gateway, root = _setup(tmp_path)
     gateway.sections = {"devices": {"assignments": [
         {"allocationId": "alloc_1", "reservationId": "rsv_1", "gpus": ["GPU-x"]}]},
-        "firmware": {"version": 2}}  # fmt: skip
+        "firmware": {"version": 2}}
     async with anyio.create_task_group() as group:
         _point_at(root, await group.start(gateway.serve))
         await group.start(_agent(root, io.StringIO(), devices=unsupported).run)
         await gateway.wait_for(lambda: gateway.last_report is not None
-                               and gateway.last_report.applied_generation == 1)  # fmt: skip
+                               and gateway.last_report.applied_generation == 1)
         sections = gateway.last_report.sections
         assert sections["devices"]["state"] == "unsupported"
         assert "not supported by this bcd yet" in sections["devices"]["message"]
@@ -267,7 +267,7 @@ async def test_a_refused_session_is_retried_and_reported(tmp_path: Path) -> None
 
 
 async def test_an_entry_nacked_unavailable_is_sent_again_in_the_same_session(
-        tmp_path: Path) -> None:  # fmt: skip
+        tmp_path: Path) -> None:
     """The control plane's store was away when the entry came: bcd keeps it and sends it
     again a heartbeat later, without waiting for a new session (the session stays up)."""
     gateway, root = _setup(tmp_path)

@@ -66,7 +66,7 @@ async def _run_node(tmp_path: Path, with_ctk: bool, check: Any) -> None:
 
 
 async def test_nvidia_json_before_the_hold_and_again_after_a_driver_upgrade(tmp_path: Path
-                                                                           ) -> None:  # fmt: skip
+                                                                           ) -> None:
     async def check(gateway: FakeGateway, root: Any, log: Path) -> None:
         cdi = root.paths.cdi
         assert (cdi / "nvidia.json").read_bytes() == VENDOR_H100X8.read_bytes()
@@ -74,7 +74,7 @@ async def test_nvidia_json_before_the_hold_and_again_after_a_driver_upgrade(tmp_
         assert profile["state"] == "applied" and "generated" in profile["message"]
         hold = json.loads((cdi / f"bcd-{ALLOC}.json").read_text())
         assert [d["containerEdits"]["deviceNodes"][0]["path"] for d in hold["devices"]] == \
-            ["/dev/nvidia0", "/dev/nvidia1"]  # fmt: skip
+            ["/dev/nvidia0", "/dev/nvidia1"]
         assert len(log.read_text().splitlines()) == 1
 
         set_fake_gpu_health(root.gpu_file, 3, healthy=False, reasons=["xid-79"])
@@ -86,14 +86,14 @@ async def test_nvidia_json_before_the_hold_and_again_after_a_driver_upgrade(tmp_
         document["driverVersion"] = "575.51.03"
         root.gpu_file.write_text(json.dumps(document))
         await gateway.wait_for(lambda: "driver 575.51.03" in _section(gateway, "profile")
-                               .get("message", ""))  # fmt: skip
+                               .get("message", ""))
         assert len(log.read_text().splitlines()) == 2
 
     await _run_node(tmp_path, True, check)
 
 
 async def test_without_nvidia_ctk_the_profile_fails_clearly_and_nothing_is_written(
-        tmp_path: Path) -> None:  # fmt: skip
+        tmp_path: Path) -> None:
     async def check(gateway: FakeGateway, root: Any, log: Path) -> None:
         profile = _section(gateway, "profile")
         assert profile["state"] == "failed"

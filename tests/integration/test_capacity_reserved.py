@@ -13,7 +13,6 @@ from typing import Any
 
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.services.nodes import NodeService
-from better_compute.api.services.reservations import reservations
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from tests.fleet import add_nodes, make_pool
 
@@ -41,7 +40,7 @@ def test_a_later_reservation_is_reserved_then_allocated_then_freed(runtime: Any)
     pool = make_pool(runtime.service)
     add_nodes(runtime.service, pool, 1)  # one adopted 8-GPU node: 224 CPUs, 2015.56 GiB
     nodes = NodeService(runtime.service)
-    rs = reservations(runtime.service)
+    rs = runtime.services.reservations
     timers = ReservationTimers(rs)
 
     def rollup() -> dict[str, dict[str, float]]:

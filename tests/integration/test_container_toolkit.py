@@ -41,7 +41,7 @@ def cdi_files(paths: Paths) -> list[str]:
 
 
 def test_it_writes_what_nvidia_ctk_prints_and_holds_pick_it_up(tmp_path: Path, on_path: Path
-                                                                ) -> None:  # fmt: skip
+                                                                ) -> None:
     paths, inventory = node_root(tmp_path)
     hold = cdi.derive_hold_spec([inventory.gpus[0].uuid], inventory, None)
     cdi.write_hold_spec(paths, ALLOC, hold)  # bound before the vendor spec existed
@@ -61,7 +61,7 @@ def test_it_writes_what_nvidia_ctk_prints_and_holds_pick_it_up(tmp_path: Path, o
 
 
 def test_it_runs_again_when_the_driver_or_the_gpu_set_changes(tmp_path: Path, on_path: Path
-                                                               ) -> None:  # fmt: skip
+                                                               ) -> None:
     paths, inventory = node_root(tmp_path)
     log = fake_nvidia_ctk(on_path)
     first = generate_vendor_spec(paths, inventory, None, None, None)
@@ -79,7 +79,7 @@ def test_it_runs_again_when_the_driver_or_the_gpu_set_changes(tmp_path: Path, on
 
 
 def test_without_nvidia_ctk_nothing_is_written_and_the_message_says_what_to_install(
-        tmp_path: Path, on_path: Path) -> None:  # fmt: skip
+        tmp_path: Path, on_path: Path) -> None:
     paths, inventory = node_root(tmp_path)
     done = apply_profile(PROFILE, paths, inventory, None, None, None)
     assert done.state == "failed" and done.fingerprint is None
@@ -119,7 +119,7 @@ def test_the_command_comes_from_config_and_unknown_units_are_named(tmp_path: Pat
     (on_path / "nvidia-ctk").rename(on_path / "ctk-1.17")
     command = ("ctk-1.17", "cdi", "generate", "--format=json", "--device-name-strategy=uuid")
     done = apply_profile({"units": ["container-toolkit", "dcgm"]}, paths, inventory, None,
-                         command, None)  # fmt: skip
+                         command, None)
     assert done.state == "failed"  # dcgm is unknown, the toolkit ran
     assert "generated" in done.message and "with ctk-1.17" in done.message
     assert "dcgm: this bcd does not know the unit; upgrade bcd" in done.message

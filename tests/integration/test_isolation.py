@@ -60,7 +60,8 @@ class World:
         token = self.tokens[who] if who else None
         service = self.rt.service
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-        answer = json.loads(rpc.handle(body.encode(), service, lambda: service.authenticate(token)))
+        answer = json.loads(rpc.handle(body.encode(), self.rt.services,
+                                       lambda: service.authenticate(token)))
         if "error" in answer:
             return None, answer["error"]["data"]["code"]
         return answer["result"], None

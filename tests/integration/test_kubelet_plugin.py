@@ -95,7 +95,7 @@ async def test_a_refused_register_is_tried_again_with_backoff_and_said(folder: P
             status = plugin.snapshot()
             assert not status["registered"]
             assert "the kubelet refused or did not answer Register (UNAVAILABLE: the kubelet " \
-                "is busy); trying again in" in status["reason"]  # fmt: skip
+                "is busy); trying again in" in status["reason"]
             assert status["lastError"] == status["reason"]
             kubelet.refuse = None
             await anyio.to_thread.run_sync(kubelet.wait_registration, 1)

@@ -24,7 +24,6 @@ from tests.integration.test_reservations_service import (
     bound_entry,
     journal,
     node,
-    reservations,
     reserve,
 )
 
@@ -50,7 +49,7 @@ def test_kubernetes_is_refused_on_a_pool_without_policy_kubernetes(runtime: Any)
     service = runtime.service
     pool = make_pool(service)
     add_nodes(service, pool, 1)
-    rs = reservations(service)
+    rs = runtime.services.reservations
     head = EventLog(runtime.store).page(filter_for(OP, None), 0, 1000).head
     with pytest.raises(KubernetesNotEnabled) as err:
         reserve(rs, pool, 4, kubernetes=True, key="k8s-1")
@@ -68,7 +67,7 @@ def test_a_kubernetes_hold_carries_the_flag_to_the_node_and_the_binding(runtime:
     pool = kubernetes_pool(service)
     assert service.pools_get(OP, pool)["policy"]["kubernetes"] == {"resourceName": DEFAULT_RESOURCE}
     [node_id] = add_nodes(service, pool, 1)
-    rs = reservations(service)
+    rs = runtime.services.reservations
     k8s = reserve(rs, pool, 4, kubernetes=True, key="k8s-2")
     plain = reserve(rs, pool, 2)
     assert (k8s["kubernetes"], plain["kubernetes"]) == (True, False)
@@ -103,7 +102,7 @@ def test_the_binding_names_the_pools_own_resource(runtime: Any) -> None:
     service = runtime.service
     pool = kubernetes_pool(service, resource="example.com/h100")
     [node_id] = add_nodes(service, pool, 1)
-    rs = reservations(service)
+    rs = runtime.services.reservations
     doc = reserve(rs, pool, 1, kubernetes=True)
     ReservationTimers(rs).tick()
     journal(runtime, node_id, bound_entry(doc))

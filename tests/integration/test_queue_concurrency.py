@@ -16,7 +16,6 @@ from typing import Any
 from eventsourcing.application import AggregateNotFoundError
 
 from better_compute.api.controllers.queue import QueueDispatcher
-from better_compute.api.services.reservations import reservations
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.bookings import NodeBookings, bookings_uuid, overlaps
 from better_compute.domain.ids import public_id
@@ -55,7 +54,7 @@ def test_twenty_queued_requests_keep_fifo_and_never_overbook(env: dict[str, str]
     runtime.service.tenants_create(OP, "acme", None)
     runtime.service.pools_offer(OP, pool, "acme", {"gpu": QUOTA})
     runtimes = [runtime] + [open_runtime(env) for _ in range(3)]
-    services = [reservations(r.service) for r in runtimes]
+    services = [r.services.reservations for r in runtimes]
     try:
         held = [services[0].create(ACME, tenant_id=None, pool_id=pool, gpus=4, duration="4h")
                 for _ in range(2)]

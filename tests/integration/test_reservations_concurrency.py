@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from better_compute.api.services.reservations import reservations
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.errors import NoCapacity, QuotaExceeded
@@ -35,7 +34,7 @@ def test_fifty_clients_never_double_book_nor_exceed_the_quota(env: dict[str, str
     lock = threading.Lock()
 
     def client(n: int) -> None:
-        rs = reservations(runtimes[n % PROCESSES].service)
+        rs = runtimes[n % PROCESSES].services.reservations
         who = ACME if n % 2 else OP
         barrier.wait()
         try:

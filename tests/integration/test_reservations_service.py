@@ -12,9 +12,9 @@ import pytest
 
 import better_compute.api.services.reservation_journal  # noqa: F401  (registers allocation.*)
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.gateway.journal import HANDLERS
+from better_compute.api.gateway.journal import journal_handlers
 from better_compute.api.services.nodes import NodeService
-from better_compute.api.services.reservations import ReservationService, reservations
+from better_compute.api.services.reservations import ReservationService
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
@@ -46,7 +46,7 @@ def setup(runtime: Any, nodes: int = 2, quota: int | None = 6
     if quota is not None:
         runtime.service.tenants_create(OP, "acme", None)
         runtime.service.pools_offer(OP, pool, "acme", {"gpu": quota})
-    return reservations(runtime.service), clock, pool, node_ids
+    return runtime.services.reservations, clock, pool, node_ids
 
 
 def reserve(rs: ReservationService, pool: str, gpus: int, who: Principal = OP, **kw: Any
@@ -72,7 +72,7 @@ def bound_entry(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def journal(runtime: Any, node_id: str, payload: dict[str, Any]) -> None:
-    HANDLERS[payload["kind"]](NodeService(runtime.service), parse_id("node", node_id), 1, payload)
+    journal_handlers(runtime.services)[payload["kind"]](parse_id("node", node_id), 1, payload)
 
 
 def test_reserve_packs_books_and_retries_with_the_same_key(runtime: Any) -> None:

@@ -19,7 +19,6 @@ import pytest
 
 from better_compute.api.runtime import Runtime
 from better_compute.api.services.nodes import NodeService
-from better_compute.api.services.reservations import reservations
 from better_compute.api.store.eventlog import EventFilter, EventLog
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from tests.conftest import BACKENDS
@@ -46,7 +45,7 @@ def fleet(env: dict[str, str]) -> tuple[Runtime, str]:
     rt = open_runtime(env)
     pool = make_pool(rt.service)
     add_nodes(rt.service, pool, 2)
-    rs = reservations(rt.service)
+    rs = rt.services.reservations
     rs.create(OP, tenant_id=None, pool_id=pool, gpus=4, duration="2h")
     rs.create(OP, tenant_id=None, pool_id=pool, gpus=2, duration="1h", start="+3h")
     return rt, pool

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.services.reservations import reservations
 from better_compute.api.services.usage import usage_report
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
@@ -52,7 +51,7 @@ def world(runtime: Any) -> tuple[Any, Clock, str, str]:
         service.tenants_create(OP, tenant, None)
         for pool in (pool_a, pool_b):
             service.pools_offer(OP, pool, tenant, {"gpu": 16})
-    rs = reservations(service)
+    rs = runtime.services.reservations
     timers = ReservationTimers(rs)
 
     def reserve(tenant: str, pool: str, gpus: int, duration: str, start: str | None = None
@@ -86,7 +85,7 @@ def test_gpu_hours_exact_to_the_second_running_ones_counted_to_now(world: Any) -
     assert now["now"] == "2031-05-01T15:00:00Z"
 
     clock.advance(hours=23)  # 2031-05-02T14:00: everything has ended
-    ReservationTimers(reservations(rt.service)).tick()
+    ReservationTimers(rt.services.reservations).tick()
     # r4 2x10h = 72000, r3 1x2h = 7200 (23:00-01:00), r2 2x4h = 28800.
     assert booked(report(rt)) == [("acme", 122400, 19200), ("globex", 7200, 0)]
     assert booked(report(rt, by="pool")) == sorted([(pool_a, 100800, 19200),
@@ -111,7 +110,7 @@ def test_gpu_hours_exact_to_the_second_running_ones_counted_to_now(world: Any) -
 def test_a_tenant_sees_only_its_own_usage(world: Any) -> None:
     rt, clock, pool_a, _ = world
     clock.advance(hours=23)
-    ReservationTimers(reservations(rt.service)).tick()
+    ReservationTimers(rt.services.reservations).tick()
     assert booked(report(rt, ACME)) == [("acme", 122400, 19200)]
     assert booked(report(rt, GLOBEX, by="pool")) == [(pool_a, 7200, 0)]
     with pytest.raises(PermissionDenied):
@@ -148,7 +147,7 @@ def test_the_cli_writes_csv_for_billing(world: Any, capsys: pytest.CaptureFixtur
     class InProcess:  # the CLI's in-process client, on this test's store and clock
         def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
             request = RpcRequest(method=method, params=msgspec.Raw(msgspec.json.encode(params)))
-            answer = rpc.answer(request, rt.service, lambda: OP)
+            answer = rpc.answer(request, rt.services, lambda: OP)
             assert answer.error is msgspec.UNSET, answer.error
             return msgspec.to_builtins(answer.result)
 

@@ -23,7 +23,9 @@ import anyio
 import pytest
 
 from better_compute.api.http.app import build_app
-from better_compute.api.http.watch import MAX_WRITE_BYTES, WATCH_PATH, WatchHub
+from better_compute.api.http.follower import WatchHub
+from better_compute.api.http.watch import WATCH_PATH
+from better_compute.api.http.watch_limits import MAX_WRITE_BYTES
 from better_compute.api.runtime import Runtime
 from better_compute.api.store.eventlog import EventFilter, LogEntry
 from better_compute.domain.access import LOCAL_OPERATOR

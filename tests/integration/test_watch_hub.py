@@ -7,7 +7,7 @@ from typing import Any
 
 import anyio
 
-from better_compute.api.http.watch import WatchHub
+from better_compute.api.http.follower import WatchHub
 from tests.watching import write_sites
 
 

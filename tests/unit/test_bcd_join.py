@@ -57,7 +57,7 @@ def run_join(opts: JoinOptions, plane: FakeControlPlane, paths: Paths, env: dict
              stdin: str | None = None) -> str:
     out = io.StringIO()
     code = join(opts, paths=paths, env=env, stdin=io.StringIO(stdin) if stdin else None, out=out,
-                control_plane=plane)  # fmt: skip
+                control_plane=plane)
     assert code == 0
     return out.getvalue()
 
@@ -89,7 +89,7 @@ def test_join_writes_identity_only_after_verifying(host, tmp_path: Path) -> None
     assert base64.urlsafe_b64decode(jwk["x"] + "=") == raw
     config = tomllib.loads(paths.config.read_text())
     assert config["server"] == {"url": SERVER, "gateway_url": "https://gw.example.com:8443",
-                                **plane.pins()}  # fmt: skip
+                                **plane.pins()}
     assert config["node"]["id"] == NODE_ID and config["node"]["site_id"] == SITE_ID
     assert config["files"]["key"] == str(paths.node_key)
     # The token file is gone; the request carried the token, the machine's facts and a CSR.
@@ -167,7 +167,7 @@ def test_a_document_whose_key_does_not_match_its_published_pin_is_refused(host, 
     ("nonce", "nonce"),
     ("foreign-ca", "not issued by the node CA"),
     ("other-key", "not for this machine's key"),
-])  # fmt: skip
+])
 def test_a_bad_join_response_is_refused_and_nothing_written(host, tmp_path, misbehave,
                                                              match) -> None:
     paths, env = host
@@ -184,7 +184,7 @@ def test_the_control_planes_refusal_is_shown_as_it_said_it(host, tmp_path) -> No
 
 
 @pytest.mark.parametrize("missing", ["server", "serving_ca_pin", "join_signing_pin",
-                                     "join_encryption_pin"])  # fmt: skip
+                                     "join_encryption_pin"])
 def test_missing_server_or_pin_is_named(host, tmp_path, missing) -> None:
     paths, env = host
     plane = FakeControlPlane()
@@ -196,7 +196,7 @@ def test_plain_http_and_malformed_pins_are_refused(host, tmp_path) -> None:
     paths, env = host
     plane = FakeControlPlane()
     _refused(plane, options(plane, tmp_path, server="http://compute.example.com/api/compute"),
-             paths, env, "https")  # fmt: skip
+             paths, env, "https")
     _refused(plane, options(plane, tmp_path, join_signing_pin="abc"), paths, env, "not a pin")
 
 

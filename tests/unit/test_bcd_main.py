@@ -11,7 +11,7 @@ from better_compute.agent.main import main
 
 def test_positional_arguments_to_join_are_refused_without_echoing_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setenv("BCD_ROOT", str(tmp_path))
     code = main(["join", "--server", "https://h/api/compute", "bcjt_secret-in-argv"])
     err = capsys.readouterr().err
@@ -23,7 +23,7 @@ def test_positional_arguments_to_join_are_refused_without_echoing_them(
 
 @pytest.mark.parametrize(("command", "says"), [("node", "bcd join"), ("status", "not running")])
 def test_node_and_status_on_a_machine_that_never_joined(command: str, says: str, tmp_path: Path,
-                                                        monkeypatch, capsys) -> None:  # fmt: skip
+                                                        monkeypatch, capsys) -> None:
     monkeypatch.setenv("BCD_ROOT", str(tmp_path))
     assert main([command]) == 1
     assert says in capsys.readouterr().err

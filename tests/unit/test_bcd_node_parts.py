@@ -26,10 +26,10 @@ CFG = Path("/etc/bcd/config.toml")
 
 
 def _inventory(n: int = 8, *, name: str = "NVIDIA H100 80GB HBM3", sick: dict[int, str] | None = None
-               ) -> Inventory:  # fmt: skip
+               ) -> Inventory:
     sick = sick or {}
     gpus = [Gpu(index=i, uuid=f"GPU-{i}", name=name, healthy=i not in sick,
-                health_reasons=[sick[i]] if i in sick else []) for i in range(n)]  # fmt: skip
+                health_reasons=[sick[i]] if i in sick else []) for i in range(n)]
     return Inventory(host=HostFacts(), gpus=gpus, source="fake")
 
 
@@ -57,7 +57,7 @@ def test_diag_nvml_fails_naming_the_unhealthy_gpu() -> None:
     (_inventory(name="NVIDIA A100-SXM4-80GB"), "not H100"),
     (_inventory(9), "9 healthy H100 GPUs, expected 8"),
     (_inventory(7), "7 healthy H100 GPUs, expected 8"),
-])  # fmt: skip
+])
 def test_diag_nvml_fails_on_another_model_or_count(inventory: Inventory, why: str) -> None:
     result = run_check(_check(), inventory, None)
     assert not result.passed and why in result.message
@@ -79,7 +79,7 @@ def test_entries_verify_only_with_the_node_key_and_unaltered() -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     payload_b64, signature_b64 = sign_entry(key, b'{"kind":"acceptance.result"}')
     assert verify_entry(key.public_key(), payload_b64, signature_b64) == \
-        b'{"kind":"acceptance.result"}'  # fmt: skip
+        b'{"kind":"acceptance.result"}'
     other = ec.generate_private_key(ec.SECP256R1())
     assert verify_entry(other.public_key(), payload_b64, signature_b64) is None
     tampered = base64.b64encode(b'{"kind":"acceptance.result","passed":true}').decode()
@@ -106,7 +106,7 @@ def test_the_journal_survives_a_reopen_and_a_torn_last_line(tmp_path: Path) -> N
     assert [entry.seq for entry in reopened.unsettled()] == [2]
     assert reopened.has("acceptance.result/1") and reopened.next_seq == 3
     assert reopened.payload_of("acceptance.result/1") == {"kind": "acceptance.result",
-                                                          "attempt": 1}  # fmt: skip
+                                                          "attempt": 1}
     assert verify_entry(key.public_key(), second.signed.payload, second.signed.signature)
     assert path.read_bytes().endswith(b"\n")  # the torn line is gone
 
@@ -135,10 +135,10 @@ def test_state_of_another_node_is_moved_aside(tmp_path: Path) -> None:
 def test_applying_the_same_desired_state_twice_journals_once(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.jsonl", ec.generate_private_key(ec.SECP256R1()))
     state = NodeState(node_id="node_1", observed_generation=1, desired_sections={
-        "acceptance": {"attempt": 1, "checks": [_check()]}})  # fmt: skip
+        "acceptance": {"attempt": 1, "checks": [_check()]}})
     context = ApplyContext(node_id="node_1", epoch=1, time="2025-01-01T00:00:00Z",
                            inventory=_inventory(), source_error=None, paths=Paths(tmp_path),
-                           devices=unsupported)  # fmt: skip
+                           devices=unsupported)
     written = apply_desired(state, journal, context)
     assert [entry.payload["kind"] for entry in written] == ["acceptance.result"]
     assert written[0].payload["nodeId"] == "node_1" and written[0].payload["passed"] is True
@@ -153,7 +153,7 @@ def test_an_absent_devices_section_keeps_the_holds(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.jsonl", ec.generate_private_key(ec.SECP256R1()))
     state = NodeState(node_id="node_1", observed_generation=3, holds={"GPU-1": "alloc_1"})
     context = ApplyContext(node_id="node_1", epoch=1, time="t", inventory=None,
-                           source_error="gone", paths=Paths(tmp_path), devices=unsupported)  # fmt: skip
+                           source_error="gone", paths=Paths(tmp_path), devices=unsupported)
     apply_desired(state, journal, context)
     assert state.holds == {"GPU-1": "alloc_1"}
 
@@ -174,7 +174,7 @@ def test_backoff_grows_to_its_cap_with_jitter_and_resets() -> None:
     ("https://gw.eu-1.example.com:8443", "gw.eu-1.example.com", 8443),
     ("https://gw.example.com", "gw.example.com", 443),
     ("tls://127.0.0.1:9000/", "127.0.0.1", 9000),
-])  # fmt: skip
+])
 def test_gateway_urls_in_both_spellings(url: str, host: str, port: int) -> None:
     endpoint = parse_gateway_url(url, CFG)
     assert (endpoint.host, endpoint.port) == (host, port)
@@ -207,7 +207,7 @@ def test_text_status_shows_sections_gpus_and_holds() -> None:
                  for gpu in _inventory(2).gpus],
         "holds": {"GPU-1": "alloc_9", "GPU-gone": "alloc_8"},
         "gpuSource": {"name": "fake"}, "journal": {"entries": 2, "unacknowledged": 1},
-    }  # fmt: skip
+    }
     lines = render_status(status).splitlines()
     assert lines[1] == "session  connected (epoch 3) to tls://gw:8443 since 2025-01-01T00:00:00Z"
     assert lines[2] == "spec     applied generation 2, observed generation 3"
@@ -222,9 +222,9 @@ def test_a_failed_binding_is_journaled_once_and_never_retried(tmp_path: Path) ->
     journal = Journal(tmp_path / "var/journal.jsonl", ec.generate_private_key(ec.SECP256R1()))
     assignment = {"allocationId": "alloc_9", "reservationId": "rsv_9", "gpus": ["GPU-absent"]}
     state = NodeState(node_id="node_1", observed_generation=1,
-                      desired_sections={"devices": {"assignments": [assignment]}})  # fmt: skip
+                      desired_sections={"devices": {"assignments": [assignment]}})
     context = ApplyContext(node_id="node_1", epoch=1, time="t", inventory=_inventory(),
-                           source_error=None, paths=Paths(tmp_path), devices=bind_devices)  # fmt: skip
+                           source_error=None, paths=Paths(tmp_path), devices=bind_devices)
     written = apply_desired(state, journal, context)
     assert [(e.key, e.payload["reason"]) for e in written] == [
         ("allocation.failed/alloc_9", "device-missing")]
@@ -238,9 +238,9 @@ def test_bound_assignments_are_held_until_they_leave_the_desired_state(tmp_path:
     journal = Journal(tmp_path / "var/journal.jsonl", ec.generate_private_key(ec.SECP256R1()))
     assignment = {"allocationId": "alloc_1", "reservationId": "rsv_1", "gpus": ["GPU-0", "GPU-1"]}
     state = NodeState(node_id="node_1", observed_generation=1,
-                      desired_sections={"devices": {"assignments": [assignment]}})  # fmt: skip
+                      desired_sections={"devices": {"assignments": [assignment]}})
     context = ApplyContext(node_id="node_1", epoch=1, time="t", inventory=_inventory(),
-                           source_error=None, paths=Paths(tmp_path), devices=bind_devices)  # fmt: skip
+                           source_error=None, paths=Paths(tmp_path), devices=bind_devices)
     assert [e.key for e in apply_desired(state, journal, context)] == ["allocation.bound/alloc_1"]
     assert state.holds == {"GPU-0": "alloc_1", "GPU-1": "alloc_1"}
     assert apply_desired(state, journal, context) == []  # the same section again: nothing

@@ -32,7 +32,7 @@ def test_registered_with_its_devices() -> None:
         "enabled": True, "resourceName": "bcd.dev/gpu", "registered": True, "since": "t1",
         "reason": "registered", "streams": 1, "socket": "/r/bcd-gpu.sock",
         "devices": [{"id": "GPU-0", "health": "Healthy"}, {"id": "GPU-1", "health": "Unhealthy"}],
-    })  # fmt: skip
+    })
     assert line == ("kubelet  registered as bcd.dev/gpu since t1; 2 GPUs listed (1 healthy), "
                     "1 ListAndWatch stream(s), plugin socket /r/bcd-gpu.sock")
 
@@ -43,7 +43,7 @@ def test_not_registered_says_why_and_off_says_so() -> None:
                          "kubelet", "devices": [], "streams": 0, "socket": "/r/bcd-gpu.sock"})
     assert line.startswith("kubelet  not registered as bcd.dev/gpu: no kubelet socket at ")
     off = kubelet_line({"enabled": False, "reason": "the pool's policy has no kubernetes: "
-                        "nothing is handed to a kubelet"})  # fmt: skip
+                        "nothing is handed to a kubelet"})
     assert off == "kubelet  off: the pool's policy has no kubernetes: nothing is handed to a kubelet"
 
 
@@ -51,7 +51,7 @@ def test_the_profile_goes_first_and_the_kubernetes_section_is_applied(tmp_path: 
     journal = Journal(tmp_path / "journal.jsonl", ec.generate_private_key(ec.SECP256R1()))
     state = NodeState(node_id="node_1", observed_generation=2, desired_sections={
         "devices": {"assignments": []}, "kubernetes": {"resourceName": "bcd.dev/gpu"},
-        "profile": {"units": ["dcgm"]}})  # fmt: skip
+        "profile": {"units": ["dcgm"]}})
     context = ApplyContext(node_id="node_1", epoch=1, time="t", inventory=None,
                            source_error="no source", paths=Paths(tmp_path), devices=unsupported)
     apply_desired(state, journal, context)

@@ -145,7 +145,7 @@ def test_pins_are_sha256_of_spki(bundle: PkiBundle) -> None:
     assert set(parts) == {
         "servingCaSpkiPin", "joinSigningKeyPin", "joinEncryptionKeyPin", "servingCaCertificate",
         "nodeCaCertificate", "joinSigningPublicKey", "joinEncryptionPublicKey",
-    }  # fmt: skip
+    }
     expected = {
         "servingCaSpkiPin": bundle.serving_ca_cert.public_key(),
         "joinSigningKeyPin": bundle.join_signing_key.public_key(),
@@ -262,7 +262,7 @@ def test_join_signature(bundle: PkiBundle) -> None:
     assert not verify_join_response(other, payload, signature)
     with pytest.raises(InvalidInput):
         verify_join_response(public_parts(bundle)["joinEncryptionPublicKey"].encode(), payload,
-                             signature)  # fmt: skip
+                             signature)
 
 
 def test_seal_to_round_trip_and_tamper(bundle: PkiBundle) -> None:

@@ -6,7 +6,6 @@ from typing import Any
 
 from better_compute.api.http.rpc import Call, method
 from better_compute.api.http.schemas import Params
-from better_compute.api.services.nodes import NodeService
 
 
 class CapacityGet(Params, kw_only=True):
@@ -17,4 +16,4 @@ class CapacityGet(Params, kw_only=True):
         "A pool's capacity per resource (gpu, cpu, memory): total, allocatable, allocated, "
         "reserved, available, and GPUs provisioning, unhealthy, in maintenance, unreachable.")
 def capacity_get(call: Call, p: CapacityGet) -> dict[str, Any]:
-    return NodeService(call.service).capacity(call.principal, p.pool_id)
+    return call.services.nodes.capacity(call.principal, p.pool_id)

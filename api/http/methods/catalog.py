@@ -85,6 +85,5 @@ def pools_offer(call: Call, p: s.PoolsOffer) -> dict[str, Any]:
         "A new secret for a token (same tenant, role and name; a new id); the old one keeps "
         "working for the grace period. Admins rotate their tenant's tokens; a token itself.")
 def tokens_rotate(call: Call, p: s.TokensRotate) -> dict[str, Any]:
-    from better_compute.api.services.tokens import TokenService
 
-    return TokenService(call.service).rotate(call.principal, p.token_id, p.grace, p.ttl)
+    return call.services.tokens.rotate(call.principal, p.token_id, p.grace, p.ttl)

@@ -29,7 +29,7 @@ class JoinTokenRef(Params, kw_only=True):
 
 
 def _joins(call: Call) -> JoinService:
-    return JoinService(call.service)
+    return call.services.join
 
 
 @method("joinTokens.create", JoinTokensCreate,
@@ -55,7 +55,7 @@ def join_tokens_revoke(call: Call, p: JoinTokenRef) -> dict[str, Any]:
     return _joins(call).revoke(call.principal, p.join_token_id)
 
 
-@method("nodes.join", JoinParams,  # type: ignore[arg-type]  (a wire Struct, tolerant of new fields)
+@method("nodes.join", JoinParams,  # type: ignore[arg-type]  # a wire Struct, tolerant of new fields
         "Join a machine with a join token (bcd join): params are the sealed JoinRequest; the "
         "answer is a JoinResponse signed by the join signing key.", public=True)
 def nodes_join(call: Call, p: JoinParams) -> dict[str, str]:

@@ -31,7 +31,7 @@ class NodesCordon(Params, kw_only=True):
 
 
 def _nodes(call: Call) -> NodeService:
-    return NodeService(call.service)
+    return call.services.nodes
 
 
 @method("nodes.list", NodesList, "Nodes of a tenant (root: all), optionally of one pool.")

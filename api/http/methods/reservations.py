@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import better_compute.api.services.reservation_journal  # noqa: F401  (registers the allocation.* entries)
 from better_compute.api.http.rpc import Call, method
 from better_compute.api.http.schemas import Params
-from better_compute.api.services.reservations import reservations
 
 
 class ReservationsCreate(Params, kw_only=True):
@@ -61,7 +59,7 @@ class ReservationsExtend(Params, kw_only=True):
         "host CPUs and memory (now, at start, or at the earliest start); key makes it "
         "retry-safe; queue waits in the pool's queue when it cannot be placed.")
 def reservations_create(call: Call, p: ReservationsCreate) -> dict[str, Any]:
-    return reservations(call.service).create(
+    return call.services.reservations.create(
         call.principal, tenant_id=p.tenant_id, pool_id=p.pool_id, gpus=p.gpus,
         duration=p.duration, model=p.model, product=p.product, selector=p.selector,
         nvlink=p.nvlink, start=p.start, key=p.key, kubernetes=p.kubernetes, queue=p.queue,
@@ -71,38 +69,38 @@ def reservations_create(call: Call, p: ReservationsCreate) -> dict[str, Any]:
 
 @method("reservations.get", ReservationRef, "One reservation with its state and binding.")
 def reservations_get(call: Call, p: ReservationRef) -> dict[str, Any]:
-    return reservations(call.service).get_doc(call.principal, p.reservation_id)
+    return call.services.reservations.get_doc(call.principal, p.reservation_id)
 
 
 @method("reservations.list", ReservationsList, "A tenant's reservations, oldest first.")
 def reservations_list(call: Call, p: ReservationsList) -> list[dict[str, Any]]:
-    return reservations(call.service).list(call.principal, p.tenant_id, p.pool_id, p.state)
+    return call.services.reservations.list(call.principal, p.tenant_id, p.pool_id, p.state)
 
 
 @method("reservations.release", ReservationRef,
         "End a started reservation now: bookings end, quota is refunded, the hold leaves "
         "the node.")
 def reservations_release(call: Call, p: ReservationRef) -> dict[str, Any]:
-    return reservations(call.service).release(call.principal, p.reservation_id)
+    return call.services.reservations.release(call.principal, p.reservation_id)
 
 
 @method("reservations.cancel", ReservationRef,
         "Withdraw a reservation that has not started yet (a queued one leaves the queue).")
 def reservations_cancel(call: Call, p: ReservationRef) -> dict[str, Any]:
-    return reservations(call.service).release(call.principal, p.reservation_id, cancel=True)
+    return call.services.reservations.release(call.principal, p.reservation_id, cancel=True)
 
 
 @method("reservations.extend", ReservationsExtend,
         "Extend a reservation by a duration when its GPUs are free for the extra time.")
 def reservations_extend(call: Call, p: ReservationsExtend) -> dict[str, Any]:
-    return reservations(call.service).extend(call.principal, p.reservation_id, p.by)
+    return call.services.reservations.extend(call.principal, p.reservation_id, p.by)
 
 
 @method("capacity.preview", CapacityPreview,
         "Would a reservation fit now, and with which host CPUs and memory? When not, the "
         "earliest start at which it fits. Books nothing.")
 def capacity_preview(call: Call, p: CapacityPreview) -> dict[str, Any]:
-    return reservations(call.service).preview(
+    return call.services.reservations.preview(
         call.principal, tenant_id=p.tenant_id, pool_id=p.pool_id, gpus=p.gpus,
         duration=p.duration, model=p.model, product=p.product, selector=p.selector,
         nvlink=p.nvlink, start=p.start,

@@ -1,0 +1,137 @@
+"""Aggregates: the one way every service reads and writes aggregates.
+
+Every service of api/services/ is built over ONE ``Aggregates`` (by the composition root,
+api/runtime.py) and uses only its public names:
+
+- ``get(cls, uuid)``: the aggregate, or None when there is none of that class;
+- ``save(*aggregates)``: ONE atomic save; a version clash is ``Conflict``;
+- ``retrying(change)``: the optimistic-concurrency retry policy (below);
+- ``create_once(...)``: create per idempotency key; a retry returns the first object;
+- ``scope(principal, tenant_id)`` and ``tenant(tenant_id)``: the tenant a call acts on;
+- ``listing(kind, ...)``: the listings projection, caught up first (read your own writes);
+- ``now()``: database time (PostgreSQL's ``now()``, so every replica books on one clock).
+
+The retry policy: a command that read aggregates, decided and saved them may lose the race
+with another writer of the same aggregates (the store refuses a save whose versions moved:
+``IntegrityError``). ``retrying`` then runs the whole change again, re-reading what it
+changes, up to ``RETRY_ATTEMPTS`` times; past that the caller gets ``Conflict`` and nothing
+was saved. Every retry loop of the services uses this policy and this number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError
+from eventsourcing.persistence import IntegrityError
+
+from better_compute.domain.access import Principal
+from better_compute.domain.base import TenantOwned
+from better_compute.domain.errors import Conflict, NotFound
+from better_compute.domain.ids import check_tenant_id
+from better_compute.domain.tenant import Tenant, tenant_uuid
+from better_compute.projections.listings import query_listing
+
+A = TypeVar("A", bound=TenantOwned)
+Clock = Callable[[], datetime]
+
+RETRY_ATTEMPTS = 20  # runs of a change before its caller gets Conflict (see above)
+CONFLICT = ("another request changed the same objects at the same time; nothing was saved: "
+            "run the command again")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Aggregates:
+    """The store's aggregates, the listings and the clock, shared by every service."""
+
+    def __init__(self, store: Any, projections: Any, clock: Clock = utc_now) -> None:
+        self.store = store
+        self.projections = projections
+        self.sql = projections.sql
+        self.clock = clock
+
+    def get(self, cls: type[A], uuid: UUID) -> A | None:
+        try:
+            aggregate = self.store.repository.get(uuid)
+        except AggregateNotFoundError:
+            return None
+        return aggregate if isinstance(aggregate, cls) else None
+
+    def save(self, *aggregates: TenantOwned, conflict: str = CONFLICT) -> None:
+        try:
+            self.store.save(*aggregates)
+        except IntegrityError:
+            raise Conflict(conflict) from None
+
+    def retrying(self, change: Callable[[], list[TenantOwned]], conflict: str = CONFLICT
+                 ) -> None:
+        """Run ``change`` (which re-reads what it changes) and save what it returns; run it
+        again on a version clash, ``RETRY_ATTEMPTS`` times at most. Nothing to save: done."""
+        for attempt in range(RETRY_ATTEMPTS):
+            aggregates = change()
+            if not aggregates:
+                return
+            try:
+                self.store.save(*aggregates)
+                return
+            except IntegrityError:
+                if attempt == RETRY_ATTEMPTS - 1:
+                    raise Conflict(conflict) from None
+
+    def create_once(self, cls: type[A], make: Callable[[], A], *, key: str | None, fp: str,
+                    what: str) -> A:
+        """Create once per idempotency key: a retry returns the first object."""
+        aggregate = make()
+        if key:
+            existing = self.get(cls, aggregate.id)
+            if existing is not None:
+                existing.check_retry(fp, what, key)
+                return existing
+        try:
+            self.store.save(aggregate)
+        except IntegrityError:
+            existing = self.get(cls, aggregate.id)
+            if existing is None:
+                raise
+            existing.check_retry(fp, what, key)
+            return existing
+        return aggregate
+
+    def scope(self, principal: Principal, tenant_id: str | None) -> str:
+        """The tenant a call acts on: the caller's own unless a root caller names another."""
+        if tenant_id:
+            check_tenant_id(tenant_id)
+        tenant = tenant_id or principal.tenant_id
+        principal.require_can_act_on(tenant)
+        return tenant
+
+    def tenant(self, tenant_id: str) -> Tenant:
+        check_tenant_id(tenant_id)
+        tenant = self.get(Tenant, tenant_uuid(tenant_id))
+        if tenant is None:
+            raise NotFound(
+                f"no tenant {tenant_id!r}: create it first with "
+                f"`better-compute tenants create {tenant_id}`"
+            )
+        return tenant
+
+    def listing(self, kind: str, **filters: Any) -> list[dict[str, Any]]:
+        self.projections.catch_up("listings")
+        return query_listing(self.sql, kind, **filters)
+
+    def now(self) -> datetime:
+        """Database time: PostgreSQL's ``now()``, so every replica books on one clock; on
+        SQLite, which lives on one machine, the process clock. An injected clock (tests)
+        wins."""
+        if self.clock is not utc_now or not self.sql.postgres:
+            return self.clock()
+        with self.sql.transaction(commit=False) as cursor:
+            cursor.execute("SELECT now() AS now")
+            value: datetime = cursor.fetchone()["now"]
+        return value.astimezone(UTC)
