@@ -100,7 +100,8 @@ def _await_ready(workers: list[subprocess.Popen[str]]) -> str | None:
         pending = [w for i, w in enumerate(workers) if i not in lines]
         if any(w.poll() is not None for w in pending) or time.monotonic() > deadline:
             return None
-        ready, _, _ = select.select([w.stdout for w in pending], [], [], 1.0)
+        streams = [w.stdout for w in pending if w.stdout is not None]
+        ready, _, _ = select.select(streams, [], [], 1.0)
         for stream in ready:
             index = next(i for i, w in enumerate(workers) if w.stdout is stream)
             line = stream.readline()

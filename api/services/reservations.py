@@ -229,7 +229,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
                     "command again with the same --key"
                 ) from None
             return None
-        return rsv.to_doc()  # type: ignore[no-any-return]
+        return rsv.to_doc()
 
     def preview(self, principal: Principal, *, tenant_id: str | None, pool_id: str, gpus: int,
                 duration: str, model: str | None = None, product: str | None = None,

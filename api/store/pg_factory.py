@@ -38,10 +38,10 @@ class ConninfoPostgresFactory(PostgresFactory):
         if conninfo:
             # The pool is built closed (open=False): nothing has connected yet.
             self.datastore.pool.kwargs = {**conninfo_to_dict(conninfo), "row_factory": dict_row}
-        datastore = self.datastore
+        datastore: Any = self.datastore
         schema = getattr(datastore, "schema", None)
-        if schema and _PLAIN.match(schema):  # other names keep SET LOCAL (api/store.py)
-            kwargs = dict(datastore.pool.kwargs or {})
+        if schema and _PLAIN.match(schema):  # other names keep SET LOCAL (api/store/store.py)
+            kwargs: dict[str, Any] = dict(datastore.pool.kwargs or {})
             kwargs["options"] = " ".join(filter(None, [kwargs.get("options"),
                                                        f"-c search_path={schema}"]))
             datastore.pool.kwargs = kwargs
