@@ -162,6 +162,14 @@ def parse_error(code: int, message: str, request_id: int | str | None = None) ->
     return _ENCODER.encode(RpcResponse(id=request_id, error=err))
 
 
+def registered() -> dict[str, Method]:
+    """Every method, whoever calls first: the methods package registers them as it loads (it
+    imports this module, so it cannot be imported at the top of it)."""
+    if not METHODS:
+        import better_compute.api.http.methods  # noqa: F401
+    return METHODS
+
+
 def answer(
     request: RpcRequest, services: Services, authenticate: Callable[[], Principal]
 ) -> RpcResponse:
@@ -169,7 +177,7 @@ def answer(
     if request.jsonrpc != "2.0":
         err = RpcError(-32600, 'jsonrpc must be "2.0"', {"code": "invalid_request"})
         return RpcResponse(id=request_id, error=err)
-    m = METHODS.get(request.method)
+    m = registered().get(request.method)
     if m is None:
         return RpcResponse(id=request_id, error=_unknown_method(request.method))
     try:
