@@ -196,12 +196,12 @@ class NodeClient:
     async def send(self, message: wire.Msg) -> None:
         await self.stream.send(wire.encode(message))
 
-    async def receive(self, timeout: float = 10.0) -> wire.ToNode:
+    async def receive(self, timeout: float = 45.0) -> wire.ToNode:
         assert self.reader is not None
         with anyio.fail_after(timeout):
             return wire.decode_to_node(await self.reader.receive_until(b"\n", 1 << 20))
 
-    async def receive_desired(self, predicate: Any = None, timeout: float = 10.0
+    async def receive_desired(self, predicate: Any = None, timeout: float = 45.0
                               ) -> wire.DesiredState:
         with anyio.fail_after(timeout):
             while True:
@@ -247,7 +247,7 @@ class NodeClient:
             await self.stream.aclose()
             self.stream = None
 
-    async def closed_by_peer(self, timeout: float = 10.0) -> bool:
+    async def closed_by_peer(self, timeout: float = 45.0) -> bool:
         """True once the gateway closed this connection (reads hit the end)."""
         assert self.reader is not None
         with anyio.fail_after(timeout):
@@ -259,7 +259,7 @@ class NodeClient:
                     return True
 
 
-async def wait_for(condition: Any, timeout: float = 10.0) -> None:
+async def wait_for(condition: Any, timeout: float = 45.0) -> None:
     """Poll a store condition (in a thread) until it holds, with a deadline."""
     with anyio.fail_after(timeout):
         while not await anyio.to_thread.run_sync(condition):

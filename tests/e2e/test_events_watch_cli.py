@@ -109,7 +109,7 @@ def _watch_started_like_a_background_job(env: dict[str, str], *args: str
 def _interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
     process.send_signal(signal.SIGINT)
     try:
-        code = process.wait(timeout=15)
+        code = process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

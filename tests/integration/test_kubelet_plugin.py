@@ -41,7 +41,7 @@ def plugin_in(folder: Path, lines: list[str]) -> DevicePlugin:
                         poll_seconds=0.05)
 
 
-async def until(check: Any, timeout: float = 10.0) -> None:
+async def until(check: Any, timeout: float = 60.0) -> None:
     """Await a condition the plugin's own tasks make true (checked as they yield)."""
     with anyio.fail_after(timeout):
         while not check():
@@ -131,8 +131,9 @@ async def test_the_desired_state_turns_it_on_and_off(folder: Path) -> None:
         assert plugin.snapshot()["resourceName"] == "bcd.dev/gpu"
         resource["name"] = None
         wanted.fire()
-        await until(lambda: not (folder / "bcd-gpu.sock").exists())
-        assert not plugin.snapshot()["enabled"]
+        # The socket goes first, then the status: await both (no order between them).
+        await until(lambda: not (folder / "bcd-gpu.sock").exists()
+                    and not plugin.snapshot()["enabled"])
         group.cancel_scope.cancel()
 
 
