@@ -388,7 +388,21 @@ def _count_statements(bench: Bench, backend: str, args: argparse.Namespace) -> N
             print(f"      {calls / max(1, r['ops']):6.2f}  {query}")
 
 
+def _warm_up(bench: Bench, backend: str) -> None:
+    """One create and its release, unmeasured (a server whose read models are of another
+    version rebuilds them at its first create), then the server's CPU while idle."""
+    made = bench.creates(1, count=1)
+    bench.releases(1, made["ids"])
+    time.sleep(1.5)  # the controllers' passes the warm-up woke (settle, tick)
+    cpu0, started = bench.server.cpu(), time.monotonic()
+    time.sleep(3.0)
+    idle = (bench.server.cpu() - cpu0) / (time.monotonic() - started)
+    print(f"  {backend:<10} server idle: {100 * idle:.1f} % of a core  load {_load()}",
+          flush=True)
+
+
 def _phases(bench: Bench, backend: str, args: argparse.Namespace) -> None:
+    _warm_up(bench, backend)
     if args.statements and backend == "postgres":
         _count_statements(bench, backend, args)
     for clients in [int(c) for c in args.clients.split(",") if c]:

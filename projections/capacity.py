@@ -131,12 +131,14 @@ class NodeState:
         return node_contribution(self.provision_state, self.session, self.cordoned, self.gpus,
                                  self.cpus, self.memory_gib, self.holds, self.bookings)
 
-    def params(self) -> tuple[Any, ...]:
+    def params(self, contribution: dict[str, dict[str, float]] | None = None
+               ) -> tuple[Any, ...]:
         return (self.id, self.tenant_id, self.pool_id, self.provision_state, self.session,
                 self.session_epoch, self.session_since, self.acceptance_state,
                 self.acceptance_attempt, int(self.cordoned), json.dumps(self.gpus), self.cpus,
                 self.memory_gib, json.dumps(self.holds), json.dumps(self.bookings),
-                json.dumps(self.contribution()), self.uuid)
+                json.dumps(contribution if contribution is not None else self.contribution()),
+                self.uuid)
 
 
 def _at(event: Any) -> str | None:
@@ -195,6 +197,14 @@ def _apply_to_state(state: NodeState, event: Any, kind: str) -> None:
 
 
 _BOOKING_EVENTS = ("bookings.booked", "bookings.ended")
+# Applied and written at once, each on its own (the pool's sums move between pools).
+_WRITTEN_AT_ONCE = ("node.joined", "node.rejoined", "node.removed")
+_UPDATE_NODE = (
+    f"UPDATE {NODE_TABLE} SET id = ?, tenant_id = ?, pool_id = ?, "
+    "provision_state = ?, session = ?, session_epoch = ?, session_since = ?, "
+    "acceptance_state = ?, acceptance_attempt = ?, cordoned = ?, gpus = ?, cpus = ?, "
+    "memory_gib = ?, holds = ?, bookings = ?, contribution = ? WHERE uuid = ?"
+)
 
 
 class Capacity(Projection):
@@ -222,6 +232,14 @@ class Capacity(Projection):
             f"resource TEXT NOT NULL, {sums}, PRIMARY KEY (pool_id, resource))",
         ]
 
+    def __init__(self) -> None:
+        # Nodes changed in this batch, written once at its end (a stream of creates books
+        # and binds on the same few nodes): uuid -> (state, contribution before the batch).
+        self._pending: dict[str, tuple[NodeState, dict[str, dict[str, float]]]] = {}
+
+    def begin_batch(self) -> None:
+        self._pending = {}
+
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         kind = str(type(event).TOPIC)
         if kind in _BOOKING_EVENTS:
@@ -233,6 +251,33 @@ class Capacity(Projection):
             uuid = str(event.originator_id)
         else:
             return
+        if kind in _WRITTEN_AT_ONCE:  # a node enters, leaves or moves pools: no coalescing
+            self._flush(sql, cursor, uuid)
+            self._apply_now(sql, cursor, uuid, event, kind)
+            return
+        pending = self._pending.get(uuid)
+        if pending is None:
+            sql.execute(cursor, f"SELECT * FROM {NODE_TABLE} WHERE uuid = ?", (uuid,))
+            row = cursor.fetchone()
+            if row is None:
+                return
+            pending = self._pending[uuid] = (NodeState(dict(row)), json.loads(row["contribution"]))
+        _apply_to_state(pending[0], event, kind)
+
+    def end_batch(self, sql: Sql, cursor: Any) -> None:
+        for uuid in list(self._pending):
+            self._flush(sql, cursor, uuid)
+
+    def _flush(self, sql: Sql, cursor: Any, uuid: str) -> None:
+        pending = self._pending.pop(uuid, None)
+        if pending is None:
+            return
+        state, before = pending
+        after = state.contribution()
+        sql.execute(cursor, _UPDATE_NODE, state.params(after))
+        self._add(sql, cursor, state.pool_id, before, after)
+
+    def _apply_now(self, sql: Sql, cursor: Any, uuid: str, event: Any, kind: str) -> None:
         if kind == "node.joined":
             hardware = dict(event.hardware or {})
             state = NodeState({
@@ -245,13 +290,14 @@ class Capacity(Projection):
                 "cpus": hardware.get("cpus"), "memory_gib": hardware.get("memoryGiB", hardware.get("memoryGib")),
             })
             before: dict[str, dict[str, float]] | None = None
+            after = state.contribution()
             sql.execute(
                 cursor,
                 f"INSERT INTO {NODE_TABLE} (id, tenant_id, pool_id, provision_state, session, "
                 "session_epoch, session_since, acceptance_state, acceptance_attempt, cordoned, "
                 "gpus, cpus, memory_gib, holds, bookings, contribution, uuid) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                state.params(),
+                state.params(after),
             )
         else:
             sql.execute(cursor, f"SELECT * FROM {NODE_TABLE} WHERE uuid = ?", (uuid,))
@@ -261,15 +307,9 @@ class Capacity(Projection):
             state = NodeState(dict(row))
             before = json.loads(row["contribution"])
             _apply_to_state(state, event, kind)
-            sql.execute(
-                cursor,
-                f"UPDATE {NODE_TABLE} SET id = ?, tenant_id = ?, pool_id = ?, "
-                "provision_state = ?, session = ?, session_epoch = ?, session_since = ?, "
-                "acceptance_state = ?, acceptance_attempt = ?, cordoned = ?, gpus = ?, cpus = ?, "
-                "memory_gib = ?, holds = ?, bookings = ?, contribution = ? WHERE uuid = ?",
-                state.params(),
-            )
-        self._add(sql, cursor, state.pool_id, before, state.contribution())
+            after = state.contribution()
+            sql.execute(cursor, _UPDATE_NODE, state.params(after))
+        self._add(sql, cursor, state.pool_id, before, after)
 
     def _add(self, sql: Sql, cursor: Any, pool_id: str,
              before: dict[str, dict[str, float]] | None, after: dict[str, dict[str, float]]

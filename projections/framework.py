@@ -72,6 +72,9 @@ class Projection(ABC):
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         """Write what ``event`` changes; runs inside the batch's transaction."""
 
+    def begin_batch(self) -> None:  # noqa: B027 (optional hook)
+        """Before a batch's events: forget what an earlier batch that failed left behind."""
+
     def end_batch(self, sql: Sql, cursor: Any) -> None:  # noqa: B027 (optional hook)
         """After a batch's events, in its transaction: write what is derived once per batch."""
 
@@ -89,6 +92,14 @@ class ProjectionStatus:
     @property
     def lag(self) -> int:
         return max(0, self.head - self.position)
+
+
+class _Behind(Exception):
+    """A batch read from a hint ahead of the projection's tracked position."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(position)
+        self.position = position
 
 
 class ProjectionRunner:
@@ -155,8 +166,13 @@ class ProjectionRunner:
         return True
 
     def _catch_up_one(self, projection: Projection, until: int | None) -> int:
+        """Reads from where this process last saw the projection (its tracking position
+        only the first time): a batch re-reads the position under the projection's lock
+        anyway, and starts again from it when the hint was ahead (a rebuild elsewhere)."""
         applied = 0
-        start = self.position(projection)
+        start = self._seen.get(projection.name)
+        if start is None:
+            start = self.position(projection)
         while True:
             if until is not None and start >= until:
                 return applied
@@ -164,21 +180,32 @@ class ProjectionRunner:
             if not batch:
                 self._saw(projection, start)
                 return applied
-            applied += self._apply_batch(projection, batch)
+            try:
+                applied += self._apply_batch(projection, batch, start)
+            except _Behind as behind:
+                self._seen.pop(projection.name, None)
+                start = behind.position
+                continue
             start = batch[-1].id  # applied up to here (by this batch or another process)
             self._saw(projection, start)
+            if len(batch) < self.batch_size:
+                return applied  # that was the head when read: no second read for nothing
 
     def _saw(self, projection: Projection, position: int) -> None:
         if position > self._seen.get(projection.name, -1):
             self._seen[projection.name] = position
 
-    def _apply_batch(self, projection: Projection, batch: Sequence[Notification]) -> int:
+    def _apply_batch(self, projection: Projection, batch: Sequence[Notification],
+                     after: int | None = None) -> int:
         with self.sql.transaction(commit=True) as cursor:
             self.sql.lock(cursor, projection.tracking_name)
             position = self._position_in(cursor, projection)
+            if after is not None and position < after:
+                raise _Behind(position)  # events up to ``after`` were never applied
             todo = [n for n in batch if n.id > position]
             if not todo:
                 return 0
+            projection.begin_batch()
             if position == 0:  # a new version: rows an older version wrote are rebuilt
                 for table in projection.table_names():
                     self.sql.execute(cursor, f"DELETE FROM {table}")

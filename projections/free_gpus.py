@@ -9,7 +9,8 @@ Two tables, changed together in the projection's batch transaction:
   share of host CPUs and memory (domain/host_share.py), and ``free_now``:
   healthy GPUs that no live booking holds at any time. The row keeps a
   snapshot of the Node aggregate, so every ``node.*`` event is applied by the
-  aggregate's own code and the index always agrees with ``Node.schedulable``.
+  aggregate's own code and the index always agrees with ``Node.schedulable`` (except the
+  holds, ``node.devices.*``, which change nothing kept here and are not applied).
 * ``bc_fg_booking``: one row per live booking (``bookings.*`` events): node,
   GPUs, host resources and the interval [start, end) in epoch seconds.
 
@@ -38,6 +39,11 @@ from better_compute.projections import earliest_index
 from better_compute.projections.framework import Projection, SnapshotCodec, Sql, after_event
 
 FAST_PATH_NODES = 16
+# A node's device holds (``node.devices.*``, written by every binding and release) change
+# nothing the index keeps (GPUs, host, schedulability; what is free comes from bookings): they
+# are not applied, so the row's snapshot is the node as of its last other event, which no
+# other node event's code reads (version 3).
+_HOLDS = "node.devices."
 
 
 def epoch(value: datetime) -> float:
@@ -67,7 +73,7 @@ def node_gpus(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 class FreeGpus(Projection):
     name = "free_gpus"
-    version = 2  # 2: the earliest-start index (earliest_index.py)
+    version = 3  # 2: the earliest-start index (earliest_index.py); 3: holds not applied
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
@@ -99,6 +105,8 @@ class FreeGpus(Projection):
 
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         kind = str(type(event).TOPIC)
+        if kind.startswith(_HOLDS):
+            return  # every binding and release: nothing this index keeps changes
         if kind.startswith("node."):
             self._node_event(sql, cursor, event)
             node_id = public_id("node", event.originator_id)

@@ -7,7 +7,7 @@ PostgreSQL, on ONE ``LISTEN`` connection to the channel the library notifies
 at each commit (plus a read every second, should a notification be lost
 while that connection reconnects); on SQLite, by checking ``PRAGMA
 data_version`` on a dedicated connection every ``BETTER_COMPUTE_WATCH_POLL``
-seconds (default 0.005). Each wake reads every new event in pages of 500 and
+seconds (default 0.005) while a /watch stream reads, every 50 ms otherwise. Each wake reads every new event in pages of 500 and
 hands them to the event loop in one call. The hub renders each event once
 into a bounded window of recent events (``BETTER_COMPUTE_WATCH_WINDOW``
 events, default 10,000, and ``BETTER_COMPUTE_WATCH_WINDOW_BYTES`` bytes of
@@ -24,6 +24,7 @@ import bisect
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,10 @@ log = logging.getLogger("better_compute.watch")
 
 MAX_LINES_PER_WRITE = 1000
 PG_SAFETY_READ = 1.0  # seconds between reads when no commit was notified (PostgreSQL)
+# SQLite: with no /watch stream reading, other processes' commits are checked this often
+# (the controllers and the placer's followed read models wait for no stream; 200 checks a
+# second cost ~2 % of a core for nothing).
+IDLE_POLL = 0.05
 
 
 class WatchHub:
@@ -68,6 +73,7 @@ class WatchHub:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._read_pos = 0  # last sequence read by the follower thread
+        self._streams_until = 0.0  # monotonic time until which streams count as reading
         # Chunks already built since the last publish, by (position, filter): streams that
         # follow live with the same filter share one (bounded: at most 256 of up to 64 KiB).
         self._chunks: dict[tuple[int, EventFilter], tuple[bytes, int]] = {}
@@ -158,7 +164,9 @@ class WatchHub:
             self._drain()
             retry.succeeded()
             while not self._stop.is_set():
-                woken = self._wake.wait(self.poll_interval)
+                streams = time.monotonic() < self._streams_until
+                woken = self._wake.wait(self.poll_interval if streams
+                                        else max(self.poll_interval, IDLE_POLL))
                 self._wake.clear()
                 now = connection.execute("PRAGMA data_version").fetchone()[0]
                 if woken or now != version:
@@ -273,6 +281,10 @@ class WatchHub:
 
     def chunk(self, position: int, flt: EventFilter) -> tuple[bytes, int] | None:
         """``after`` as one write (lines joined, each ending in a newline); None: too old."""
+        now = time.monotonic()
+        if now >= self._streams_until:  # the first stream for a while: check every poll again
+            self._wake.set()
+        self._streams_until = now + 2 * self.heartbeat  # a stream reads at least every tick
         key = (position, flt)
         hit = self._chunks.get(key)
         if hit is not None:
