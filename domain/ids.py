@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 import uuid
 
@@ -27,10 +28,14 @@ _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}\Z")
 _TENANT_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}\Z")
 
 
+# Both are pure and run several times per event and per call (base32 is slow in Python):
+# remembered for the ids in use. Only well-formed ids are remembered (a refusal raises).
+@functools.lru_cache(maxsize=1 << 14)
 def public_id(prefix: str, value: uuid.UUID) -> str:
     return f"{prefix}_" + base64.b32encode(value.bytes).decode().rstrip("=").lower()
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def parse_id(prefix: str, text: str) -> uuid.UUID:
     """The UUID behind ``text``; an input error when it is not a well-formed ``prefix_`` id."""
     head, sep, tail = text.partition("_")

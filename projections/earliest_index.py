@@ -72,13 +72,18 @@ def _bookings(rows: list[Any]) -> tuple[Booking, ...]:
 
 
 def refresh_blocks(sql: Sql, cursor: Any, node_id: str) -> None:
-    """Recompute a node's blocks from its row and its live bookings (inside the batch)."""
+    """Recompute a node's blocks from its row and its live bookings (inside the batch).
+
+    Only the rows that changed are written: a booking changes a few of a node's ~45 rows
+    (the blocks of the GPU counts it fills, the ends it shortens, its own end's), so a
+    create writes ~16 rows instead of deleting and inserting them all.
+    """
     sql.execute(cursor, "SELECT pool_id, schedulable, gpus, cpus_per_gpu, memory_gib_per_gpu "
                 "FROM bc_fg_node WHERE node_id = ?", (node_id,))
     node = cursor.fetchone()
-    sql.execute(cursor, "DELETE FROM bc_fg_block WHERE node_id = ?", (node_id,))
-    sql.execute(cursor, "DELETE FROM bc_fg_end WHERE node_id = ?", (node_id,))
     if node is None:
+        sql.execute(cursor, "DELETE FROM bc_fg_block WHERE node_id = ?", (node_id,))
+        sql.execute(cursor, "DELETE FROM bc_fg_end WHERE node_id = ?", (node_id,))
         return
     gpus = json.loads(node["gpus"])
     usable = [g["uuid"] for g in gpus if g["attributes"].get("healthy")]
@@ -88,15 +93,42 @@ def refresh_blocks(sql: Sql, cursor: Any, node_id: str) -> None:
     pool_id = str(node["pool_id"])
     blocks, ends = node_index(usable, len(gpus), bookings, bool(node["schedulable"]),
                               int(node["cpus_per_gpu"]), int(node["memory_gib_per_gpu"]))
-    if blocks:
-        cursor.executemany(sql.q("INSERT INTO bc_fg_block (node_id, pool_id, k, from_at, "
-                                 "until_at) VALUES (?, ?, ?, ?, ?)"),
-                           [(node_id, pool_id, k, a, b) for k, a, b in blocks])
-    if ends:
-        cursor.executemany(sql.q("INSERT INTO bc_fg_end (node_id, pool_id, k, at, free_for, "
-                                 "class) VALUES (?, ?, ?, ?, ?, ?)"),
-                           [(node_id, pool_id, k, at, free_for, length_class(free_for))
-                            for k, at, free_for in ends])
+    new_blocks = {k: (a, b) for k, a, b in blocks}
+    new_ends = {(k, at): free_for for k, at, free_for in ends}
+    sql.execute(cursor, "SELECT pool_id, k, from_at, until_at FROM bc_fg_block "
+                "WHERE node_id = ?", (node_id,))
+    rows = cursor.fetchall()
+    old_blocks = {int(r["k"]): (float(r["from_at"]), float(r["until_at"])) for r in rows}
+    moved = any(str(r["pool_id"]) != pool_id for r in rows)
+    sql.execute(cursor, "SELECT pool_id, k, at, free_for FROM bc_fg_end WHERE node_id = ?",
+                (node_id,))
+    rows = cursor.fetchall()
+    old_ends = {(int(r["k"]), float(r["at"])): float(r["free_for"]) for r in rows}
+    if moved or any(str(r["pool_id"]) != pool_id for r in rows):  # every row names the pool
+        old_blocks, old_ends = {}, {}
+        sql.execute(cursor, "DELETE FROM bc_fg_block WHERE node_id = ?", (node_id,))
+        sql.execute(cursor, "DELETE FROM bc_fg_end WHERE node_id = ?", (node_id,))
+    gone = [(node_id, k) for k in old_blocks if k not in new_blocks]
+    if gone:
+        cursor.executemany(sql.q("DELETE FROM bc_fg_block WHERE node_id = ? AND k = ?"), gone)
+    changed = [(node_id, pool_id, k, a, b) for k, (a, b) in new_blocks.items()
+               if old_blocks.get(k) != (a, b)]
+    if changed:
+        cursor.executemany(sql.q(
+            "INSERT INTO bc_fg_block (node_id, pool_id, k, from_at, until_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (node_id, k) DO UPDATE SET "
+            "from_at = excluded.from_at, until_at = excluded.until_at"), changed)
+    gone = [(node_id, k, at) for k, at in old_ends if (k, at) not in new_ends]
+    if gone:
+        cursor.executemany(sql.q("DELETE FROM bc_fg_end WHERE node_id = ? AND k = ? AND at = ?"),
+                           gone)
+    changed_ends = [(node_id, pool_id, k, at, free_for, length_class(free_for))
+                    for (k, at), free_for in new_ends.items() if old_ends.get((k, at)) != free_for]
+    if changed_ends:
+        cursor.executemany(sql.q(
+            "INSERT INTO bc_fg_end (node_id, pool_id, k, at, free_for, class) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (node_id, k, at) DO UPDATE SET "
+            "free_for = excluded.free_for, class = excluded.class"), changed_ends)
 
 
 def mark_changed(sql: Sql, cursor: Any, pool_id: str, sequence: int) -> None:

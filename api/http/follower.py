@@ -70,6 +70,7 @@ class WatchHub:
         self._seqs: list[int] = []
         self._entries: list[LogEntry] = []
         self._changed = anyio.Event()
+        self._new_event: Callable[[], anyio.Event] = anyio.Event
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._read_pos = 0  # last sequence read by the follower thread
@@ -98,6 +99,8 @@ class WatchHub:
         """Follow the log until ``stop``; started in the server's lifespan task group."""
         head = await anyio.to_thread.run_sync(self.log.head)
         self.head = self.floor = self._read_pos = head
+        # The loop's own event class: ``anyio.Event()`` looks the backend up at every publish.
+        self._new_event = type(anyio.Event())
         async with anyio.create_task_group() as tg:
             if self.store.backend == "postgres":
                 tg.start_soon(self._in_thread, self._listen_postgres)
@@ -248,7 +251,7 @@ class WatchHub:
         del self._seqs[:count]
 
     def _wake_streams(self) -> None:
-        changed, self._changed = self._changed, anyio.Event()
+        changed, self._changed = self._changed, self._new_event()
         changed.set()
 
     @property
