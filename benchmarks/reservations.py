@@ -3,6 +3,8 @@
     .venv/bin/python -m better_compute.benchmarks.reservations [--backend sqlite|postgres|both]
         [--pg-url postgresql://…] [--clients 1,8,16,32] [--nodes 2200] [--seconds 5]
         [--live 2000] [--window 100] [--live-clients 16] [--workers N] [--client-procs 4]
+    .venv/bin/python -m better_compute.benchmarks.reservations --compare DIR [--rounds 4] …
+        (DIR's code and ours side by side, round by round: before/after under the same load)
     .venv/bin/python -m better_compute.benchmarks.reservations --placer [placer options]
         (the pure placer, in process: benchmarks/placer.py)
 
@@ -233,7 +235,7 @@ class Bench:
     def creates(self, clients: int, *, seconds: float | None = None, count: int = 0
                 ) -> dict[str, Any]:
         if seconds is not None:
-            jobs = [{"pool": self.pool} for _ in range(clients)]
+            jobs: list[dict[str, Any]] = [{"pool": self.pool} for _ in range(clients)]
             return self.phase(jobs, seconds)
         jobs = [{"pool": self.pool, "count": count // clients + (i < count % clients)}
                 for i in range(clients)]
@@ -452,11 +454,21 @@ def main(argv: list[str] | None = None) -> int:
                         "(pg_stat_statements)")
     parser.add_argument("--code", help="serve another checkout's code (say, the commit before "
                         "a change: git archive COMMIT | tar -x -C DIR); set-up uses ours")
+    parser.add_argument("--compare", metavar="DIR", help="serve DIR's code and ours side by "
+                        "side, each on its own store, alternating round by round (ABBA): "
+                        "medians and the ratio of the server CPU per op (no ceiling, no live "
+                        "phase, no statement count)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per phase with --compare")
     parser.add_argument("--ceiling-seconds", type=float, default=3.0)
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     for backend in backends:
-        run_backend(backend, args)
+        if args.compare:
+            from better_compute.benchmarks.reservations_compare import compare
+
+            compare(backend, args)
+        else:
+            run_backend(backend, args)
         print(f"{backend}: load average {_load()} at the end", flush=True)
     return 0
 
