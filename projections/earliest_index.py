@@ -56,21 +56,6 @@ LONGEST = 24  # the class of every length of 2^23 minutes (16 years) or longer
 ENDLESS = 99  # the class of "free for ever"
 
 
-_PARSED: dict[str, list[dict[str, Any]]] = {}
-_PARSED_MOST = 1024
-
-
-def parsed_gpus(text: str) -> list[dict[str, Any]]:
-    """A row's ``gpus`` column parsed, once per distinct text (the placer reads the same
-    fullest nodes create after create). Shared: callers never change what they get."""
-    got = _PARSED.get(text)
-    if got is None:
-        if len(_PARSED) >= _PARSED_MOST:
-            _PARSED.clear()
-        got = _PARSED[text] = json.loads(text)
-    return got
-
-
 def length_class(length: float) -> int:
     """log2 of a length in whole minutes, +1 (0: under a minute); ENDLESS for NEVER."""
     if length >= NEVER / 2:
@@ -100,7 +85,7 @@ def refresh_blocks(sql: Sql, cursor: Any, node_id: str) -> None:
         sql.execute(cursor, "DELETE FROM bc_fg_block WHERE node_id = ?", (node_id,))
         sql.execute(cursor, "DELETE FROM bc_fg_end WHERE node_id = ?", (node_id,))
         return
-    gpus = parsed_gpus(node["gpus"])
+    gpus = json.loads(node["gpus"])
     usable = [g["uuid"] for g in gpus if g["attributes"].get("healthy")]
     sql.execute(cursor, "SELECT allocation_id, gpus, start_at, end_at, cpus, memory_gib "
                 "FROM bc_fg_booking WHERE node_id = ?", (node_id,))
@@ -181,7 +166,7 @@ def _load(sql: Sql, cursor: Any, bounds: list[tuple[str, float]],
         row = nodes.get(node_id)
         if row is None or not row["schedulable"]:
             continue
-        gpus = parsed_gpus(row["gpus"])
+        gpus = json.loads(row["gpus"])
         usable = tuple(FreeGpu(g["uuid"], int(g["index"]), g["attributes"]) for g in gpus
                        if g["attributes"].get("healthy"))
         out.append(Timeline(node_id, usable, len(gpus), int(row["cpus_per_gpu"]),

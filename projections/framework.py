@@ -13,7 +13,6 @@ can catch up the same projection at once without applying anything twice.
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -120,7 +119,6 @@ class ProjectionRunner:
         self.known_head = 0
         self.head_source: Callable[[], int] | None = None
         self._seen: dict[str, int] = {}
-        self._following = {p.name: threading.Lock() for p in projections}
         statements: list[str] = []
         for projection in projections:
             statements.extend(projection.tables())
@@ -164,13 +162,7 @@ class ProjectionRunner:
             head = max(head, self.head_source())
         if self._seen.get(name, -1) >= head:
             return False
-        # One thread of the process catches a projection up at a time; the others wait for
-        # it and are then usually up to date at no cost (concurrent creates: one catch-up
-        # applies the events of all of them, instead of each a transaction that finds
-        # nothing left to do).
-        with self._following[self.get(name).name]:
-            if self._seen.get(name, -1) < head:
-                self.catch_up(name)
+        self.catch_up(name)
         return True
 
     def _catch_up_one(self, projection: Projection, until: int | None) -> int:

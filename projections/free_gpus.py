@@ -36,7 +36,6 @@ from better_compute.domain.host_share import host_share
 from better_compute.domain.ids import public_id
 from better_compute.domain.placement import Candidate, FreeGpu, gpu_attributes
 from better_compute.projections import earliest_index
-from better_compute.projections.earliest_index import parsed_gpus
 from better_compute.projections.framework import Projection, SnapshotCodec, Sql, after_event
 
 FAST_PATH_NODES = 16
@@ -196,7 +195,7 @@ class FreeGpus(Projection):
         row = cursor.fetchone()
         if row is None:
             return
-        healthy = {g["uuid"] for g in parsed_gpus(row["gpus"]) if g["attributes"].get("healthy")}
+        healthy = {g["uuid"] for g in json.loads(row["gpus"]) if g["attributes"].get("healthy")}
         sql.execute(cursor, "SELECT gpus FROM bc_fg_booking WHERE node_id = ?", (node_id,))
         for booking in cursor.fetchall():
             healthy.difference_update(json.loads(booking["gpus"]))
@@ -227,7 +226,7 @@ def _candidates(sql: Sql, cursor: Any, rows: list[Any], start: datetime, end: da
     out = []
     for row in rows:
         node_id = str(row["node_id"])
-        gpus = parsed_gpus(row["gpus"])
+        gpus = json.loads(row["gpus"])
         busy = taken.get(node_id, set())
         free = tuple(
             FreeGpu(g["uuid"], int(g["index"]), g["attributes"])
@@ -278,4 +277,4 @@ def node_host_share(sql: Sql, node_id: str) -> tuple[int, int, int] | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    return int(row["cpus_per_gpu"]), int(row["memory_gib_per_gpu"]), len(parsed_gpus(row["gpus"]))
+    return int(row["cpus_per_gpu"]), int(row["memory_gib_per_gpu"]), len(json.loads(row["gpus"]))
