@@ -168,15 +168,23 @@ class ProjectionRunner:
     def _catch_up_one(self, projection: Projection, until: int | None) -> int:
         """Reads from where this process last saw the projection (its tracking position
         only the first time): a batch re-reads the position under the projection's lock
-        anyway, and starts again from it when the hint was ahead (a rebuild elsewhere)."""
+        anyway, and starts again from it when the hint was ahead (a rebuild elsewhere, an
+        upgrade's reset); with nothing new, the position is read to tell."""
         applied = 0
         start = self._seen.get(projection.name)
+        checked = start is None  # the hint is checked against the tracking position once
         if start is None:
             start = self.position(projection)
         while True:
             if until is not None and start >= until:
                 return applied
             batch = self.source.select(start, self.batch_size)
+            if not batch and not checked:  # nothing new: was the position reset meanwhile?
+                checked, position = True, self.position(projection)
+                if position < start:
+                    self._seen.pop(projection.name, None)
+                    start = position
+                    continue
             if not batch:
                 self._saw(projection, start)
                 return applied
@@ -184,7 +192,7 @@ class ProjectionRunner:
                 applied += self._apply_batch(projection, batch, start)
             except _Behind as behind:
                 self._seen.pop(projection.name, None)
-                start = behind.position
+                start, checked = behind.position, True
                 continue
             start = batch[-1].id  # applied up to here (by this batch or another process)
             self._saw(projection, start)

@@ -94,7 +94,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("watch.window_bytes", None, "BETTER_COMPUTE_WATCH_WINDOW_BYTES", "16777216",
             "number", "bytes of events the /watch hub keeps in memory at most (16 MiB)"),
     Setting("watch.poll", None, "BETTER_COMPUTE_WATCH_POLL", "0.005", "duration",
-            "how often the /watch hub reads an SQLite store for new events"),
+            "how often the /watch hub checks an SQLite store for other processes' commits "
+            "while a /watch stream reads (every 50 ms otherwise)"),
     Setting("watch.heartbeat", None, "BETTER_COMPUTE_WATCH_HEARTBEAT", "5s", "duration",
             "a /watch stream's heartbeat when no event comes"),
     Setting("controllers.tick", None, "BETTER_COMPUTE_CONTROLLER_TICK", "1s", "duration",
