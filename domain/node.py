@@ -34,7 +34,7 @@ from eventsourcing.domain import event
 
 from better_compute.domain.base import TenantOwned, iso
 from better_compute.domain.errors import Conflict
-from better_compute.domain.gpus import gpu_is_healthy
+from better_compute.domain.gpus import Gpu, gpus_of, with_health
 from better_compute.domain.node_rules import (
     ACCEPTANCE_FAILED,
     ACCEPTANCE_PASSED,
@@ -261,11 +261,10 @@ class Node(TenantOwned):
 
     def set_gpu_health(self, uuid: str, healthy: bool, reasons: list[str], at: datetime) -> bool:
         """Record a GPU turning unhealthy or healthy again; holds on it are never touched."""
-        current = next((g for g in self.gpus if g.get("uuid") == uuid), None)
+        current = next((g for g in self.gpu_values() if g.uuid == uuid), None)
         if current is None:
             return False
-        was = gpu_is_healthy(current)
-        if healthy == was and (healthy or list(current.get("healthReasons") or []) == reasons):
+        if healthy == current.healthy and (healthy or list(current.health_reasons) == reasons):
             return False
         if healthy:
             self._gpu_healthy(uuid=uuid, at=at)
@@ -275,14 +274,14 @@ class Node(TenantOwned):
 
     @event("GpuUnhealthy", topic="node.gpu.unhealthy")
     def _gpu_unhealthy(self, uuid: str, reasons: list[str], at: datetime) -> None:
-        self.gpus = [{**g, "healthy": False, "healthReasons": list(reasons)}
-                     if g.get("uuid") == uuid else g for g in self.gpus]
+        self.gpus = [with_health(g, False, reasons) if g.get("uuid") == uuid else g
+                     for g in self.gpus]
         self._touch(at)
 
     @event("GpuHealthy", topic="node.gpu.healthy")
     def _gpu_healthy(self, uuid: str, at: datetime) -> None:
-        self.gpus = [{**g, "healthy": True, "healthReasons": []}
-                     if g.get("uuid") == uuid else g for g in self.gpus]
+        self.gpus = [with_health(g, True, ()) if g.get("uuid") == uuid else g
+                     for g in self.gpus]
         self._touch(at)
 
     def renew_certificate(self, serial: str, not_after: datetime, at: datetime) -> None:
@@ -475,9 +474,13 @@ class Node(TenantOwned):
 
     # ------------------------------------------------------------ derived state
 
+    def gpu_values(self) -> list[Gpu]:
+        """Its GPUs as values (``gpus`` holds the documents its events carry)."""
+        return gpus_of(self.gpus)
+
     @property
     def healthy(self) -> bool:
-        return all(gpu_is_healthy(g) for g in self.gpus)
+        return all(g.healthy for g in self.gpu_values())
 
     @property
     def schedulable(self) -> bool:

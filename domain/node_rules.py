@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from better_compute.domain.gpus import gpu_family, gpu_is_healthy
+from better_compute.domain.gpus import gpus_of
 
 # Session states of a node (docs/nodes.md).
 SESSION_NEVER = "never"
@@ -45,7 +45,7 @@ def placement_eligible(provision_state: str, session: str, cordoned: bool, drain
     search) only.
     """
     return (provision_state == "adopted" and session != SESSION_UNREACHABLE and not cordoned
-            and not draining and any(gpu_is_healthy(g) for g in gpus))
+            and not draining and any(g.healthy for g in gpus_of(gpus)))
 
 
 def acceptance_checks(policy: dict[str, Any], gpu_model: str) -> list[dict[str, Any]]:
@@ -66,12 +66,11 @@ def diag_nvml(expect: dict[str, Any], gpus: list[dict[str, Any]]) -> tuple[bool,
     """``diag.nvml``: at least ``gpuCount`` healthy GPUs of the pool's model."""
     count = int(expect.get("gpuCount") or 0)
     model = str(expect.get("gpuModel") or "")
-    fitting = [g for g in gpus if (g.get("family") or gpu_family(str(g.get("name", "")))) == model]
-    healthy = [g for g in fitting if gpu_is_healthy(g)]
+    fitting = [g for g in gpus_of(gpus) if g.model == model]
+    healthy = [g for g in fitting if g.healthy]
     if len(healthy) >= count:
         return True, f"{len(healthy)} healthy {model} GPUs (expected {count})"
-    sick = [f"{g.get('uuid')} ({', '.join(g.get('healthReasons') or ['unhealthy'])})"
-            for g in fitting if not gpu_is_healthy(g)]
+    sick = [f"{g.uuid} ({g.why_unhealthy})" for g in fitting if not g.healthy]
     other = len(gpus) - len(fitting)
     parts = [f"{len(healthy)} healthy {model} GPUs, expected {count}"]
     if sick:
@@ -145,14 +144,14 @@ def node_capacity(provision_state: str, session: str, cordoned: bool,
     elif cordoned:
         gpu["maintenance"] = total
     else:
-        sick = sum(1 for g in gpus if not gpu_is_healthy(g))
+        sick = sum(1 for g in gpus_of(gpus) if not g.healthy)
         gpu["unhealthy"] = sick
         gpu["allocatable"] = total - sick
     usable = provision_state == "adopted" and session != SESSION_UNREACHABLE and not cordoned
     held = {str(u) for h in holds for u in h.get("gpus") or []}
-    known = {str(g.get("uuid")): g for g in gpus}
+    known = {g.uuid: g for g in gpus_of(gpus)}
     gpu["allocated"] = sum(1 for u in held if u in known)
-    held_allocatable = sum(1 for u in held if u in known and usable and gpu_is_healthy(known[u]))
+    held_allocatable = sum(1 for u in held if u in known and usable and known[u].healthy)
     gpu["available"] = gpu["allocatable"] - held_allocatable
     cpu = dict.fromkeys(HOST_FIELDS, 0.0)
     memory = dict.fromkeys(HOST_FIELDS, 0.0)

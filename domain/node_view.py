@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from better_compute.domain.base import iso
-from better_compute.domain.gpus import gpu_is_healthy
 from better_compute.domain.node_rules import (
     ACCEPTANCE_FAILED,
     ACCEPTANCE_PASSED,
@@ -30,7 +29,7 @@ def node_conditions(self: Node) -> list[dict[str, Any]]:
     joined = iso(self.created_on) or ""
     since = self.transitions
     statuses = self.statuses()
-    sick = [g for g in self.gpus if not gpu_is_healthy(g)]
+    sick = [g for g in self.gpu_values() if not g.healthy]
     session_reason = {
         SESSION_NEVER: ("NeverConnected", "bcd node has not opened a session yet"),
         SESSION_CONNECTED: ("SessionUp", f"connected (epoch {self.session_epoch})"),
@@ -47,9 +46,7 @@ def node_conditions(self: Node) -> list[dict[str, Any]]:
                             f"{self.acceptance_message}"),
     }[self.acceptance_state]
     health_reason = (("AllGpusHealthy", f"{len(self.gpus)} GPUs healthy") if not sick else
-                     ("GpusUnhealthy", "; ".join(
-                         f"{g.get('uuid')}: {', '.join(g.get('healthReasons') or ['unhealthy'])}"
-                         for g in sick)))
+                     ("GpusUnhealthy", "; ".join(f"{g.uuid}: {g.why_unhealthy}" for g in sick)))
     if self.removed:
         sched = ("Removed", "the node was removed from its pool")
     elif not self.adopted:

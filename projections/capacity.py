@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from better_compute.domain.errors import BetterComputeError
-from better_compute.domain.gpus import gpu_is_healthy
+from better_compute.domain.gpus import gpu_is_healthy, with_health
 from better_compute.domain.ids import parse_id, public_id
 from better_compute.domain.node_rules import (
     ACCEPTANCE_FAILED,
@@ -162,8 +162,8 @@ def _apply_to_state(state: NodeState, event: Any, kind: str) -> None:
     elif kind in ("node.gpu.unhealthy", "node.gpu.healthy"):
         healthy = kind == "node.gpu.healthy"
         reasons = [] if healthy else list(event.reasons)
-        state.gpus = [{**g, "healthy": healthy, "healthReasons": reasons}
-                      if g.get("uuid") == event.uuid else g for g in state.gpus]
+        state.gpus = [with_health(g, healthy, reasons) if g.get("uuid") == event.uuid else g
+                      for g in state.gpus]
     elif kind in ("node.cordoned", "node.draining"):  # a drain is a cordon (domain/node.py)
         state.cordoned = True
     elif kind == "node.uncordoned":

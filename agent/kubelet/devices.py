@@ -88,7 +88,7 @@ def advertised(sections: Mapping[str, Any], holds: Mapping[str, str],
             out.append(KubeletDevice(uuid, False, allocation_id, reservation_id, reasons=(why,)))
             continue
         out.append(KubeletDevice(
-            uuid, gpu.healthy and not gpu.health_reasons, allocation_id, reservation_id,
+            uuid, gpu.is_healthy, allocation_id, reservation_id,
             index=gpu.index, numa_node=gpu.numa_node, nvlink_domain=gpu.nvlink_domain,
             reasons=tuple(gpu.health_reasons)))
     out.sort(key=lambda d: (d.index if d.index is not None else 1 << 30, d.id))

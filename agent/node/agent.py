@@ -162,11 +162,11 @@ class NodeAgent:
             self.say(f"GPU source error: {error}", "warning")
             return
         for gpu in inventory.gpus:
-            state = "healthy" if gpu.healthy else f"unhealthy ({', '.join(gpu.health_reasons)})"
+            state = "healthy" if gpu.is_healthy else f"unhealthy ({', '.join(gpu.health_reasons)})"
             held = self.state.holds.get(gpu.uuid)
             self.say(f"GPU {gpu.index} ({gpu.uuid}) {state}"
                      + (f", still held by {held}" if held else ""),
-                     "info" if gpu.healthy else "warning")
+                     "info" if gpu.is_healthy else "warning")
 
     async def _monitor(self) -> None:
         while True:

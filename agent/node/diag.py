@@ -24,8 +24,7 @@ class CheckResult(msgspec.Struct, kw_only=True):
 
 
 def _describe(gpu: Gpu) -> str:
-    why = ", ".join(gpu.health_reasons) or "unhealthy"
-    return f"GPU {gpu.index} ({gpu.uuid}) is unhealthy ({why})"
+    return f"GPU {gpu.index} ({gpu.uuid}) is unhealthy ({gpu.why_unhealthy})"
 
 
 def diag_nvml(expect: Mapping[str, Any], inventory: Inventory | None,
@@ -41,8 +40,8 @@ def diag_nvml(expect: Mapping[str, Any], inventory: Inventory | None,
     def of_model(gpu: Gpu) -> bool:
         return wanted is None or (gpu.family or "").lower() == wanted
 
-    healthy = [gpu for gpu in inventory.gpus if gpu.healthy and of_model(gpu)]
-    problems = [_describe(gpu) for gpu in inventory.gpus if not gpu.healthy]
+    healthy = [gpu for gpu in inventory.gpus if gpu.is_healthy and of_model(gpu)]
+    problems = [_describe(gpu) for gpu in inventory.gpus if not gpu.is_healthy]
     strangers = [gpu for gpu in inventory.gpus if not of_model(gpu)]
     problems += [f"GPU {gpu.index} is a {gpu.name} (family {gpu.family or 'unknown'}), "
                  f"not {model}" for gpu in strangers]

@@ -76,7 +76,7 @@ class _Collector:
                 value = getattr(gpu, field)
                 if value is not None:
                     family.add_metric(labels, value * scale)
-            healthy.add_metric(labels, 1 if gpu.healthy and not gpu.health_reasons else 0)
+            healthy.add_metric(labels, 1 if gpu.is_healthy else 0)
             held.add_metric(labels, 1 if allocation else 0)
             for reason in gpu.health_reasons:
                 reasons.add_metric([*labels, reason], 1)

@@ -26,7 +26,7 @@ from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
 from better_compute.domain.errors import Conflict, InvalidInput, NotFound
-from better_compute.domain.gpus import gpu_is_healthy
+from better_compute.domain.gpus import Gpu
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 from better_compute.domain.node_rules import (
@@ -334,22 +334,14 @@ class NodeService:
 
         return self._change(uuid, change)[1]
 
-    def gpu_health(self, uuid: UUID, epoch: int, gpus: builtins.list[dict[str, Any]]) -> int:
+    def gpu_health(self, uuid: UUID, epoch: int, gpus: builtins.list[Gpu]) -> int:
         """Health from a report's inventory: one event per GPU whose health changed."""
         def change(node: Node) -> int:
             if node.session_epoch != epoch:
                 return 0
-            changed = 0
             now = self.clock()
-            for gpu in gpus:
-                uuid_ = gpu.get("uuid")
-                if not isinstance(uuid_, str):
-                    continue
-                reasons = [str(r) for r in gpu.get("healthReasons") or []]
-                healthy = gpu_is_healthy(gpu)
-                if node.set_gpu_health(uuid_, healthy, reasons, now):
-                    changed += 1
-            return changed
+            return sum(1 for gpu in gpus if node.set_gpu_health(
+                gpu.uuid, gpu.healthy, list(gpu.health_reasons), now))
 
         return self._change(uuid, change)[1]
 

@@ -58,6 +58,8 @@ from typing import Any
 
 import msgspec
 
+from .inventory import Inventory, Telemetry
+
 
 class Msg(msgspec.Struct, rename="camel", tag_field="type", kw_only=True):
     """Base of session messages; ``type`` is the tag."""
@@ -91,13 +93,30 @@ class Heartbeat(Msg, tag="heartbeat", kw_only=True):
     time: str  # RFC 3339, the node's clock
 
 
+class SectionState(msgspec.Struct, rename="camel", kw_only=True):
+    """One section of the desired state as bcd applied it (in Report.sections, and in bcd's
+    state file).
+
+    ``state``: ``passed`` / ``failed`` (checks, or device assignments that failed),
+    ``applied`` (nothing left to do) or ``unsupported`` (a section this bcd does not know).
+    """
+
+    state: str
+    message: str = ""
+    generation: int = 0
+    attempt: int | None = None
+    since: str | None = None  # RFC 3339, when the state last changed
+
+
 class Report(Msg, tag="report", kw_only=True):
+    """Where bcd stands: generations, each section's state, what its GPU source read."""
+
     epoch: int
     applied_generation: int
     observed_generation: int
-    sections: dict[str, Any] = {}  # per section: {"state": "...", "message": "..."}
-    inventory: dict[str, Any] | None = None  # agent.gpu Inventory as builtins
-    telemetry: dict[str, Any] | None = None
+    sections: dict[str, SectionState] = {}
+    inventory: Inventory | None = None
+    telemetry: Telemetry | None = None
 
 
 class SignedEntry(msgspec.Struct, rename="camel", kw_only=True):
