@@ -23,6 +23,11 @@ SESSION_CONNECTED = "connected"
 SESSION_DISCONNECTED = "disconnected"
 SESSION_UNREACHABLE = "unreachable"
 
+# Provision states: adopting (joined, acceptance to pass), adopted, removed (out of its pool).
+PROVISION_ADOPTING = "adopting"
+PROVISION_ADOPTED = "adopted"
+PROVISION_REMOVED = "removed"
+
 # Acceptance states: pending (no attempt yet), running, passed, failed (sticky).
 ACCEPTANCE_PENDING = "pending"
 ACCEPTANCE_RUNNING = "running"

@@ -1,4 +1,5 @@
-"""A node as operators read it: its conditions and its document (nodes.get, nodes.list).
+"""A node as others read it: its conditions and its document (nodes.get, nodes.list), and
+the desired state bcd is sent.
 
 Presentation only: every value is derived from the aggregate's state (domain/node.py), which
 decides and records; nothing here changes a node.
@@ -108,3 +109,20 @@ def node_doc(self: Node) -> dict[str, Any]:
         "joinedAt": iso(self.created_on),
         "adoptedAt": iso(self.adopted_at),
     }
+
+
+def node_desired_sections(self: Node, pool_sections: dict[str, Any] | None) -> dict[str, Any]:
+    """The node's desired state by section (docs/nodes.md, api/wire/gateway.py).
+
+    ``pool_sections`` (domain/policy.py ``node_sections``: ``kubernetes``, ``profile``)
+    come from the pool's policy and go down once the node is adopted, before ``devices``.
+    """
+    sections: dict[str, Any] = {}
+    if not self.adopted and self.acceptance_attempt > 0:
+        sections["acceptance"] = {"attempt": self.acceptance_attempt,
+                                  "state": self.acceptance_state,
+                                  "checks": [dict(c) for c in self.acceptance_checks]}
+    if self.adopted:
+        sections.update(pool_sections or {})
+        sections["devices"] = {"assignments": self.device_assignments()}
+    return sections
