@@ -93,9 +93,11 @@ class AcceptanceVerdict:
 
 
 def evaluate_acceptance(checks: list[dict[str, Any]], reported: dict[str, Any]) -> AcceptanceVerdict:
-    """Our verdict on an ``acceptance.result`` entry: every check must pass, ours and bcd's."""
-    by_kind = {c.get("kind"): c for c in reported.get("checks") or [] if isinstance(c, dict)}
-    gpus = [g for g in reported.get("gpus") or [] if isinstance(g, dict)]
+    """Our verdict on an ``acceptance.result`` entry (``reported``: as the gateway decoded it,
+    api/wire/journal.py ``AcceptanceResult``, in builtins): every check must pass, ours and
+    bcd's."""
+    by_kind = {c.get("kind"): c for c in reported.get("checks") or []}
+    gpus = list(reported.get("gpus") or [])
     results: list[dict[str, Any]] = []
     for check in checks:
         kind = check.get("kind")

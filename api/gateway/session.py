@@ -261,14 +261,14 @@ class Session:
                 f"epoch {message.epoch} is not this session's ({self.epoch})")))
             return
         try:
-            payload = verify_entry(self.public_key, message.entry)
-            if payload.get("nodeId") != self.node_id:
-                raise EntryRefused("wrong_node", f"the entry names node {payload.get('nodeId')}, "
+            head, payload = verify_entry(self.public_key, message.entry)
+            if head.node_id != self.node_id:
+                raise EntryRefused("wrong_node", f"the entry names node {head.node_id}, "
                                    f"not this session's node {self.node_id}")
-            handler = gateway.journal_handlers.get(str(payload["kind"]))
+            handler = gateway.journal_handlers.get(head.kind)
             if handler is None:
                 raise EntryRefused("unknown_kind", f"no handler for journal entries of kind "
-                                   f"{payload['kind']!r} on this control plane")
+                                   f"{head.kind!r} on this control plane")
             await gateway.call(handler, self.uuid, self.epoch, payload)
         except EntryRefused as exc:
             gateway.stats["refused"] += 1
