@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from better_compute.api.wire.sections import Assignment
+
 from . import cdi, envfile
 from .gpu.model import Inventory
 from .paths import Paths
@@ -42,14 +44,7 @@ class InvalidAssignment(ValueError):
     """The control plane sent an assignment bcd cannot act on (a bug, not a node fault)."""
 
 
-class DeviceAssignment(msgspec.Struct, rename="camel", kw_only=True):
-    """One entry of the ``devices`` section; unknown fields are ignored (newer servers)."""
-
-    allocation_id: str
-    reservation_id: str
-    gpus: list[str]
-    cpus: float | None = None
-    memory_gib: float | None = msgspec.field(default=None, name="memoryGiB")
+DeviceAssignment = Assignment  # one entry of the ``devices`` section (api/wire/sections.py)
 
 
 def parse_assignment(value: DeviceAssignment | Mapping[str, Any]) -> DeviceAssignment:

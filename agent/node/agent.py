@@ -23,6 +23,7 @@ import anyio
 import msgspec
 
 from better_compute.api.wire import logs
+from better_compute.api.wire.sections import ProfileSection, SectionInvalid, read_section
 
 from ..errors import BcdError
 from ..gpu import GpuSource, GpuSourceError, Inventory
@@ -198,9 +199,11 @@ class NodeAgent:
 
     def _toolkit_due(self) -> bool:
         """True once when the GPU set or driver changed under a profile with the toolkit."""
-        profile = self.state.desired_sections.get("profile")
-        if self.inventory is None or not isinstance(profile, dict) or \
-                "container-toolkit" not in (profile.get("units") or []):
+        try:
+            profile = read_section(self.state.desired_sections, "profile", ProfileSection)
+        except SectionInvalid:
+            profile = None  # the section's state says why
+        if self.inventory is None or profile is None or "container-toolkit" not in profile.units:
             return False
         basis = (sorted(gpu.uuid for gpu in self.inventory.gpus), self.inventory.driver_version)
         due = self._toolkit_basis is not None and basis != self._toolkit_basis
