@@ -15,12 +15,13 @@ Session:
    after Welcome). Sections: ``acceptance`` (checks to run), ``devices``
    (device assignments), more later. bcd applies it idempotently and reports.
 3. Up: Heartbeat (every ``heartbeat_seconds``), Report (applied and observed
-   generation, inventory, telemetry, per-section status) and Journal (entries
+   generation, inventory and telemetry: api/wire/inventory.py, per-section state) and Journal (entries
    signed with the node key; the gateway verifies each against the key
    recorded at join before it changes any state). The gateway answers Ack for
    journal entries it accepted and Nack(code, message) for refused ones.
 
-Sections of DesiredState (the control plane owns their content; bcd applies):
+Sections of DesiredState (the control plane owns their content; bcd applies; their
+Structs, which bcd reads each section with, are in api/wire/sections.py):
 - ``acceptance``: ``{"attempt": N, "checks": [{"kind": "diag.nvml", "expect":
   {"gpuCount": 8, "gpuModel": "H100"}}]}``. bcd runs each check against its GPU
   source and journals one ``acceptance.result`` entry per attempt.
@@ -41,8 +42,9 @@ starting ``renew_`` (``renew_wrong_key``, ``renew_bad_csr``,
 ``renew_unavailable``), which does NOT end the session. A gateway that does
 not know Renew skips it (unknown type); bcd simply tries again later.
 
-Journal entry payloads (JSON, signed by the node key), common fields
-``{"kind", "nodeId", "epoch", "time"}`` plus:
+Journal entry payloads (JSON, signed by the node key; their Structs, which the gateway decodes
+each entry with, are in api/wire/journal.py), common fields ``{"kind", "nodeId", "epoch",
+"time"}`` plus:
 - ``acceptance.result``: ``attempt``, ``passed`` (bool), ``checks``: list of
   ``{"kind", "passed", "message"}``, ``gpus``: the inventory's GPU list.
 - ``allocation.bound``: ``allocationId``, ``gpus``, ``cdiDevices``,
