@@ -370,7 +370,7 @@ class NodeAgent:
                 "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "family": gpu.family,
                 "pciBusId": gpu.pci_bus_id, "nvlinkDomain": gpu.nvlink_domain,
                 "numaNode": gpu.numa_node,
-                "healthy": gpu.healthy, "healthReasons": list(gpu.health_reasons),
+                "healthy": gpu.is_healthy, "healthReasons": list(gpu.health_reasons),
                 "utilizationPct": gpu.utilization_pct, "temperatureC": gpu.temperature_c,
                 "powerW": gpu.power_w, "memoryUsedMiB": gpu.memory_used_mib,
                 "memoryMiB": gpu.memory_mib, "heldBy": holds.get(gpu.uuid),

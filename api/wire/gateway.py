@@ -87,7 +87,7 @@ class Refused(Msg, tag="refused", kw_only=True):
 class DesiredState(Msg, tag="desired", kw_only=True):
     epoch: int
     generation: int
-    sections: dict[str, Any] = {}
+    sections: dict[str, Any] = {}  # by name, unknown ones kept (api/wire/sections.py reads them)
 
 
 class Heartbeat(Msg, tag="heartbeat", kw_only=True):
