@@ -23,7 +23,7 @@ import anyio
 import msgspec
 
 from better_compute.api.wire import logs
-from better_compute.api.wire.sections import ProfileSection, SectionInvalid, read_section
+from better_compute.api.wire.sections import profile_units
 
 from ..errors import BcdError
 from ..gpu import GpuSource, GpuSourceError, Inventory
@@ -199,11 +199,8 @@ class NodeAgent:
 
     def _toolkit_due(self) -> bool:
         """True once when the GPU set or driver changed under a profile with the toolkit."""
-        try:
-            profile = read_section(self.state.desired_sections, "profile", ProfileSection)
-        except SectionInvalid:
-            profile = None  # the section's state says why
-        if self.inventory is None or profile is None or "container-toolkit" not in profile.units:
+        if self.inventory is None or \
+                "container-toolkit" not in profile_units(self.state.desired_sections):
             return False
         basis = (sorted(gpu.uuid for gpu in self.inventory.gpus), self.inventory.driver_version)
         due = self._toolkit_basis is not None and basis != self._toolkit_basis

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 import msgspec
 
 __all__ = ["AcceptanceSection", "Assignment", "Check", "DevicesSection", "KubernetesSection",
-           "ProfileSection", "SectionInvalid", "assignments", "read", "read_section"]
+           "ProfileSection", "SectionInvalid", "assignments", "profile_units", "read",
+           "read_section"]
 
 
 class SectionInvalid(ValueError):
@@ -99,3 +100,13 @@ def assignments(sections: Mapping[str, Any]) -> list[Assignment]:
         except SectionInvalid:
             continue
     return found
+
+
+def profile_units(sections: Mapping[str, Any]) -> list[str]:
+    """The units of the ``profile`` section (none when it is absent or does not fit: its
+    section state says why)."""
+    try:
+        profile = read_section(sections, "profile", ProfileSection)
+    except SectionInvalid:
+        return []
+    return profile.units if profile is not None else []
