@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from better_compute.benchmarks.placer import _drop  # a PostgreSQL schema goes too
+from better_compute.benchmarks.harness import drop_schema  # a PostgreSQL schema goes too
 
 CLI = str(Path(sys.executable).parent / "better-compute")
 MB = 1_000_000
@@ -267,7 +267,12 @@ def attack(target: Target, scenario: Scenario) -> Report:
 def _whoami_probe(url: str, ca_file: str, token: str) -> None:
     """root's whoami in a loop until stdin closes; prints the latencies as JSON."""
     done = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+
+    def until_stdin_closes() -> None:
+        sys.stdin.read()
+        done.set()
+
+    threading.Thread(target=until_stdin_closes, daemon=True).start()
     ms: list[float] = []
     outcomes: Counter[str] = Counter()
     with httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca_file),
@@ -352,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.terminate()
             server.wait(timeout=30)
-            _drop(env)
+            drop_schema(env)
     summary = report.summary()
     print(f"backend {args.backend}; scenario {vars(scenario)}; load average before {load}, "
           f"after {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")

@@ -150,11 +150,11 @@ def main() -> None:
         init = subprocess.run([sys.executable, "-m", "better_compute.cli.main", "init"],
                               env=env, capture_output=True, text=True, check=True)
         token = init.stdout.strip().splitlines()[-1]
-        servers = {"this": None}
+        servers: dict[str, str | None] = {"this": None}
         if args.compare:
             servers = {"baseline": _pythonpath(args.compare, Path(tmp) / "baseline"),
                        "this": None}
-        results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        results: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
         for round_ in range(args.rounds):
             order = list(servers.items())
             for name, path in order if round_ % 2 == 0 else order[::-1]:  # no order bias

@@ -63,7 +63,7 @@ def _wait_line(process: subprocess.Popen[str], needle: str, timeout: float = 120
             break
         if needle in line:
             return
-    raise SystemExit(f"no {needle!r} from {process.args}")
+    raise SystemExit(f"no {needle!r} from {process.args!r}")
 
 
 @contextmanager

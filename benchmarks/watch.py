@@ -105,6 +105,10 @@ class _Watcher(asyncio.Protocol):
         self.count = 0
         self.buffer = b""
 
+    def itself(self) -> _Watcher:
+        """The protocol factory ``create_connection`` takes: this one watcher."""
+        return self
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self.transport.write(self.request)
@@ -146,9 +150,12 @@ async def _watchers_main(args: argparse.Namespace) -> None:
     latencies: list[float] = []
     watchers: list[_Watcher] = []
     started = time.perf_counter()
+    host, port = parsed.hostname, parsed.port
+    if host is None or port is None:
+        raise SystemExit(f"--url {args.url}: give the host and the port, http://HOST:PORT")
     for _ in range(args.n):
         watcher = _Watcher(request, want, latencies, loop.create_future())
-        await loop.create_connection(lambda w=watcher: w, parsed.hostname, parsed.port)
+        await loop.create_connection(watcher.itself, host, port)
         watchers.append(watcher)
     if want is None:
         # Bounded: a server that never answers ends this process, and the benchmark with it.

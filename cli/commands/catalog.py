@@ -123,6 +123,13 @@ def pools_offer(ctx: Any, a: argparse.Namespace) -> None:
 
 
 def register(sub: Any) -> None:
+    _register_tenants(sub)
+    _register_tokens(sub)
+    _register_sites(sub)
+    _register_pools(sub)
+
+
+def _register_tenants(sub: Any) -> None:
     g = add_group(sub, "tenants", "Tenants: the customers, and root (the platform operator).",
                   examples=["better-compute tenants create acme", "better-compute tenants list"])
     p = add_verb(g, "create", tenants_create, "Create a tenant; its id is what --to and --tenant take.",
@@ -136,6 +143,8 @@ def register(sub: Any) -> None:
     add_verb(g, "list", tenants_list, "List the tenants you see.",
              examples=["better-compute tenants list", "better-compute tenants list -o name"])
 
+
+def _register_tokens(sub: Any) -> None:
     g = add_group(sub, "tokens", "API tokens (biam_…): shown once, stored only as a hash.",
                   examples=["better-compute tokens create --tenant acme --role admin --out acme-token"])
     p = add_verb(g, "create", tokens_create, "Mint a token for a tenant with a role.",
@@ -170,6 +179,8 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="FILE", help="write the new secret to FILE (0600, never "
                    "overwritten)")
 
+
+def _register_sites(sub: Any) -> None:
     g = add_group(sub, "sites", "Sites: where machines live (root tenant: shared or dedicated).",
                   examples=["export SITE=$(better-compute sites create --kind shared --region "
                             "eu-1 --key site-eu-1 --query id)", "better-compute sites list"])
@@ -186,6 +197,8 @@ def register(sub: Any) -> None:
     add_verb(g, "list", sites_list, "List the sites you see.",
              examples=["better-compute sites list", "better-compute sites list -o name"])
 
+
+def _register_pools(sub: Any) -> None:
     g = add_group(sub, "pools", "Pools: machines of one GPU model with one policy.",
                   examples=["better-compute pools get $POOL",
                             "better-compute pools offer $POOL --to acme --quota gpu=16"])

@@ -135,6 +135,11 @@ CAPACITY_PREVIEW: capacity.Extension = (_preview_arguments, _preview)  # cli/com
 
 
 def register(sub: Any) -> None:
+    _register_reserve(sub)
+    _register_the_rest(sub)
+
+
+def _register_reserve(sub: Any) -> None:
     p = add_verb(sub, "reserve", reserve,
                  "Reserve GPUs of a pool for a while and wait until the hold is active; prints "
                  "the new idempotency key on standard error once the request is accepted.",
@@ -167,6 +172,8 @@ def register(sub: Any) -> None:
                    f"{DEFAULT_WAIT_S:.0f}; 0: return once placed or queued)")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
 
+
+def _register_the_rest(sub: Any) -> None:
     p = add_verb(sub, "release", release,
                  "End a reservation now (bookings end, quota is refunded, the hold leaves the "
                  "node); --cancel withdraws one that has not started.",
