@@ -506,7 +506,7 @@ def _print(report: dict[str, Any]) -> None:
               f"{s['rendered_read_per_s']}/s, listings rebuild {s['listings_rebuild_per_s']}/s")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m better_compute.benchmarks.watch",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -541,7 +541,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--since", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--want", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args._watchers:
         try:
             import uvloop
