@@ -7,25 +7,26 @@ import json
 from pathlib import Path
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.files import check_new_file, write_new_secret
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.cli.tables import POOLS, SITES, TOKENS
 from better_compute.domain.errors import InvalidInput
 
 
-def tenants_create(ctx: Any, a: argparse.Namespace) -> None:
+def tenants_create(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tenants.create", tenantId=a.id, name=a.name))
 
 
-def tenants_get(ctx: Any, a: argparse.Namespace) -> None:
+def tenants_get(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tenants.get", tenantId=a.id))
 
 
-def tenants_list(ctx: Any, a: argparse.Namespace) -> None:
+def tenants_list(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tenants.list"))  # the generic table: ID, NAME, CREATEDAT
 
 
-def tokens_create(ctx: Any, a: argparse.Namespace) -> None:
+def tokens_create(ctx: Context, a: argparse.Namespace) -> None:
     if a.out:
         check_new_file(a.out)
     created = ctx.call("tokens.create", tenantId=ctx.tenant, role=a.role, name=a.name,
@@ -36,15 +37,15 @@ def tokens_create(ctx: Any, a: argparse.Namespace) -> None:
     ctx.emit(created)
 
 
-def tokens_list(ctx: Any, a: argparse.Namespace) -> None:
+def tokens_list(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tokens.list", tenantId=ctx.tenant), TOKENS)
 
 
-def tokens_revoke(ctx: Any, a: argparse.Namespace) -> None:
+def tokens_revoke(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tokens.revoke", tokenId=a.token_id))
 
 
-def tokens_rotate(ctx: Any, a: argparse.Namespace) -> None:
+def tokens_rotate(ctx: Context, a: argparse.Namespace) -> None:
     if a.out:
         check_new_file(a.out)
     rotated = ctx.call("tokens.rotate", tokenId=a.token_id, grace=a.grace, ttl=a.ttl)
@@ -66,15 +67,15 @@ TOKENS_ROTATE_EXAMPLES = [
 ]
 
 
-def sites_create(ctx: Any, a: argparse.Namespace) -> None:
+def sites_create(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("sites.create", kind=a.kind, region=a.region, name=a.name, key=a.key))
 
 
-def sites_get(ctx: Any, a: argparse.Namespace) -> None:
+def sites_get(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("sites.get", siteId=a.site))
 
 
-def sites_list(ctx: Any, a: argparse.Namespace) -> None:
+def sites_list(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("sites.list"), SITES)
 
 
@@ -93,17 +94,17 @@ def read_policy_file(path: str) -> dict[str, Any]:
     return policy
 
 
-def pools_create(ctx: Any, a: argparse.Namespace) -> None:
+def pools_create(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("pools.create", siteId=a.site, **{"class": a.node_class},
                       gpuModel=a.gpu_model, policy=read_policy_file(a.policy_file),
                       name=a.name, key=a.key))
 
 
-def pools_get(ctx: Any, a: argparse.Namespace) -> None:
+def pools_get(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("pools.get", poolId=a.pool))
 
 
-def pools_list(ctx: Any, a: argparse.Namespace) -> None:
+def pools_list(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("pools.list", siteId=a.site), POOLS)
 
 
@@ -118,7 +119,7 @@ def parse_quota(items: list[str]) -> dict[str, Any]:
     return quota
 
 
-def pools_offer(ctx: Any, a: argparse.Namespace) -> None:
+def pools_offer(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("pools.offer", poolId=a.pool, toTenantId=a.to, quota=parse_quota(a.quota)))
 
 
