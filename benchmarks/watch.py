@@ -42,6 +42,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
+from better_compute.benchmarks.harness import cpu_seconds, load_average
+
 CLI = str(Path(sys.executable).parent / "better-compute")
 
 
@@ -278,13 +280,13 @@ class Bench:
             raise SystemExit("the watchers did not start")
         rate, seconds = self.args.rate, self.args.seconds
         total = int(rate * seconds)
-        cpu_before, started = _cpu_seconds(server_pid), time.perf_counter()
+        cpu_before, started = cpu_seconds(server_pid), time.perf_counter()
         writer_before = time.process_time()
         achieved = self._write_at_rate(url, token, total, rate)
         writer_cpu = time.process_time() - writer_before
         time.sleep(1.0)  # the last events reach every watcher
         wall = time.perf_counter() - started
-        server_cpu = (_cpu_seconds(server_pid) - cpu_before) / wall
+        server_cpu = (cpu_seconds(server_pid) - cpu_before) / wall
         watchers.stdin.write("stop\n")
         watchers.stdin.flush()
         result = json.loads(watchers.stdout.readline())
@@ -438,7 +440,7 @@ class Bench:
             port = s.getsockname()[1]
         server = self.serve(port)
         url = f"http://127.0.0.1:{port}"
-        report: dict[str, Any] = {"backend": self.backend, "load_before": _load(),
+        report: dict[str, Any] = {"backend": self.backend, "load_before": load_average(),
                                   "writer": self.args.writer}
         phases = self.args.phases
         try:
@@ -460,24 +462,8 @@ class Bench:
             server.wait(timeout=60)
         if "store" in phases:
             report["store"] = self.store_reads()
-        report["load_after"] = _load()
+        report["load_after"] = load_average()
         return report
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux), 0 where unknown."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _load() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
 
 
 def _print(report: dict[str, Any]) -> None:
