@@ -133,14 +133,23 @@ def make_plane(env: dict[str, str], tmp: Path,
     return Plane(runtime, clock, bundle, pool, site, tmp, unreachable_after=unreachable_after)
 
 
+# The node client below sends no heartbeats of its own (tests send them when they mean to,
+# and time moves on the fake clock), while the gateway closes a session that hears nothing
+# for max(3 heartbeats, min_idle) of real time. On a loaded machine a test's steps between two
+# messages can take longer than 15 s, so the tests' gateway waits 10 minutes unless a test
+# is about that close (test_a_silent_session_is_closed_and_says_why).
+QUIET_IDLE = 600.0
+
+
 @contextlib.asynccontextmanager
-async def running_gateway(plane: Plane) -> AsyncIterator[Gateway]:
+async def running_gateway(plane: Plane, *, heartbeat_seconds: float = 5.0,
+                          min_idle: float = QUIET_IDLE) -> AsyncIterator[Gateway]:
     """The hub and the gateway on a free loopback port, for the life of the block."""
     runtime = plane.runtime
     hub = WatchHub.for_runtime(runtime)
     context = server_context(plane.bundle, ["localhost", "127.0.0.1"], plane.tmp / "run")
-    gateway = Gateway(runtime.services, context, heartbeat_seconds=5.0, hub=hub,
-                      flush_interval=3600)
+    gateway = Gateway(runtime.services, context, heartbeat_seconds=heartbeat_seconds, hub=hub,
+                      flush_interval=3600, min_idle=min_idle)
     plane.gateway = gateway
     async with anyio.create_task_group() as tg:
         await tg.start(hub.run)
@@ -266,12 +275,14 @@ async def wait_for(condition: Any, timeout: float = 45.0) -> None:
 
 
 def run_with_gateway(env: dict[str, str], tmp_path: Path, body: Callable[[Plane], Awaitable[None]],
-                     *, unreachable_after: timedelta = UNREACHABLE_AFTER) -> None:
+                     *, unreachable_after: timedelta = UNREACHABLE_AFTER,
+                     heartbeat_seconds: float = 5.0, min_idle: float = QUIET_IDLE) -> None:
     """Run ``body`` against a fresh control plane with its gateway up, then close it."""
     plane = make_plane(env, tmp_path, unreachable_after)
 
     async def main() -> None:
-        async with running_gateway(plane):
+        async with running_gateway(plane, heartbeat_seconds=heartbeat_seconds,
+                                   min_idle=min_idle):
             await body(plane)
 
     try:

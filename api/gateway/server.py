@@ -293,6 +293,8 @@ class Gateway:
                 await stream.send(encode(Refused(code=error.code, message=error.message)))
 
     async def _close(self, session: Session) -> None:
+        log.info("gateway: node %s's session (epoch %d) ended: %s", session.node_id,
+                 session.epoch, session.reason)
         if self.sessions.get(session.node_id) is session:
             del self.sessions[session.node_id]
         if session.fenced:

@@ -135,18 +135,17 @@ class Session:
         while True:
             await self.poke.wait()
             self.poke = anyio.Event()
-            node = await self.gateway.call(self.gateway.nodes.load, self.uuid)
-            if node is not None and node.removed:
-                self.reason = "the node was removed"
-                await self.send(Refused(code=NODE_REMOVED, message=removed_message(node)))
-                self.fence()
-                return
             try:
                 node = await self.gateway.call(self.gateway.nodes.load, self.uuid)
             except Unavailable:  # the store is away: the session stays, try again soon
                 await anyio.sleep(STORE_RETRY)
                 self.poke.set()
                 continue
+            if node is not None and node.removed:
+                self.reason = "the node was removed"
+                await self.send(Refused(code=NODE_REMOVED, message=removed_message(node)))
+                self.fence()
+                return
             if node is None or node.session_epoch != self.epoch:
                 self.fence()
                 return

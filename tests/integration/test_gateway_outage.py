@@ -9,12 +9,14 @@ silence it could not see.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from better_compute.api.store.node_presence import TABLE, Presence
 from better_compute.api.wire import gateway as wire
+from better_compute.domain.errors import Unavailable
 from better_compute.domain.ids import parse_id
 from tests.gateway_client import NodeClient, Plane, run_with_gateway, wait_for
 
@@ -84,5 +86,33 @@ def test_silence_while_the_controller_could_not_see_does_not_make_a_node_unreach
         plane.clock.advance(2)
         assert (await plane.reconcile()).unreachable == [node.node_id]
         assert await client.closed_by_peer()
+
+    run_with_gateway(env, tmp_path, body)
+
+
+def test_a_store_read_that_fails_while_pushing_keeps_the_session(env: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    """The session's pusher reads the node when woken; when that read answers ``unavailable``
+    the session stays up and pushes the change once the store answers again."""
+    async def body(plane: Plane) -> None:
+        gateway = plane.gateway
+        assert gateway is not None
+        node = plane.join()
+        client = NodeClient(plane, node)
+        await client.connect()
+        await client.receive_desired()
+        load, failures = gateway.nodes.load, [1]
+
+        def failing_once(uuid: Any) -> Any:
+            if failures:
+                failures.pop()
+                raise Unavailable("the store is away (injected): retry in a few seconds")
+            return load(uuid)
+
+        gateway.nodes.load = failing_once  # type: ignore[method-assign]
+        await plane.reconcile()  # starts acceptance: the session is woken to push it
+        desired = await client.receive_desired(lambda d: "acceptance" in d.sections)
+        assert desired.sections["acceptance"]["attempt"] == 1 and failures == []
+        await client.close()
 
     run_with_gateway(env, tmp_path, body)

@@ -227,3 +227,20 @@ def test_gpu_health_follows_reports_and_never_drops_capacity_twice(
         await client.close()
 
     run_with_gateway(env, tmp_path, body)
+
+
+def test_a_silent_session_is_closed_and_says_why(env: dict[str, str], tmp_path: Path) -> None:
+    """A session that hears nothing for max(3 heartbeats, min_idle) of real time is dead: the
+    gateway closes it and records why (bcd heartbeats, so only a lost connection is silent)."""
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        client = NodeClient(plane, node)
+        assert isinstance(await client.connect(), wire.Welcome)
+        assert await client.closed_by_peer()
+        await wait_for(lambda: plane.node(node.node_id)["session"]["state"] != "connected")
+        events = plane.nodes.events(LOCAL_OPERATOR, node.node_id)
+        assert [e["type"] for e in events] == ["node.joined", "node.connected",
+                                               "node.disconnected"]
+        assert events[-1]["data"]["reason"] == "nothing heard for 1s"
+
+    run_with_gateway(env, tmp_path, body, heartbeat_seconds=0.1, min_idle=1.0)
