@@ -5,13 +5,16 @@
 - ``initialized``: a store made ready the way ``better-compute init`` does (master key file,
   PKI sealed with it, the serving CA's file, the root token), opened as a ``Runtime``;
 - ``serving``: a real ``better-compute serve`` process on that store, stopped on exit;
-- ``free_port``, ``cpu_seconds`` and ``load_average``: what the figures are measured with.
+- ``free_port``, ``cpu_seconds`` and ``load_average``: what the figures are measured with;
+  ``machine`` and ``pg_version``: what they ran on.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -126,3 +129,36 @@ def load_average() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "unknown"
+
+
+def machine() -> dict[str, str]:
+    """What the figures ran on: CPU, cores, memory, Python, SQLite, eventsourcing, OS."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = "unknown"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                memory = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    from importlib.metadata import version
+
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": memory,
+            "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
+            "eventsourcing": version("eventsourcing"), "os": platform.platform()}
+
+
+def pg_version(url: str) -> str:
+    """The PostgreSQL server's version, for the figures' header."""
+    import psycopg
+
+    with psycopg.connect(url.partition("?")[0]) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return str(row[0]) if row else "unknown"
