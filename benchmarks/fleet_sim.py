@@ -236,7 +236,8 @@ def run_one(n: int, processes: int, heartbeat: float, seconds: float, queries: i
         token, pool, nodes, ca = _setup(data, n)
         setup_s = time.monotonic() - t0
         api_port, gw_port = free_port(), free_port()
-        env = {"BETTER_COMPUTE_DATA_DIR": str(data), "BETTER_COMPUTE_NODE_HEARTBEAT": str(heartbeat)}
+        env = {"BETTER_COMPUTE_DATA_DIR": str(data),
+               "BETTER_COMPUTE_NODE_HEARTBEAT": str(heartbeat)}
         with serving(env, api_port, "--gateway-listen", f"127.0.0.1:{gw_port}") as server:
             connect_window = 5.0 + n * 0.05  # time to connect and adopt before the window
             start_beats = time.time() + connect_window

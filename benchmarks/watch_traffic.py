@@ -17,7 +17,6 @@ import time
 from datetime import datetime
 from typing import Any, cast
 
-
 # ---------------------------------------------------------------- percentiles
 
 def pct(values: list[float], q: float) -> float:

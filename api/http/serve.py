@@ -184,7 +184,8 @@ def _tls(options: ServeOptions, runtime: Runtime, host: str
                 f"{host} is not a loopback address: drop the flag to serve TLS"
             )
         return "http", [], {}
-    names = list(dict.fromkeys(options.hostnames + (list(LOOPBACK_NAMES) if is_loopback(host) else [])))
+    loopback = list(LOOPBACK_NAMES) if is_loopback(host) else []
+    names = list(dict.fromkeys(options.hostnames + loopback))
     if not names:
         raise InvalidInput(
             "--hostname is needed: name the host names clients use to reach this server "
