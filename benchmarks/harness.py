@@ -23,9 +23,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the runtime loads the server's code: fleet_sim's agent processes skip it
+    from better_compute.api.pki import PkiBundle
     from better_compute.api.runtime import Runtime
 
 CLI = str(Path(sys.executable).parent / "better-compute")
@@ -58,7 +59,7 @@ class Initialized:
 
     runtime: Runtime
     token: str
-    bundle: Any  # api.pki's bundle: the CAs and their keys (fleet_sim issues node certs)
+    bundle: PkiBundle  # the CAs and their keys (fleet_sim issues node certificates)
 
 
 def initialized(env: dict[str, str]) -> Initialized:
