@@ -233,7 +233,7 @@ class Bench:
     def creates(self, clients: int, *, seconds: float | None = None, count: int = 0
                 ) -> dict[str, Any]:
         if seconds is not None:
-            jobs = [{"pool": self.pool} for _ in range(clients)]
+            jobs: list[dict[str, Any]] = [{"pool": self.pool} for _ in range(clients)]
             return self.phase(jobs, seconds)
         jobs = [{"pool": self.pool, "count": count // clients + (i < count % clients)}
                 for i in range(clients)]
@@ -266,7 +266,8 @@ def _pct(values: list[float], q: float) -> float:
 def _ceiling(backend: str, pg_url: str | None, seconds: float) -> float:
     """Single-aggregate saves per second, one thread, in a fresh store of ``backend``."""
     from better_compute.api.store.store import StoreConfig, open_store, setup_lock
-    from better_compute.benchmarks.placer import _drop, _store_env
+    from better_compute.benchmarks.harness import drop_schema as _drop
+    from better_compute.benchmarks.harness import store_env as _store_env
     from better_compute.domain.ids import new_uuid
     from better_compute.domain.site import Site
 
@@ -319,7 +320,8 @@ def _set_up(env: dict[str, str], nodes: int, clients: int) -> tuple[list[str], s
 
 
 def run_backend(backend: str, args: argparse.Namespace) -> None:
-    from better_compute.benchmarks.placer import _drop, _store_env
+    from better_compute.benchmarks.harness import drop_schema as _drop
+    from better_compute.benchmarks.harness import store_env as _store_env
 
     print(f"{backend}: load average {_load()} at the start", flush=True)
     ceiling = _ceiling(backend, args.pg_url, args.ceiling_seconds)

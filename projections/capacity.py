@@ -44,7 +44,7 @@ from better_compute.domain.node_rules import (
     SESSION_UNREACHABLE,
     node_capacity,
 )
-from better_compute.projections.framework import Projection, Sql
+from better_compute.projections.framework import ReadModel, Sql
 
 _COLUMNS = GPU_FIELDS  # cpu and memory rows leave the GPU-only columns at 0
 NODE_TABLE = "bc_capacity_node"
@@ -197,7 +197,7 @@ def _apply_to_state(state: NodeState, event: Any, kind: str) -> None:
 _BOOKING_EVENTS = ("bookings.booked", "bookings.ended")
 
 
-class Capacity(Projection):
+class Capacity(ReadModel):
     name = "capacity"
     version = 2  # 2: live bookings feed ``reserved`` (new tables)
 
