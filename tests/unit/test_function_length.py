@@ -21,7 +21,6 @@ REASON = "# long:"
 # Split by other changes under way; the lead removes each once that change has landed.
 OWNED_ELSEWHERE = {
     "api/services/reservations.py:ReservationService.create",
-    "agent/binding.py:bind",
 }
 
 
