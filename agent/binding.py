@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from better_compute.api.wire.sections import Assignment
+
 from . import cdi, envfile
 from .gpu.model import Inventory
 from .paths import Paths
@@ -42,14 +44,7 @@ class InvalidAssignment(ValueError):
     """The control plane sent an assignment bcd cannot act on (a bug, not a node fault)."""
 
 
-class DeviceAssignment(msgspec.Struct, rename="camel", kw_only=True):
-    """One entry of the ``devices`` section; unknown fields are ignored (newer servers)."""
-
-    allocation_id: str
-    reservation_id: str
-    gpus: list[str]
-    cpus: float | None = None
-    memory_gib: float | None = msgspec.field(default=None, name="memoryGiB")
+DeviceAssignment = Assignment  # one entry of the ``devices`` section (api/wire/sections.py)
 
 
 def parse_assignment(value: DeviceAssignment | Mapping[str, Any]) -> DeviceAssignment:
@@ -156,6 +151,56 @@ def _check_resources(
     return None
 
 
+def _missing_devices(a: DeviceAssignment, inventory: Inventory) -> str | None:
+    """Why a GPU of the assignment cannot be held here (not on the node, or no CDI name)."""
+    here = {gpu.uuid for gpu in inventory.gpus}
+    missing = [uuid for uuid in a.gpus if uuid not in here]
+    if missing:
+        return (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on this "
+                f"node (it has {len(here)} GPUs); the inventory report shows which")
+    invalid = [uuid for uuid in a.gpus if not cdi.is_valid_device_name(uuid)]
+    if invalid:
+        return (f"{', '.join(invalid)} cannot be a CDI device name (letters, digits and "
+                "_ - . : only)")
+    return None
+
+
+def _others(a: DeviceAssignment, paths: Paths, live: Collection[str] | None
+            ) -> tuple[list[str], list[str]] | str:
+    """(stale holds to remove first, live holds beside this one), or why it overlaps one."""
+    others = {alloc: gpus for alloc, gpus in cdi.read_holds(paths).items()
+              if alloc != a.allocation_id}
+    stale: list[str] = []
+    for other, gpus in sorted(others.items()):
+        shared = sorted(set(gpus) & set(a.gpus))
+        if not shared:
+            continue
+        if live is None or other in live:
+            return (f"{', '.join(shared)} already held by {other} "
+                    f"({cdi.spec_path(paths, other)}); it must be released first")
+        stale.append(other)
+    return stale, [alloc for alloc in others if alloc not in stale
+                   and (live is None or alloc in live)]
+
+
+def _plan(a: DeviceAssignment, inventory: Inventory, paths: Paths, live: Collection[str] | None
+          ) -> BindResult | tuple[list[str], dict[str, Any]]:
+    """The stale holds to remove and the hold's CDI spec, or the failure that stops the bind
+    before anything is written."""
+    if problem := _missing_devices(a, inventory):
+        return _failed(a, "device-missing", problem)
+    others = _others(a, paths, live)
+    if isinstance(others, str):
+        return _failed(a, "overlap", others)
+    stale, live_others = others
+    if problem := _check_resources(a, inventory, paths, live_others):
+        return _failed(a, "resources-exhausted", problem)
+    try:
+        return stale, cdi.derive_hold_spec(a.gpus, inventory, cdi.read_vendor_spec(paths))
+    except (cdi.VendorSpecError, cdi.MissingVendorDevice) as error:
+        return _failed(a, "device-missing", str(error))
+
+
 def bind(
     assignment: DeviceAssignment | Mapping[str, Any],
     inventory: Inventory,
@@ -178,40 +223,10 @@ def bind(
     """
     a = parse_assignment(assignment)
     slices = slices if slices is not None else Slices.detect(paths)
-    here = {gpu.uuid for gpu in inventory.gpus}
-    missing = [uuid for uuid in a.gpus if uuid not in here]
-    if missing:
-        return _failed(a, "device-missing",
-                       f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on this "
-                       f"node (it has {len(here)} GPUs); the inventory report shows which")
-    invalid = [uuid for uuid in a.gpus if not cdi.is_valid_device_name(uuid)]
-    if invalid:
-        return _failed(a, "device-missing",
-                       f"{', '.join(invalid)} cannot be a CDI device name (letters, digits and "
-                       "_ - . : only)")
-
-    holds = cdi.read_holds(paths)
-    others = {alloc: gpus for alloc, gpus in holds.items() if alloc != a.allocation_id}
-    stale: list[str] = []
-    for other, gpus in sorted(others.items()):
-        shared = sorted(set(gpus) & set(a.gpus))
-        if not shared:
-            continue
-        if live is None or other in live:
-            return _failed(a, "overlap",
-                           f"{', '.join(shared)} already held by {other} "
-                           f"({cdi.spec_path(paths, other)}); it must be released first")
-        stale.append(other)
-    live_others = [alloc for alloc in others if alloc not in stale
-                   and (live is None or alloc in live)]
-    if problem := _check_resources(a, inventory, paths, live_others):
-        return _failed(a, "resources-exhausted", problem)
-
-    try:
-        spec = cdi.derive_hold_spec(a.gpus, inventory, cdi.read_vendor_spec(paths))
-    except (cdi.VendorSpecError, cdi.MissingVendorDevice) as error:
-        return _failed(a, "device-missing", str(error))
-
+    plan = _plan(a, inventory, paths, live)
+    if isinstance(plan, BindResult):
+        return plan
+    stale, spec = plan
     for other in stale:
         cdi.remove_hold_spec(paths, other)
     values = envfile.hold_values(allocation_id=a.allocation_id, reservation_id=a.reservation_id,
@@ -225,16 +240,11 @@ def bind(
         envfile.remove_env_file(paths, a.allocation_id)
         return _failed(a, "resources-exhausted", f"cannot create the hold's slice: {error}")
     return BindResult(
-        outcome="bound",
-        allocation_id=a.allocation_id,
-        gpus=list(a.gpus),
+        outcome="bound", allocation_id=a.allocation_id, gpus=list(a.gpus),
         cdi_devices=[cdi.device_name(uuid) for uuid in a.gpus],
-        cdi_spec=str(cdi.spec_path(paths, a.allocation_id)),
-        cdi_version=spec["cdiVersion"],
+        cdi_spec=str(cdi.spec_path(paths, a.allocation_id)), cdi_version=spec["cdiVersion"],
         env_file=str(envfile.env_path(paths, a.allocation_id)),
-        cgroup_parent=slice_name(a.allocation_id),
-        slice_mode=outcome.mode,
-        removed_stale=stale,
+        cgroup_parent=slice_name(a.allocation_id), slice_mode=outcome.mode, removed_stale=stale,
     )
 
 

@@ -86,7 +86,7 @@ def check_gpus(paths: Paths, env: Mapping[str, str]) -> Check:
         return _fail("GPU source", str(exc),
                      "install the NVIDIA driver (NVML, nvidia-smi) or set BCD_GPU_SOURCE")
     names = sorted({gpu.name for gpu in inventory.gpus})
-    unhealthy = [gpu.uuid for gpu in inventory.gpus if not gpu.healthy]
+    unhealthy = [gpu.uuid for gpu in inventory.gpus if not gpu.is_healthy]
     detail = f"{inventory.source}: {len(inventory.gpus)} GPU(s)" + (
         f" ({', '.join(names)})" if names else "")
     if unhealthy:

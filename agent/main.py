@@ -50,7 +50,14 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_join(sub)
+    _add_doctor(sub)
+    _add_node(sub)
+    _add_status(sub)
+    return parser
 
+
+def _add_join(sub: Any) -> None:
     join = sub.add_parser(
         "join", help="join this machine to a pool with a join token",
         description="Join this machine to the control plane's pool with a join token read from "
@@ -70,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="the join token file (mode 0600 or 0400, yours; deleted after the join)")
     join.add_argument("positional", nargs="*", help=argparse.SUPPRESS)
 
+
+def _add_doctor(sub: Any) -> None:
     doctor = sub.add_parser("doctor", help="check this machine for a join and a node",
                             description="Check privileges, config.toml, the GPU source, the "
                             "server and the clock, and say what to fix. Exits 1 when any fails.",
@@ -79,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     doctor.add_argument("--server", help="the API root to check (default: config.toml's)")
 
+
+def _add_node(sub: Any) -> None:
     node = sub.add_parser(
         "node", help="run the agent: the session with the gateway, desired state, status",
         description="Run the node agent: keep the session with the gateway up (reconnecting "
@@ -98,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--log-format", choices=["text", "json"],
                       help="each output line as text (default: time, level, `bcd node:`, "
                       "message) or as one JSON object. Example: --log-format json")
+
+
+def _add_status(sub: Any) -> None:
     status = sub.add_parser(
         "status", help="show the running agent: session, spec generations, sections, GPUs",
         description="Read the running bcd node over its unix socket and show its session, "
@@ -108,7 +122,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="print the status as JSON (schema in docs/bcd.md)")
     status.add_argument("--socket", metavar="PATH",
                         help="the agent's socket (default /run/bcd/bcd.sock, under BCD_ROOT)")
-    return parser
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -20,9 +20,10 @@ import hashlib
 import json
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from better_compute.api.wire.sections import ProfileSection
 
 from . import cdi
 from .files import write_atomic
@@ -49,11 +50,6 @@ def fingerprint(inventory: Inventory, command: Sequence[str]) -> str:
     basis = {"gpus": sorted(gpu.uuid for gpu in inventory.gpus),
              "driver": inventory.driver_version, "command": list(command)}
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
-
-
-def units_of(section: Mapping[str, Any]) -> list[str]:
-    units = section.get("units")
-    return [str(unit) for unit in units] if isinstance(units, list) else []
 
 
 def _check_spec(output: bytes, inventory: Inventory) -> str | None:
@@ -120,11 +116,11 @@ def generate_vendor_spec(paths: Paths, inventory: Inventory | None, source_error
                       f"{rewritten}", wanted)
 
 
-def apply_profile(section: Mapping[str, Any], paths: Paths, inventory: Inventory | None,
+def apply_profile(section: ProfileSection, paths: Paths, inventory: Inventory | None,
                   source_error: str | None, command: Sequence[str] | None,
                   previous: str | None) -> UnitResult:
     """The ``profile`` section: run each unit it names (today: ``container-toolkit``)."""
-    units = units_of(section)
+    units = section.units
     unknown = [unit for unit in units if unit not in UNITS]
     results = [generate_vendor_spec(paths, inventory, source_error, command, previous)] \
         if UNIT in units else []

@@ -34,7 +34,7 @@ from better_compute.api.store.store import (
 from better_compute.api.store.token_use import TokenUse
 from better_compute.domain.errors import InvalidInput
 from better_compute.projections.capacity import Capacity
-from better_compute.projections.framework import ProjectionRunner
+from better_compute.projections.framework import ReadModels
 from better_compute.projections.free_gpus import FreeGpus
 from better_compute.projections.listings import Listings
 from better_compute.projections.reservations import Reservations
@@ -69,7 +69,7 @@ class StoreEvents:
         return event.mutate(None)
 
 
-class Projections(ProjectionRunner):
+class Projections(ReadModels):
     def __init__(self, store: ComputeStore) -> None:
         source = StoreEvents(store)
         self.sql: SqlRunner = store.sql()

@@ -28,17 +28,16 @@ import asyncio
 import base64
 import json
 import multiprocessing
-import os
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-CLI = str(Path(sys.executable).parent / "better-compute")
+from better_compute.benchmarks.harness import cpu_seconds, free_port, initialized, serving
+
 GPUS = 8
 
 
@@ -50,24 +49,16 @@ def _setup(data: Path, n: int) -> tuple[str, str, list[dict[str, str]], str]:
     from cryptography.x509.oid import NameOID
 
     from better_compute.api import pki
-    from better_compute.api.runtime import Runtime
+    from better_compute.benchmarks.fleet import make_pool
     from better_compute.domain.access import LOCAL_OPERATOR
     from better_compute.domain.ids import new_uuid, public_id
     from better_compute.domain.node import NODE_ROLE, Node
 
-    master = pki.new_master_key()
-    (data / "master.key").write_text(master)
-    runtime = Runtime.open({"BETTER_COMPUTE_DATA_DIR": str(data)})
+    ready = initialized({"BETTER_COMPUTE_DATA_DIR": str(data)})
+    runtime, token, bundle = ready.runtime, ready.token, ready.bundle
     try:
-        bundle = pki.generate_bundle()
-        token = runtime.service.initialize(
-            pki.public_parts(bundle), pki.seal_bundle(bundle, pki.parse_master_key(master)))
-        service = runtime.service
-        site = service.sites_create(LOCAL_OPERATOR, "shared", "eu-1", None, "site-sim")["id"]
-        pool = service.pools_create(
-            LOCAL_OPERATOR, site, "metal-host", "H100",
-            {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": GPUS}}, None,
-            "pool-sim")["id"]
+        pool = make_pool(runtime.service, key="pool-sim", gpu_count=GPUS)
+        site = runtime.service.pool(LOCAL_OPERATOR, pool).site_id
         nodes: list[dict[str, str]] = []
         batch: list[Node] = []
         for i in range(n):
@@ -185,17 +176,55 @@ def _worker(nodes: list[dict[str, str]], port: int, ca: str, heartbeat: float,
 # --------------------------------------------------------------------- the run
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _start_agents(nodes: list[dict[str, str]], processes: int, gw_port: int, ca: str,
+                  heartbeat: float, start_beats: float, stop_at: float
+                  ) -> tuple[list[Any], Any]:
+    """The agents, split over ``processes`` worker processes; (the processes, their queue)."""
+    spawn = multiprocessing.get_context("spawn")
+    queue: Any = spawn.Queue()
+    chunks = [nodes[i::processes] for i in range(processes)]
+    workers = [spawn.Process(target=_worker, args=(c, gw_port, ca, heartbeat, start_beats,
+                                                    stop_at, queue))
+               for c in chunks if c]
+    for w in workers:
+        w.start()
+    return workers, queue
 
 
-def _free_port() -> int:
-    import socket
+def _adopted_after(client: Any, body: dict[str, Any], n: int, start_beats: float
+                   ) -> float | None:
+    """Seconds until capacity shows every node's GPUs (None: not before the window)."""
+    a0 = time.monotonic()
+    while time.time() < start_beats:
+        got = client.post("/api/compute/rpc", json=body).json()
+        if got["result"]["resources"]["gpu"]["allocatable"] == GPUS * n:
+            return time.monotonic() - a0
+        time.sleep(0.25)
+    return None
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+def _totals(workers: list[Any], queue: Any, n: int) -> dict[str, int]:
+    """The workers' counts, summed, once each has reported and ended."""
+    totals: dict[str, int] = {}
+    for _ in workers:
+        for k, v in queue.get(timeout=60 + n / 10).items():
+            totals[k] = totals.get(k, 0) + v
+    for w in workers:
+        w.join(timeout=30)
+    return totals
+
+
+def _capacity_latencies(client: Any, body: dict[str, Any], queries: int
+                        ) -> tuple[list[float], Any]:
+    """``queries`` sequential capacity.get calls: their latencies (ms, sorted), the last answer."""
+    latencies: list[float] = []
+    answer: Any = None
+    for _ in range(queries):
+        q0 = time.perf_counter()
+        answer = client.post("/api/compute/rpc", json=body).json()
+        latencies.append((time.perf_counter() - q0) * 1000)
+    latencies.sort()
+    return latencies, answer
 
 
 def run_one(n: int, processes: int, heartbeat: float, seconds: float, queries: int) -> dict[str, Any]:
@@ -206,76 +235,41 @@ def run_one(n: int, processes: int, heartbeat: float, seconds: float, queries: i
         t0 = time.monotonic()
         token, pool, nodes, ca = _setup(data, n)
         setup_s = time.monotonic() - t0
-        api_port, gw_port = _free_port(), _free_port()
-        env = {"PATH": os.environ.get("PATH", ""), "BETTER_COMPUTE_DATA_DIR": str(data),
+        api_port, gw_port = free_port(), free_port()
+        env = {"BETTER_COMPUTE_DATA_DIR": str(data),
                "BETTER_COMPUTE_NODE_HEARTBEAT": str(heartbeat)}
-        server = subprocess.Popen([CLI, "serve", "--listen", f"127.0.0.1:{api_port}",
-                                   "--gateway-listen", f"127.0.0.1:{gw_port}"], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert server.stdout is not None
-            ready = server.stdout.readline()
-            if "serving" not in ready:
-                raise RuntimeError(f"serve did not start: {ready} {server.stderr.read()[-2000:]}")
+        with serving(env, api_port, "--gateway-listen", f"127.0.0.1:{gw_port}") as server:
             connect_window = 5.0 + n * 0.05  # time to connect and adopt before the window
             start_beats = time.time() + connect_window
             stop_at = start_beats + seconds
-            queue: Any = multiprocessing.get_context("spawn").Queue()
-            chunks = [nodes[i::processes] for i in range(processes)]
-            workers = [multiprocessing.get_context("spawn").Process(
-                target=_worker, args=(c, gw_port, ca, heartbeat, start_beats, stop_at, queue))
-                for c in chunks if c]
-            for w in workers:
-                w.start()
-            context = ssl.create_default_context(cadata=ca)
-            client = httpx.Client(base_url=f"https://127.0.0.1:{api_port}", verify=context,
+            workers, queue = _start_agents(nodes, processes, gw_port, ca, heartbeat,
+                                           start_beats, stop_at)
+            client = httpx.Client(base_url=f"https://127.0.0.1:{api_port}",
+                                  verify=ssl.create_default_context(cadata=ca),
                                   headers={"authorization": f"Bearer {token}"})
             body = {"jsonrpc": "2.0", "id": 1, "method": "capacity.get",
                     "params": {"poolId": pool}}
-            a0, adopt_s = time.monotonic(), None
-            while time.time() < start_beats:
-                got = client.post("/api/compute/rpc", json=body).json()
-                if got["result"]["resources"]["gpu"]["allocatable"] == GPUS * n:
-                    adopt_s = time.monotonic() - a0
-                    break
-                time.sleep(0.25)
-            time.sleep(max(0.0, start_beats - time.time()))
-            cpu0, wall0 = _cpu_seconds(server.pid), time.monotonic()
-            time.sleep(max(0.0, stop_at - time.time()))
-            cpu1, wall1 = _cpu_seconds(server.pid), time.monotonic()
-            totals: dict[str, int] = {}
-            for _ in workers:
-                for k, v in queue.get(timeout=60 + n / 10).items():
-                    totals[k] = totals.get(k, 0) + v
-            for w in workers:
-                w.join(timeout=30)
-            latencies: list[float] = []
-            answer: Any = None
             try:
-                for _ in range(queries):
-                    q0 = time.perf_counter()
-                    answer = client.post("/api/compute/rpc", json=body).json()
-                    latencies.append((time.perf_counter() - q0) * 1000)
+                adopt_s = _adopted_after(client, body, n, start_beats)
+                time.sleep(max(0.0, start_beats - time.time()))
+                cpu0, wall0 = cpu_seconds(server.pid), time.monotonic()
+                time.sleep(max(0.0, stop_at - time.time()))
+                cpu1, wall1 = cpu_seconds(server.pid), time.monotonic()
+                totals = _totals(workers, queue, n)
+                latencies, answer = _capacity_latencies(client, body, queries)
             finally:
                 client.close()
-            latencies.sort()
-            gpu = answer["result"]["resources"]["gpu"]
-            return {
-                "nodes": n, "processes": len(workers), "heartbeatSeconds": heartbeat,
-                "setupSeconds": round(setup_s, 1),
-                "adoptAllSeconds": None if adopt_s is None else round(adopt_s, 1), **totals,
-                "heartbeatsPerSecond": round(totals.get("heartbeats", 0) / seconds, 1),
-                "serveCpuPercent": round(100 * (cpu1 - cpu0) / (wall1 - wall0), 1),
-                "allocatableGpus": gpu["allocatable"],
-                "capacityP50ms": round(statistics.median(latencies), 2),
-                "capacityP99ms": round(latencies[int(0.99 * (len(latencies) - 1))], 2),
-            }
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+    gpu = answer["result"]["resources"]["gpu"]
+    return {
+        "nodes": n, "processes": len(workers), "heartbeatSeconds": heartbeat,
+        "setupSeconds": round(setup_s, 1),
+        "adoptAllSeconds": None if adopt_s is None else round(adopt_s, 1), **totals,
+        "heartbeatsPerSecond": round(totals.get("heartbeats", 0) / seconds, 1),
+        "serveCpuPercent": round(100 * (cpu1 - cpu0) / (wall1 - wall0), 1),
+        "allocatableGpus": gpu["allocatable"],
+        "capacityP50ms": round(statistics.median(latencies), 2),
+        "capacityP99ms": round(latencies[int(0.99 * (len(latencies) - 1))], 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +45,15 @@ from typing import Any
 
 import httpx
 
-from better_compute.benchmarks.placer import _drop  # a PostgreSQL schema goes too
+from better_compute.benchmarks.harness import (
+    CLI,
+    drop_schema,
+    free_port,
+    load_average,
+    serving,
+    store_env,
+)
 
-CLI = str(Path(sys.executable).parent / "better-compute")
 MB = 1_000_000
 
 
@@ -179,95 +184,119 @@ def max_selector() -> str:
 
 def attack(target: Target, scenario: Scenario) -> Report:
     """Run every attack at once against ``target``; the server's memory and root's latency."""
-    report = Report(rss_before_mb=rss_mb(target.pid))
-    outcomes: dict[str, Counter[str]] = {k: Counter() for k in
-                                         ("posts", "names", "selectors", "events")}
-    stop = threading.Event()
-    lock = threading.Lock()
+    return _Attack(target, scenario).run()
 
-    def note(kind: str, outcome: str) -> None:
-        with lock:
-            outcomes[kind][outcome] += 1
 
-    def sample() -> None:
-        while not stop.is_set():
-            report.rss_peak_mb = max(report.rss_peak_mb, rss_mb(target.pid))
-            stop.wait(0.02)
+class _Attack:
+    """One run of every attack at once: its threads, and what they count and measure."""
 
-    def client() -> httpx.Client:
-        return httpx.Client(base_url=target.url, verify=_tls(target), timeout=120)
+    def __init__(self, target: Target, scenario: Scenario) -> None:
+        self.target, self.scenario = target, scenario
+        self.report = Report(rss_before_mb=rss_mb(target.pid))
+        self.outcomes: dict[str, Counter[str]] = {k: Counter() for k in
+                                                  ("posts", "names", "selectors", "events",
+                                                   "whoami")}
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
 
-    def names(count: int) -> None:
-        name = "n" * int(scenario.name_mb * MB)
-        with client() as http:
+    def run(self) -> Report:
+        target, scenario, report = self.target, self.scenario, self.report
+        threading.Thread(target=self.sample, daemon=True).start()
+        silent = [silent_watcher(target, target.tokens["reader" if i % 2 else "root"])
+                  for i in range(scenario.watchers)]
+        background = [threading.Thread(target=self.whoami, daemon=True)]
+        background += [threading.Thread(target=self.selectors, daemon=True)
+                       for _ in range(scenario.selectors)]
+        finite = self.finite()
+        started = time.monotonic()
+        for thread in background + finite:
+            thread.start()
+        for thread in finite:
+            thread.join()
+        self.stop.wait(max(0.0, scenario.seconds - (time.monotonic() - started)))
+        self.stop.set()
+        for thread in background:
+            thread.join(timeout=60)
+        report.rss_peak_mb = max(report.rss_peak_mb, rss_mb(target.pid))
+        for sock in silent:
+            sock.close()
+        report.rss_after_mb = rss_mb(target.pid)
+        report.outcomes = self.outcomes
+        return report
+
+    def finite(self) -> list[threading.Thread]:
+        """The attacks that end by themselves: the posts, the names and the events."""
+        scenario = self.scenario
+        threads = [threading.Thread(target=self.post, args=(i % 2 == 1,), daemon=True)
+                   for i in range(scenario.posts)]
+        per = [scenario.names // 5 + (1 if i < scenario.names % 5 else 0) for i in range(5)]
+        threads += [threading.Thread(target=self.names, args=(n,), daemon=True) for n in per if n]
+        threads += [threading.Thread(target=self.events, args=(range(i, scenario.events, 4),),
+                                     daemon=True) for i in range(4)]
+        return threads
+
+    def note(self, kind: str, outcome: str) -> None:
+        with self.lock:
+            self.outcomes[kind][outcome] += 1
+
+    def sample(self) -> None:
+        while not self.stop.is_set():
+            self.report.rss_peak_mb = max(self.report.rss_peak_mb, rss_mb(self.target.pid))
+            self.stop.wait(0.02)
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.target.url, verify=_tls(self.target), timeout=120)
+
+    def post(self, chunked: bool) -> None:
+        self.note("posts", anonymous_post(self.target, self.scenario.post_mb, chunked=chunked))
+
+    def names(self, count: int) -> None:
+        name = "n" * int(self.scenario.name_mb * MB)
+        with self.client() as http:
             for _ in range(count):
-                note("names", _rpc(http, target.tokens["admin"], "tokens.create",
-                                   {"role": "member", "name": name}))
+                self.note("names", _rpc(http, self.target.tokens["admin"], "tokens.create",
+                                        {"role": "member", "name": name}))
 
-    def selectors() -> None:
-        params = {"poolId": target.pool, "gpus": 1, "duration": "1h",
+    def selectors(self) -> None:
+        params = {"poolId": self.target.pool, "gpus": 1, "duration": "1h",
                   "selector": max_selector()}
-        with client() as http:
-            while not stop.is_set():
-                note("selectors", _rpc(http, target.tokens["reader"], "capacity.preview",
-                                       params))
+        with self.client() as http:
+            while not self.stop.is_set():
+                self.note("selectors", _rpc(http, self.target.tokens["reader"],
+                                            "capacity.preview", params))
 
-    def events(part: range) -> None:
-        with client() as http:
+    def events(self, part: range) -> None:
+        with self.client() as http:
             for i in part:
-                note("events", _rpc(http, target.tokens["writer"], "sites.create",
-                                    {"kind": "shared", "region": "eu-1",
-                                     "name": f"site {i} " + "s" * 180}))
+                self.note("events", _rpc(http, self.target.tokens["writer"], "sites.create",
+                                         {"kind": "shared", "region": "eu-1",
+                                          "name": f"site {i} " + "s" * 180}))
 
-    def whoami() -> None:
+    def whoami(self) -> None:
+        target = self.target
         probe = subprocess.Popen(
             [sys.executable, "-m", "better_compute.benchmarks.hostile", "--_whoami",
              target.url, target.ca_file, target.tokens["root"]],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert probe.stdin is not None and probe.stdout is not None
-        stop.wait()
+        self.stop.wait()
         probe.stdin.close()
         done = json.loads(probe.stdout.read())
         probe.wait(timeout=60)
-        report.whoami_ms.extend(done["ms"])
+        self.report.whoami_ms.extend(done["ms"])
         for outcome, count in done["outcomes"].items():
-            outcomes["whoami"][outcome] += count
-
-    threading.Thread(target=sample, daemon=True).start()
-    silent = [silent_watcher(target, target.tokens["reader" if i % 2 else "root"])
-              for i in range(scenario.watchers)]
-    background = [threading.Thread(target=whoami, daemon=True)]
-    background += [threading.Thread(target=selectors, daemon=True)
-                   for _ in range(scenario.selectors)]
-    finite = [threading.Thread(target=lambda c=i: note("posts", anonymous_post(
-        target, scenario.post_mb, chunked=c % 2 == 1)), daemon=True)
-        for i in range(scenario.posts)]
-    per = [scenario.names // 5 + (1 if i < scenario.names % 5 else 0) for i in range(5)]
-    finite += [threading.Thread(target=names, args=(n,), daemon=True) for n in per if n]
-    finite += [threading.Thread(target=events, args=(range(i, scenario.events, 4),),
-                                daemon=True) for i in range(4)]
-    outcomes["whoami"] = Counter()
-    started = time.monotonic()
-    for thread in background + finite:
-        thread.start()
-    for thread in finite:
-        thread.join()
-    stop.wait(max(0.0, scenario.seconds - (time.monotonic() - started)))
-    stop.set()
-    for thread in background:
-        thread.join(timeout=60)
-    report.rss_peak_mb = max(report.rss_peak_mb, rss_mb(target.pid))
-    for sock in silent:
-        sock.close()
-    report.rss_after_mb = rss_mb(target.pid)
-    report.outcomes = outcomes
-    return report
+            self.outcomes["whoami"][outcome] += count
 
 
 def _whoami_probe(url: str, ca_file: str, token: str) -> None:
     """root's whoami in a loop until stdin closes; prints the latencies as JSON."""
     done = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+
+    def until_stdin_closes() -> None:
+        sys.stdin.read()
+        done.set()
+
+    threading.Thread(target=until_stdin_closes, daemon=True).start()
     ms: list[float] = []
     outcomes: Counter[str] = Counter()
     with httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca_file),
@@ -326,36 +355,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     scenario = Scenario(**{k: getattr(args, k) for k in vars(defaults)})
     with tempfile.TemporaryDirectory() as tmp:
-        env = {"PATH": os.environ.get("PATH", ""), "BETTER_COMPUTE_DATA_DIR": tmp}
-        if args.backend == "postgres":
-            if not args.pg_url:
-                raise SystemExit("--backend postgres needs --pg-url (or BC_TEST_PG_URL)")
-            env["BETTER_COMPUTE_DATABASE_URL"] = f"{args.pg_url}?schema=h_{uuid.uuid4().hex[:12]}"
-        done = subprocess.run([CLI, "init"], env=env, capture_output=True, text=True,
-                              check=True)
-        tokens, pool = populate(env)
-        tokens["root"] = done.stdout.strip().splitlines()[-1]
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = subprocess.Popen([CLI, "serve", "--listen", f"127.0.0.1:{port}"], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        env = {"PATH": os.environ.get("PATH", ""),
+               **store_env(args.backend, args.pg_url, Path(tmp))}
         try:
-            assert server.stdout is not None
-            line = server.stdout.readline()
-            if "serving" not in line:
-                raise SystemExit(f"serve did not start: {line}")
-            target = Target(f"https://127.0.0.1:{port}", server.pid,
-                            str(Path(tmp) / "serving-ca.pem"), tokens, pool)
-            load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-            report = attack(target, scenario)
+            done = subprocess.run([CLI, "init"], env=env, capture_output=True, text=True,
+                                  check=True)
+            tokens, pool = populate(env)
+            tokens["root"] = done.stdout.strip().splitlines()[-1]
+            port = free_port()
+            with serving(env, port) as server:
+                target = Target(f"https://127.0.0.1:{port}", server.pid,
+                                str(Path(tmp) / "serving-ca.pem"), tokens, pool)
+                load = load_average()
+                report = attack(target, scenario)
         finally:
-            server.terminate()
-            server.wait(timeout=30)
-            _drop(env)
+            drop_schema(env)
     summary = report.summary()
     print(f"backend {args.backend}; scenario {vars(scenario)}; load average before {load}, "
-          f"after {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+          f"after {load_average()}")
     print(f"server RSS: {summary['rss_before_mb']} MB before, peak {summary['rss_peak_mb']} MB, "
           f"{summary['rss_after_mb']} MB after")
     print(f"root system.whoami: {summary['whoami_calls']} calls, p50 "

@@ -29,42 +29,12 @@ import statistics
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from better_compute.api.runtime import Runtime
 from better_compute.benchmarks.fleet import add_nodes, make_pool
+from better_compute.benchmarks.harness import drop_schema, initialized, store_env
 from better_compute.domain.access import LOCAL_OPERATOR
-
-
-def _store_env(backend: str, pg_url: str | None, tmp: Path) -> dict[str, str]:
-    env = {"BETTER_COMPUTE_DATA_DIR": str(tmp)}
-    if backend == "postgres":
-        if not pg_url:
-            raise SystemExit("--backend postgres needs --pg-url (or BC_TEST_PG_URL)")
-        env["BETTER_COMPUTE_DATABASE_URL"] = f"{pg_url}?schema=bench_{uuid.uuid4().hex[:12]}"
-    return env
-
-
-def _drop(env: dict[str, str]) -> None:
-    url = env.get("BETTER_COMPUTE_DATABASE_URL")
-    if url:
-        import psycopg
-
-        base, _, schema = url.partition("?schema=")
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
-def _open(env: dict[str, str]) -> Runtime:
-    from better_compute.api import pki
-
-    runtime = Runtime.open(env)
-    key = pki.new_master_key()
-    bundle = pki.generate_bundle()
-    runtime.service.initialize(pki.public_parts(bundle),
-                               pki.seal_bundle(bundle, pki.parse_master_key(key)))
-    return runtime
 
 
 def _fleet(runtime: Runtime, nodes: int, key: str) -> tuple[str, float]:
@@ -121,8 +91,8 @@ def latency(runtime: Runtime, pool: str, samples: int) -> tuple[float, float]:
 
 def run_backend(backend: str, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        env = _store_env(backend, args.pg_url, Path(tmp))
-        runtime = _open(env)
+        env = store_env(backend, args.pg_url, Path(tmp))
+        runtime = initialized(env).runtime
         try:
             pool, setup = _fleet(runtime, args.nodes, "bench-throughput")
             print(f"{backend}: pool of {args.nodes} nodes x 8 GPUs set up in {setup:.1f}s")
@@ -136,7 +106,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> None:
                       f"p95 {p95:6.1f} ms (fleet set up in {setup:.1f}s)")
         finally:
             runtime.close()
-            _drop(env)
+            drop_schema(env)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,8 +34,6 @@ import queue
 import random
 import ssl
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -45,28 +43,20 @@ from typing import Any
 
 from better_compute.api.runtime import Runtime
 from better_compute.benchmarks.fleet import add_nodes, make_pool
-from better_compute.benchmarks.placer import _drop, _store_env
+from better_compute.benchmarks.harness import (
+    drop_schema,
+    free_port,
+    initialized,
+    load_average,
+    serving,
+    store_env,
+)
 from better_compute.domain.access import LOCAL_OPERATOR, Principal, Role
 from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.reservation import new_allocation_id
 
-CLI = str(Path(sys.executable).parent / "better-compute")
 ACME = Principal("acme", Role.MEMBER, "tok_bench")
 GROUPS = (1, 2, 4, 8)
-
-
-def _open(env: dict[str, str]) -> Runtime:
-    from better_compute.api import pki
-
-    key = pki.new_master_key()
-    data = Path(env["BETTER_COMPUTE_DATA_DIR"])
-    (data / "master.key").write_text(key)
-    runtime = Runtime.open(env)
-    bundle = pki.generate_bundle()
-    (data / "serving-ca.pem").write_text(pki.pem(bundle.serving_ca_cert))
-    runtime.root_token = runtime.service.initialize(  # type: ignore[attr-defined]
-        pki.public_parts(bundle), pki.seal_bundle(bundle, pki.parse_master_key(key)))
-    return runtime
 
 
 def book_node(pool: str, node_id: str, gpus: list[str], now: datetime, per_gpu: int,
@@ -184,8 +174,8 @@ def _time(event: dict[str, Any]) -> datetime:
 def dispatch_time(env: dict[str, str], nodes: int, samples: int) -> dict[str, float]:
     import httpx
 
-    runtime = _open(env)
-    token = runtime.root_token  # type: ignore[attr-defined]
+    ready = initialized(env)
+    runtime, token = ready.runtime, ready.token
     try:
         service = runtime.service
         pool = make_pool(service, key="bench-dispatch")
@@ -193,16 +183,8 @@ def dispatch_time(env: dict[str, str], nodes: int, samples: int) -> dict[str, fl
         service.tenants_create(LOCAL_OPERATOR, "acme", None)
         service.pools_offer(LOCAL_OPERATOR, pool, "acme", {"gpu": 1})
         rs = runtime.services.reservations
-        port, gateway = _free_port(), _free_port()
-        server = subprocess.Popen(
-            [CLI, "serve", "--listen", f"127.0.0.1:{port}", "--gateway-listen",
-             f"127.0.0.1:{gateway}"], env={**env, "PATH": os.environ.get("PATH", "")},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert server.stdout is not None
-            ready = server.stdout.readline()
-            if "serving" not in ready:
-                raise SystemExit(f"serve did not start: {ready} {server.stderr.read()[-2000:]}")
+        port = free_port()
+        with serving(env, port, "--gateway-listen", f"127.0.0.1:{free_port()}"):
             url = f"https://127.0.0.1:{port}"
             ca = str(Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem")
             watch = Watch(url, token, ca)
@@ -225,12 +207,6 @@ def dispatch_time(env: dict[str, str], nodes: int, samples: int) -> dict[str, fl
                 gaps.append((_time(placed) - _time(released)).total_seconds() * 1000)
                 rs.release(ACME, queued["id"])
             client.close()
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
     finally:
         runtime.close()
     seen.sort()
@@ -239,29 +215,17 @@ def dispatch_time(env: dict[str, str], nodes: int, samples: int) -> dict[str, fl
             "serverP50": statistics.median(gaps), "serverP95": gaps[int(len(gaps) * 0.95)]}
 
 
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_backend(backend: str, args: argparse.Namespace) -> None:
     if args.fleets:
         run_previews(backend, args)
     if args.dispatch_samples:
         with tempfile.TemporaryDirectory() as tmp:
-            env = _store_env(backend, args.pg_url, Path(tmp))
+            env = store_env(backend, args.pg_url, Path(tmp))
             try:
                 got = dispatch_time(env, args.dispatch_nodes, args.dispatch_samples)
             finally:
-                _drop(env)
-            print(f"  load average: {_load()}", flush=True)
+                drop_schema(env)
+            print(f"  load average: {load_average()}", flush=True)
             print(f"  {backend} dispatch, release to reservation.dequeued: client p50 "
                   f"{got['clientP50']:.1f} ms, p95 {got['clientP95']:.1f} ms; between the "
                   f"events p50 {got['serverP50']:.1f} ms, p95 {got['serverP95']:.1f} ms",
@@ -270,8 +234,8 @@ def run_backend(backend: str, args: argparse.Namespace) -> None:
 
 def run_previews(backend: str, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        env = _store_env(backend, args.pg_url, Path(tmp))
-        runtime = _open(env)
+        env = store_env(backend, args.pg_url, Path(tmp))
+        runtime = initialized(env).runtime
         try:
             pools = {}
             for size in [int(n) for n in args.fleets.split(",")]:
@@ -279,9 +243,9 @@ def run_previews(backend: str, args: argparse.Namespace) -> None:
                                                   f"bench-preview-{size}")
                 print(f"  {backend}: {size} nodes x 8 GPUs, ~{args.bookings} bookings per GPU, "
                       f"set up in {setup:.1f}s", flush=True)
-            print(f"  load average before: {_load()}", flush=True)
+            print(f"  load average before: {load_average()}", flush=True)
             figures = preview_latency(runtime, pools, args.samples)
-            print(f"  load average after:  {_load()}", flush=True)
+            print(f"  load average after:  {load_average()}", flush=True)
             for (size, gpus), (p50, p95, earliest) in sorted(figures.items()):
                 print(f"  {backend} preview, {size:>6} nodes, {gpus} GPU{'s' if gpus > 1 else ''}"
                       f": p50 {p50:6.1f} ms, p95 {p95:6.1f} ms (earliest {earliest})", flush=True)
@@ -292,7 +256,7 @@ def run_previews(backend: str, args: argparse.Namespace) -> None:
                       f"{ratio:.2f} (goal: at most 1.5)", flush=True)
         finally:
             runtime.close()
-            _drop(env)
+            drop_schema(env)
 
 
 def main(argv: list[str] | None = None) -> int:

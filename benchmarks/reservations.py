@@ -268,7 +268,8 @@ def _pct(values: list[float], q: float) -> float:
 def _ceiling(backend: str, pg_url: str | None, seconds: float) -> float:
     """Single-aggregate saves per second, one thread, in a fresh store of ``backend``."""
     from better_compute.api.store.store import StoreConfig, open_store, setup_lock
-    from better_compute.benchmarks.placer import _drop, _store_env
+    from better_compute.benchmarks.harness import drop_schema as _drop
+    from better_compute.benchmarks.harness import store_env as _store_env
     from better_compute.domain.ids import new_uuid
     from better_compute.domain.site import Site
 
@@ -321,7 +322,8 @@ def _set_up(env: dict[str, str], nodes: int, clients: int) -> tuple[list[str], s
 
 
 def run_backend(backend: str, args: argparse.Namespace) -> None:
-    from better_compute.benchmarks.placer import _drop, _store_env
+    from better_compute.benchmarks.harness import drop_schema as _drop
+    from better_compute.benchmarks.harness import store_env as _store_env
 
     print(f"{backend}: load average {_load()} at the start", flush=True)
     ceiling = _ceiling(backend, args.pg_url, args.ceiling_seconds)

@@ -21,7 +21,7 @@ from better_compute.benchmarks.reservations import Bench, Server, _load, _set_up
 def _serving(backend: str, args: argparse.Namespace, code: str | None, tmp: Path
              ) -> tuple[dict[str, str], Server, Bench]:
     """A fresh store with the pool set up, and a server of ``code`` (ours: None) on it."""
-    from better_compute.benchmarks.placer import _store_env
+    from better_compute.benchmarks.harness import store_env as _store_env
 
     env = _store_env(backend, args.pg_url, tmp)
     tokens, ca_pem, pool = _set_up(env, args.nodes, max(int(c) for c in args.clients.split(",")))
@@ -34,7 +34,7 @@ def compare(backend: str, args: argparse.Namespace) -> None:
     """``--compare DIR``: the same phases on two servers at once (DIR's code and ours, each
     with its own store and pool), alternating round by round in ABBA order, so that both
     meet the same machine; the median of the rounds for each, and ours against DIR's."""
-    from better_compute.benchmarks.placer import _drop
+    from better_compute.benchmarks.harness import drop_schema as _drop
 
     print(f"{backend}: load average {_load()} at the start", flush=True)
     with tempfile.TemporaryDirectory() as tmp_a, tempfile.TemporaryDirectory() as tmp_b:

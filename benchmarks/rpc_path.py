@@ -32,6 +32,7 @@ import httpx
 
 from better_compute.api.http.metrics import ServerMetrics
 from better_compute.api.http.request_log import CURRENT, RequestRecord, log_request, new_request_id
+from better_compute.benchmarks.harness import cpu_seconds, free_port
 
 _PACKAGES = ("domain", "projections", "api", "agent", "cli", "benchmarks")
 
@@ -48,23 +49,15 @@ def _pythonpath(checkout: Path, into: Path) -> str:
     return str(into)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class _Server:
     def __init__(self, env: dict[str, str], pythonpath: str | None) -> None:
         self.env = {**env, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
-        self.port = _free_port()
+        self.port = free_port()
         self.process: subprocess.Popen[str] | None = None
 
     def cpu(self) -> float:
         assert self.process is not None
-        return _cpu_seconds(self.process.pid)
+        return cpu_seconds(self.process.pid)
 
     def __enter__(self) -> str:
         self.process = subprocess.Popen(
@@ -81,13 +74,6 @@ class _Server:
         assert self.process is not None
         self.process.terminate()
         self.process.wait(timeout=60)
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc): steadier than wall time on a
-    loaded machine."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _run(url: str, token: str, method: str, clients: int, seconds: float
@@ -150,11 +136,11 @@ def main() -> None:
         init = subprocess.run([sys.executable, "-m", "better_compute.cli.main", "init"],
                               env=env, capture_output=True, text=True, check=True)
         token = init.stdout.strip().splitlines()[-1]
-        servers = {"this": None}
+        servers: dict[str, str | None] = {"this": None}
         if args.compare:
             servers = {"baseline": _pythonpath(args.compare, Path(tmp) / "baseline"),
                        "this": None}
-        results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        results: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
         for round_ in range(args.rounds):
             order = list(servers.items())
             for name, path in order if round_ % 2 == 0 else order[::-1]:  # no order bias

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,16 +33,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from better_compute.benchmarks.harness import free_port
+
 BIN = Path(sys.executable).parent
 CLI, BCD = str(BIN / "better-compute"), str(BIN / "bcd")
 GOALS = {"better-compute --help": 3.0, "better-compute api system.whoami": 4.0,
          "bcd status --json": 3.0}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run(argv: list[str], env: dict[str, str], **kwargs: object) -> str:
@@ -63,7 +58,7 @@ def _wait_line(process: subprocess.Popen[str], needle: str, timeout: float = 120
             break
         if needle in line:
             return
-    raise SystemExit(f"no {needle!r} from {process.args}")
+    raise SystemExit(f"no {needle!r} from {process.args!r}")
 
 
 @contextmanager
@@ -74,7 +69,7 @@ def _cluster(folder: Path) -> Iterator[tuple[dict[str, str], dict[str, str]]]:
     base = {"PATH": os.environ.get("PATH", ""), "HOME": str(folder),
             "BETTER_COMPUTE_DATA_DIR": str(data)}
     token = _run([CLI, "init"], base).splitlines()[-1]
-    port, gw = _port(), _port()
+    port, gw = free_port(), free_port()
     processes: list[subprocess.Popen[str]] = []
     try:
         server = subprocess.Popen([CLI, "serve", "--listen", f"127.0.0.1:{port}", "--hostname",

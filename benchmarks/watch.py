@@ -30,179 +30,25 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
+
+from better_compute.benchmarks.harness import (
+    cpu_seconds,
+    initialized,
+    load_average,
+    machine,
+    pg_version,
+)
+from better_compute.benchmarks.watch_traffic import pct, rpc_writer, store_writer, watchers_main
 
 CLI = str(Path(sys.executable).parent / "better-compute")
-
-
-# ------------------------------------------------------------------ the machine
-
-def machine() -> dict[str, str]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = "unknown"
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                memory = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
-    except OSError:
-        pass
-    from importlib.metadata import version
-
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": memory,
-            "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
-            "eventsourcing": version("eventsourcing"), "os": platform.platform()}
-
-
-def pg_version(url: str) -> str:
-    import psycopg
-
-    with psycopg.connect(url.partition("?")[0]) as conn:
-        row = conn.execute("SHOW server_version").fetchone()
-    return str(row[0]) if row else "unknown"
-
-
-# ---------------------------------------------------------------- percentiles
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-# -------------------------------------------------------------- watcher process
-
-class _Watcher(asyncio.Protocol):
-    """One raw HTTP/1.1 stream, parsed as little as possible so the reader stays cheap.
-
-    A protocol (no stream reader, no task per read): each ``data_received``
-    stamps its arrival time once and counts the event lines in it. The
-    server sends whole lines per chunk, so splitting on newlines and keeping
-    the lines that start with ``{`` skips the chunk framing.
-    """
-
-    def __init__(self, request: bytes, want: int | None, latencies: list[float],
-                 done: asyncio.Future[None]) -> None:
-        self.request, self.want, self.latencies, self.done = request, want, latencies, done
-        self.ready = asyncio.Event()
-        self.count = 0
-        self.buffer = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        now = time.time()
-        *lines, self.buffer = (self.buffer + data).split(b"\n")
-        marker = b'"time":"'
-        for line in lines:
-            if line.startswith(b'{"sequence"'):
-                self.count += 1
-                if self.want is None:
-                    at = line.index(marker) + len(marker)
-                    stamp = line[at:line.index(b'"', at)].decode()
-                    self.latencies.append(now - datetime.fromisoformat(stamp).timestamp())
-            elif line.startswith(b'{"heartbeat"'):
-                self.ready.set()
-        if self.want is not None and self.count >= self.want:
-            self._finish()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._finish()
-
-    def _finish(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-        self.transport.close()
-
-
-async def _watchers_main(args: argparse.Namespace) -> None:
-    from urllib.parse import urlparse
-
-    parsed = urlparse(f"{args.url}/api/compute/events/watch")
-    query = "" if args.since is None else f"?since={args.since}"
-    request = (f"GET {parsed.path}{query} HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
-               f"Authorization: Bearer {args.token}\r\n\r\n").encode()
-    loop = asyncio.get_running_loop()
-    want = args.want if args.want > 0 else None
-    latencies: list[float] = []
-    watchers: list[_Watcher] = []
-    started = time.perf_counter()
-    for _ in range(args.n):
-        watcher = _Watcher(request, want, latencies, loop.create_future())
-        await loop.create_connection(lambda w=watcher: w, parsed.hostname, parsed.port)
-        watchers.append(watcher)
-    if want is None:
-        # Bounded: a server that never answers ends this process, and the benchmark with it.
-        await asyncio.wait_for(asyncio.gather(*(w.ready.wait() for w in watchers)), 60)
-        cpu = os.times()
-        print(f"ready {cpu.user + cpu.system}", flush=True)
-        await loop.run_in_executor(None, sys.stdin.readline)
-    else:
-        await asyncio.gather(*(w.done for w in watchers))
-    elapsed = time.perf_counter() - started
-    for watcher in watchers:
-        watcher.transport.close()
-    cpu = os.times()
-    print(json.dumps({"elapsed": elapsed, "counts": [w.count for w in watchers],
-                      "p50": pct(latencies, 0.50), "p99": pct(latencies, 0.99),
-                      "max": max(latencies) if latencies else float("nan"),
-                      "cpu": cpu.user + cpu.system}), flush=True)
-
-
-# ------------------------------------------------------------------ the writers
-
-Writer = tuple[Any, Any]  # (write(i) -> failure or None, close())
-
-
-def _rpc_writer(url: str, token: str) -> Writer:
-    """``sites.create`` over a kept-alive http.client connection: a lean client, so the
-    figures are the server's (httpx costs several times more CPU per call)."""
-    import http.client
-    from urllib.parse import urlparse
-
-    parsed = urlparse(url)
-    conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port)
-    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
-
-    def write(i: int) -> str | None:
-        body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "sites.create",
-                           "params": {"kind": "shared", "region": "eu-1"}})
-        conn.request("POST", "/api/compute/rpc", body, headers)
-        answer = json.loads(conn.getresponse().read())
-        return str(answer["error"]) if "error" in answer else None
-
-    return write, conn.close
-
-
-def _store_writer(runtime: Any) -> Writer:
-    """One site saved straight into the store per write (one event per commit)."""
-    from better_compute.domain.site import Site
-
-    def write(i: int) -> str | None:
-        runtime.store.save(Site(tenant_id="root", kind="shared", region="eu-1", name=f"w{i}",
-                                key=None, fingerprint="-"))
-        return None
-
-    return write, lambda: None
 
 
 # ---------------------------------------------------------------- the scenario
@@ -228,19 +74,9 @@ class Bench:
         return Runtime.open(self.env)
 
     def init(self) -> str:
-        from better_compute.api import pki
-
-        runtime = self.runtime()
-        try:
-            key = pki.new_master_key()
-            key_file = Path(self.env["BETTER_COMPUTE_DATA_DIR"]) / "master.key"
-            key_file.parent.mkdir(parents=True, exist_ok=True)
-            key_file.write_text(key)
-            bundle = pki.generate_bundle()
-            return str(runtime.service.initialize(
-                pki.public_parts(bundle), pki.seal_bundle(bundle, pki.parse_master_key(key))))
-        finally:
-            runtime.close()
+        ready = initialized(self.env)
+        ready.runtime.close()
+        return ready.token
 
     def serve(self, port: int) -> subprocess.Popen[str]:
         profile = ([sys.executable, "-m", "cProfile", "-o", self.args.profile_server]
@@ -271,13 +107,13 @@ class Bench:
             raise SystemExit("the watchers did not start")
         rate, seconds = self.args.rate, self.args.seconds
         total = int(rate * seconds)
-        cpu_before, started = _cpu_seconds(server_pid), time.perf_counter()
+        cpu_before, started = cpu_seconds(server_pid), time.perf_counter()
         writer_before = time.process_time()
         achieved = self._write_at_rate(url, token, total, rate)
         writer_cpu = time.process_time() - writer_before
         time.sleep(1.0)  # the last events reach every watcher
         wall = time.perf_counter() - started
-        server_cpu = (_cpu_seconds(server_pid) - cpu_before) / wall
+        server_cpu = (cpu_seconds(server_pid) - cpu_before) / wall
         watchers.stdin.write("stop\n")
         watchers.stdin.flush()
         result = json.loads(watchers.stdout.readline())
@@ -307,8 +143,8 @@ class Bench:
         runtime = self.runtime() if self.args.writer == "store" else None
 
         def writer() -> None:
-            write, close = (_store_writer(runtime) if runtime is not None
-                            else _rpc_writer(url, token))
+            write, close = (store_writer(runtime) if runtime is not None
+                            else rpc_writer(url, token))
             try:
                 while True:
                     with lock:
@@ -431,7 +267,7 @@ class Bench:
             port = s.getsockname()[1]
         server = self.serve(port)
         url = f"http://127.0.0.1:{port}"
-        report: dict[str, Any] = {"backend": self.backend, "load_before": _load(),
+        report: dict[str, Any] = {"backend": self.backend, "load_before": load_average(),
                                   "writer": self.args.writer}
         phases = self.args.phases
         try:
@@ -453,24 +289,8 @@ class Bench:
             server.wait(timeout=60)
         if "store" in phases:
             report["store"] = self.store_reads()
-        report["load_after"] = _load()
+        report["load_after"] = load_average()
         return report
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux), 0 where unknown."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _load() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -499,7 +319,7 @@ def _print(report: dict[str, Any]) -> None:
               f"{s['rendered_read_per_s']}/s, listings rebuild {s['listings_rebuild_per_s']}/s")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m better_compute.benchmarks.watch",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -534,14 +354,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--since", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--want", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args._watchers:
         try:
             import uvloop
 
-            uvloop.run(_watchers_main(args))
+            uvloop.run(watchers_main(args))
         except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-            asyncio.run(_watchers_main(args))
+            asyncio.run(watchers_main(args))
         return 0
     args.watchers = [int(x) for x in args.watchers.split(",") if x]
     args.phases = {p.strip() for p in args.phases.split(",") if p.strip()}

@@ -1,14 +1,35 @@
-"""What every command gets: the environment, a lazily made client, the output options."""
+"""What every command gets: the environment, a lazily made client, the output options.
+
+Every command's runner takes a ``Context`` (cli/registry.py ``Runner``). The waiting loops
+take only what they use of it, ``Caller`` (and ``Waiter``, with the environment), so a test
+can hand them a fake server.
+"""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from better_compute.cli.client import Client
     from better_compute.cli.tables import Table
+
+
+class Caller(Protocol):
+    """Calls the API as the command's tenant."""
+
+    @property
+    def tenant(self) -> str | None: ...
+
+    def call(self, method: str, **params: Any) -> Any: ...
+
+
+class Waiter(Caller, Protocol):
+    """A ``Caller`` that also reads the environment (is there a server to wait on?)."""
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
 
 
 class Context:

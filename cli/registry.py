@@ -12,7 +12,9 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-Runner = Callable[[Any, argparse.Namespace], int | None]
+from better_compute.cli.context import Context
+
+Runner = Callable[[Context, argparse.Namespace], int | None]
 FORMATS = ("table", "wide", "json", "yaml", "name")
 
 

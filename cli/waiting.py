@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from better_compute.cli import exit_codes
+from better_compute.cli.context import Caller, Waiter
 from better_compute.cli.signals import interruptible
 from better_compute.domain.errors import Unavailable
 
@@ -24,7 +25,7 @@ POLL_FIRST, POLL_MAX = 0.2, 1.0
 _FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 
-def create_with_retries(ctx: Any, params: dict[str, Any], wait: float) -> Any:
+def create_with_retries(ctx: Caller, params: dict[str, Any], wait: float) -> Any:
     """reservations.create, again with the same key while the server is unreachable."""
     deadline = time.monotonic() + wait
     delay = 0.25
@@ -70,7 +71,7 @@ class _Spinner:
             self.stream.flush()
 
 
-def wait_until_settled(ctx: Any, doc: dict[str, Any], wait: float) -> tuple[dict[str, Any], int]:
+def wait_until_settled(ctx: Waiter, doc: dict[str, Any], wait: float) -> tuple[dict[str, Any], int]:
     """The reservation once settled (or at the deadline), and the exit status to end with."""
     if wait <= 0 or settled(doc) or not ctx.env.get("BETTER_COMPUTE_URL", "").strip():
         return doc, exit_codes.OK
@@ -89,7 +90,7 @@ def wait_until_settled(ctx: Any, doc: dict[str, Any], wait: float) -> tuple[dict
     return doc, exit_codes.OK
 
 
-def _poll(ctx: Any, doc: dict[str, Any], wait: float) -> dict[str, Any]:
+def _poll(ctx: Waiter, doc: dict[str, Any], wait: float) -> dict[str, Any]:
     started = time.monotonic()
     deadline = started + wait
     spinner = _Spinner(sys.stderr)

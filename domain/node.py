@@ -17,42 +17,39 @@ maintenance (``node.cordoned`` / ``node.uncordoned``) change its conditions
 and its capacity, never a hold. Every lifecycle event carries ``at``, the
 control plane's clock when it was decided.
 
-Retiring (docs/nodes.md, "Drain, remove, re-join"): ``node.draining`` is a
-cordon that also tracks when nothing is held any more (``node.drained``);
-``node.removed`` takes the node out of its pool and refuses its certificate
-at the gateway; the same machine joining again brings the removed node back
-(``node.rejoined``, in ``adopting``, with its new key and certificate).
+Acceptance's commands and events are in domain/node_acceptance.py, retiring's (drain,
+remove, re-join) in domain/node_retirement.py: assigned in the class body below, they are
+the aggregate's own methods and events. How a node reads (its conditions, its document, the
+desired state it is sent) is in domain/node_view.py.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.domain import event
 
+from better_compute.domain import node_acceptance as acceptance
+from better_compute.domain import node_retirement as retirement
 from better_compute.domain.base import TenantOwned, iso
-from better_compute.domain.errors import Conflict
-from better_compute.domain.gpus import gpu_is_healthy
+from better_compute.domain.gpus import Gpu, gpus_of, with_health
 from better_compute.domain.node_rules import (
-    ACCEPTANCE_FAILED,
     ACCEPTANCE_PASSED,
     ACCEPTANCE_PENDING,
-    ACCEPTANCE_RUNNING,
+    PROVISION_ADOPTED,
+    PROVISION_ADOPTING,
+    PROVISION_REMOVED,
     SESSION_CONNECTED,
     SESSION_DISCONNECTED,
     SESSION_NEVER,
     SESSION_UNREACHABLE,
     placement_eligible,
 )
-from better_compute.domain.node_view import node_conditions, node_doc
+from better_compute.domain.node_view import node_conditions, node_desired_sections, node_doc
 
-PROVISION_ADOPTING = "adopting"
-PROVISION_ADOPTED = "adopted"
-PROVISION_REMOVED = "removed"
 NODE_ROLE = "node"
-ADOPTED_GENERATION = 1  # the desired-state generation a node gets when it is adopted
 
 _NO_DEVICES: dict[str, dict[str, Any]] = {}
 _NO_TIME: datetime | None = None
@@ -167,105 +164,19 @@ class Node(TenantOwned):
         self.session_since = at
         self._touch(at)
 
-    def start_acceptance(self, at: datetime, checks: list[dict[str, Any]], reason: str,
-                         requested_by: str | None) -> int:
-        """Start the next acceptance attempt (the controller, or nodes.adopt after a failure)."""
-        if self.removed:
-            raise Conflict(f"node {self.public_id} was removed: the machine joins again with "
-                           "bcd join, then its acceptance starts")
-        if self.adopted:
-            raise Conflict(
-                f"node {self.public_id} is already adopted (attempt {self.acceptance_attempt} "
-                "passed): there is nothing to accept"
-            )
-        if self.acceptance_state == ACCEPTANCE_RUNNING:
-            raise Conflict(
-                f"acceptance attempt {self.acceptance_attempt} of node {self.public_id} is still "
-                "running: wait for its result (`better-compute nodes events NODE`)"
-            )
-        attempt = self.acceptance_attempt + 1
-        self._acceptance_started(attempt=attempt, generation=self.generation, checks=checks,
-                                 reason=reason, requested_by=requested_by, at=at)
-        return attempt
-
-    @event("AcceptanceStarted", topic="node.acceptance.started")
-    def _acceptance_started(self, attempt: int, generation: int, checks: list[dict[str, Any]],
-                            reason: str, requested_by: str | None, at: datetime) -> None:
-        self.acceptance_state = ACCEPTANCE_RUNNING
-        self.acceptance_attempt = attempt
-        self.acceptance_checks = checks
-        self.acceptance_results = []
-        self.acceptance_message = reason
-        self.acceptance_since = at
-        self._touch(at)
-
-    def time_out_acceptance(self, attempt: int, at: datetime, after: timedelta) -> bool:
-        """The running ``attempt`` got no verdict within ``after``: failed, reason ``timeout``.
-
-        False when that attempt is no longer running (a verdict, or another attempt, came
-        first) or has not run for ``after`` yet. Sticky like any failure: nodes.adopt
-        starts the next attempt.
-        """
-        if attempt != self.acceptance_attempt or self.acceptance_state != ACCEPTANCE_RUNNING \
-                or self.removed:
-            return False
-        since = self.acceptance_since
-        if since is not None and at - since < after:
-            return False
-        seconds = int(after.total_seconds())
-        message = (f"no acceptance result within {seconds}s: is bcd node running on the "
-                   "machine and connected? (`bcd status`); then run nodes.adopt")
-        self._acceptance_failed(attempt=attempt, message=message, results=[], at=at,
-                                reason="timeout")
-        return True
-
-    def finish_acceptance(self, attempt: int, passed: bool, message: str,
-                          results: list[dict[str, Any]], gpus: list[dict[str, Any]] | None,
-                          at: datetime) -> bool:
-        """Record the verdict on a running attempt; False for any other attempt (stale)."""
-        if attempt != self.acceptance_attempt or self.acceptance_state != ACCEPTANCE_RUNNING:
-            return False
-        if passed:  # generation 1, or the next one for a node that joined again
-            generation = max(ADOPTED_GENERATION, self.generation + 1)
-            self._adopted(attempt=attempt, generation=generation, results=results,
-                          gpus=gpus if gpus is not None else self.gpus, at=at)
-        else:
-            self._acceptance_failed(attempt=attempt, message=message, results=results, at=at,
-                                    reason="checks")
-        return True
-
-    @event("Adopted", topic="node.adopted")
-    def _adopted(self, attempt: int, generation: int, results: list[dict[str, Any]],
-                 gpus: list[dict[str, Any]], at: datetime) -> None:
-        self.provision_state = PROVISION_ADOPTED
-        self.acceptance_state = ACCEPTANCE_PASSED
-        self.acceptance_results = results
-        self.acceptance_message = "every acceptance check passed"
-        self.acceptance_since = at
-        self.generation = generation
-        self.gpus = gpus
-        self.adopted_at = at
-        self._touch(at)
-
-    @event("AcceptanceFailed", topic="node.acceptance.failed")
-    def _acceptance_failed(self, attempt: int, message: str, results: list[dict[str, Any]],
-                           at: datetime, reason: str = "checks") -> None:
-        # ``reason``: ``checks`` (the verdict failed) or ``timeout`` (no verdict in time);
-        # events stored before it existed replay as ``checks``.
-        self.acceptance_state = ACCEPTANCE_FAILED
-        self.acceptance_failure = reason
-        self.acceptance_results = results
-        self.acceptance_message = message
-        self.acceptance_since = at
-        self._touch(at)
+    start_acceptance = acceptance.start_acceptance
+    _acceptance_started = acceptance._acceptance_started
+    time_out_acceptance = acceptance.time_out_acceptance
+    finish_acceptance = acceptance.finish_acceptance
+    _adopted = acceptance._adopted
+    _acceptance_failed = acceptance._acceptance_failed
 
     def set_gpu_health(self, uuid: str, healthy: bool, reasons: list[str], at: datetime) -> bool:
         """Record a GPU turning unhealthy or healthy again; holds on it are never touched."""
-        current = next((g for g in self.gpus if g.get("uuid") == uuid), None)
+        current = next((g for g in self.gpu_values() if g.uuid == uuid), None)
         if current is None:
             return False
-        was = gpu_is_healthy(current)
-        if healthy == was and (healthy or list(current.get("healthReasons") or []) == reasons):
+        if healthy == current.healthy and (healthy or list(current.health_reasons) == reasons):
             return False
         if healthy:
             self._gpu_healthy(uuid=uuid, at=at)
@@ -275,14 +186,14 @@ class Node(TenantOwned):
 
     @event("GpuUnhealthy", topic="node.gpu.unhealthy")
     def _gpu_unhealthy(self, uuid: str, reasons: list[str], at: datetime) -> None:
-        self.gpus = [{**g, "healthy": False, "healthReasons": list(reasons)}
-                     if g.get("uuid") == uuid else g for g in self.gpus]
+        self.gpus = [with_health(g, False, reasons) if g.get("uuid") == uuid else g
+                     for g in self.gpus]
         self._touch(at)
 
     @event("GpuHealthy", topic="node.gpu.healthy")
     def _gpu_healthy(self, uuid: str, at: datetime) -> None:
-        self.gpus = [{**g, "healthy": True, "healthReasons": []}
-                     if g.get("uuid") == uuid else g for g in self.gpus]
+        self.gpus = [with_health(g, True, ()) if g.get("uuid") == uuid else g
+                     for g in self.gpus]
         self._touch(at)
 
     def renew_certificate(self, serial: str, not_after: datetime, at: datetime) -> None:
@@ -370,114 +281,24 @@ class Node(TenantOwned):
             return "drained" if self.drained_at else "draining"
         return "cordoned" if self.cordoned else "none"
 
-    def drain(self, reason: str, at: datetime, by: str | None, held: int) -> bool:
-        """No new placements; holds and future bookings stay until they end (``held`` of them
-        now). Drained at once when nothing is held. False when nothing changed."""
-        if self.removed:
-            raise Conflict(f"node {self.public_id} was removed: there is nothing to drain")
-        changed = False
-        if not self.draining:
-            self._draining(reason=reason, at=at, by=by, held=held)
-            changed = True
-        if held == 0 and self.mark_drained(at):
-            changed = True
-        return changed
-
-    @event("Draining", topic="node.draining")
-    def _draining(self, reason: str, at: datetime, by: str | None, held: int) -> None:
-        self.cordoned = True  # a drain is a cordon that also says when nothing is held
-        self.cordon_reason = reason
-        self.cordoned_since = at
-        self.draining = True
-        self.drained_at = None
-        self._touch(at)
-
-    def mark_drained(self, at: datetime) -> bool:
-        """The last hold or booking of a draining node ended; False when not draining."""
-        if not self.draining or self.drained_at is not None:
-            return False
-        self._drained(at=at)
-        return True
-
-    @event("Drained", topic="node.drained")
-    def _drained(self, at: datetime) -> None:
-        self.drained_at = at
-        self._touch(at)
-
-    def remove(self, at: datetime, by: str | None, reason: str, released: list[str]) -> None:
-        """Out of its pool: the gateway refuses its certificate, capacity drops it. The
-        caller ended every booking first (``released``: the reservations it released)."""
-        if self.removed:
-            raise Conflict(f"node {self.public_id} is already removed")
-        if self.device_assignments():
-            raise Conflict(f"node {self.public_id} still holds allocations: release them first "
-                           "(`better-compute nodes remove NODE --force`)")
-        self._removed(at=at, by=by, reason=reason, certificate_serial=self.certificate_serial,
-                      released=list(released))
-
-    @event("Removed", topic="node.removed")
-    def _removed(self, at: datetime, by: str | None, reason: str, certificate_serial: str,
-                 released: list[str]) -> None:
-        self.provision_state = PROVISION_REMOVED
-        if self.session == SESSION_CONNECTED:
-            self.session = SESSION_DISCONNECTED
-            self.session_since = at
-        self.cordoned = False
-        self.cordon_reason = ""
-        self.draining = False
-        self.drained_at = None
-        self.removal = {"at": iso(at), "by": by, "reason": reason,
-                        "revokedCertificateSerial": certificate_serial,
-                        "releasedReservations": list(released)}
-        self._touch(at)
-
-    def rejoin(self, *, pool_id: str, site_id: str, join_token_id: str,
-               hardware: dict[str, Any], gpus: list[dict[str, Any]], key_pin: str,
-               certificate_serial: str, certificate_not_after: datetime,
-               bcd_version: str | None, at: datetime) -> None:
-        """The same machine joined again: the removed node comes back, ``adopting``."""
-        if not self.removed:
-            raise Conflict(f"node {self.public_id} was not removed")
-        self._rejoined(pool_id=pool_id, site_id=site_id, join_token_id=join_token_id,
-                       hardware=hardware, gpus=gpus, key_pin=key_pin,
-                       certificate_serial=certificate_serial,
-                       certificate_not_after=certificate_not_after, bcd_version=bcd_version,
-                       at=at)
-
-    @event("Rejoined", topic="node.rejoined")
-    def _rejoined(self, pool_id: str, site_id: str, join_token_id: str,
-                  hardware: dict[str, Any], gpus: list[dict[str, Any]], key_pin: str,
-                  certificate_serial: str, certificate_not_after: datetime,
-                  bcd_version: str | None, at: datetime) -> None:
-        # The session epoch, the desired-state generation and the acceptance attempt keep
-        # counting up: the new session fences off anything of the old one.
-        self.pool_id = pool_id
-        self.site_id = site_id
-        self.join_token_id = join_token_id
-        self.hardware = hardware
-        self.gpus = gpus
-        self.key_pin = key_pin
-        self.certificate_serial = certificate_serial
-        self.certificate_not_after = certificate_not_after
-        self.bcd_version = bcd_version
-        self.provision_state = PROVISION_ADOPTING
-        self.session = SESSION_NEVER
-        self.session_since = at
-        self.acceptance_state = ACCEPTANCE_PENDING
-        self.acceptance_checks = []
-        self.acceptance_results = []
-        self.acceptance_message = ""
-        self.acceptance_since = None
-        self.adopted_at = None
-        self.devices = {}
-        self.removal = None
-        self._touch(at)
+    drain = retirement.drain
+    _draining = retirement._draining
+    mark_drained = retirement.mark_drained
+    _drained = retirement._drained
+    remove = retirement.remove
+    _removed = retirement._removed
+    rejoin = retirement.rejoin
+    _rejoined = retirement._rejoined
 
     # ------------------------------------------------------------ derived state
 
+    def gpu_values(self) -> list[Gpu]:
+        """Its GPUs as values (``gpus`` holds the documents its events carry)."""
+        return gpus_of(self.gpus)
+
     @property
     def healthy(self) -> bool:
-        return all(gpu_is_healthy(g) for g in self.gpus)
+        return all(g.healthy for g in self.gpu_values())
 
     @property
     def schedulable(self) -> bool:
@@ -508,20 +329,8 @@ class Node(TenantOwned):
         return node_conditions(self)
 
     def desired_sections(self, pool_sections: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The node's desired state by section (docs/nodes.md, api/wire/gateway.py).
-
-        ``pool_sections`` (domain/policy.py ``node_sections``: ``kubernetes``, ``profile``)
-        come from the pool's policy and go down once the node is adopted, before ``devices``.
-        """
-        sections: dict[str, Any] = {}
-        if not self.adopted and self.acceptance_attempt > 0:
-            sections["acceptance"] = {"attempt": self.acceptance_attempt,
-                                      "state": self.acceptance_state,
-                                      "checks": [dict(c) for c in self.acceptance_checks]}
-        if self.adopted:
-            sections.update(pool_sections or {})
-            sections["devices"] = {"assignments": self.device_assignments()}
-        return sections
+        """The node's desired state by section (docs/nodes.md, api/wire/gateway.py)."""
+        return node_desired_sections(self, pool_sections)
 
     def to_doc(self) -> dict[str, Any]:
         return node_doc(self)

@@ -15,13 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from better_compute.domain.gpus import gpu_family, gpu_is_healthy
+from better_compute.domain.gpus import gpus_of
 
 # Session states of a node (docs/nodes.md).
 SESSION_NEVER = "never"
 SESSION_CONNECTED = "connected"
 SESSION_DISCONNECTED = "disconnected"
 SESSION_UNREACHABLE = "unreachable"
+
+# Provision states: adopting (joined, acceptance to pass), adopted, removed (out of its pool).
+PROVISION_ADOPTING = "adopting"
+PROVISION_ADOPTED = "adopted"
+PROVISION_REMOVED = "removed"
 
 # Acceptance states: pending (no attempt yet), running, passed, failed (sticky).
 ACCEPTANCE_PENDING = "pending"
@@ -45,7 +50,7 @@ def placement_eligible(provision_state: str, session: str, cordoned: bool, drain
     search) only.
     """
     return (provision_state == "adopted" and session != SESSION_UNREACHABLE and not cordoned
-            and not draining and any(gpu_is_healthy(g) for g in gpus))
+            and not draining and any(g.healthy for g in gpus_of(gpus)))
 
 
 def acceptance_checks(policy: dict[str, Any], gpu_model: str) -> list[dict[str, Any]]:
@@ -66,12 +71,11 @@ def diag_nvml(expect: dict[str, Any], gpus: list[dict[str, Any]]) -> tuple[bool,
     """``diag.nvml``: at least ``gpuCount`` healthy GPUs of the pool's model."""
     count = int(expect.get("gpuCount") or 0)
     model = str(expect.get("gpuModel") or "")
-    fitting = [g for g in gpus if (g.get("family") or gpu_family(str(g.get("name", "")))) == model]
-    healthy = [g for g in fitting if gpu_is_healthy(g)]
+    fitting = [g for g in gpus_of(gpus) if g.model == model]
+    healthy = [g for g in fitting if g.healthy]
     if len(healthy) >= count:
         return True, f"{len(healthy)} healthy {model} GPUs (expected {count})"
-    sick = [f"{g.get('uuid')} ({', '.join(g.get('healthReasons') or ['unhealthy'])})"
-            for g in fitting if not gpu_is_healthy(g)]
+    sick = [f"{g.uuid} ({g.why_unhealthy})" for g in fitting if not g.healthy]
     other = len(gpus) - len(fitting)
     parts = [f"{len(healthy)} healthy {model} GPUs, expected {count}"]
     if sick:
@@ -89,9 +93,11 @@ class AcceptanceVerdict:
 
 
 def evaluate_acceptance(checks: list[dict[str, Any]], reported: dict[str, Any]) -> AcceptanceVerdict:
-    """Our verdict on an ``acceptance.result`` entry: every check must pass, ours and bcd's."""
-    by_kind = {c.get("kind"): c for c in reported.get("checks") or [] if isinstance(c, dict)}
-    gpus = [g for g in reported.get("gpus") or [] if isinstance(g, dict)]
+    """Our verdict on an ``acceptance.result`` entry (``reported``: as the gateway decoded it,
+    api/wire/journal.py ``AcceptanceResult``, in builtins): every check must pass, ours and
+    bcd's."""
+    by_kind = {c.get("kind"): c for c in reported.get("checks") or []}
+    gpus = list(reported.get("gpus") or [])
     results: list[dict[str, Any]] = []
     for check in checks:
         kind = check.get("kind")
@@ -145,14 +151,14 @@ def node_capacity(provision_state: str, session: str, cordoned: bool,
     elif cordoned:
         gpu["maintenance"] = total
     else:
-        sick = sum(1 for g in gpus if not gpu_is_healthy(g))
+        sick = sum(1 for g in gpus_of(gpus) if not g.healthy)
         gpu["unhealthy"] = sick
         gpu["allocatable"] = total - sick
     usable = provision_state == "adopted" and session != SESSION_UNREACHABLE and not cordoned
     held = {str(u) for h in holds for u in h.get("gpus") or []}
-    known = {str(g.get("uuid")): g for g in gpus}
+    known = {g.uuid: g for g in gpus_of(gpus)}
     gpu["allocated"] = sum(1 for u in held if u in known)
-    held_allocatable = sum(1 for u in held if u in known and usable and gpu_is_healthy(known[u]))
+    held_allocatable = sum(1 for u in held if u in known and usable and known[u].healthy)
     gpu["available"] = gpu["allocatable"] - held_allocatable
     cpu = dict.fromkeys(HOST_FIELDS, 0.0)
     memory = dict.fromkeys(HOST_FIELDS, 0.0)

@@ -1,4 +1,5 @@
-"""A node as operators read it: its conditions and its document (nodes.get, nodes.list).
+"""A node as others read it: its conditions and its document (nodes.get, nodes.list), and
+the desired state bcd is sent.
 
 Presentation only: every value is derived from the aggregate's state (domain/node.py), which
 decides and records; nothing here changes a node.
@@ -9,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from better_compute.domain.base import iso
-from better_compute.domain.gpus import gpu_is_healthy
 from better_compute.domain.node_rules import (
     ACCEPTANCE_FAILED,
     ACCEPTANCE_PASSED,
@@ -30,7 +30,7 @@ def node_conditions(self: Node) -> list[dict[str, Any]]:
     joined = iso(self.created_on) or ""
     since = self.transitions
     statuses = self.statuses()
-    sick = [g for g in self.gpus if not gpu_is_healthy(g)]
+    sick = [g for g in self.gpu_values() if not g.healthy]
     session_reason = {
         SESSION_NEVER: ("NeverConnected", "bcd node has not opened a session yet"),
         SESSION_CONNECTED: ("SessionUp", f"connected (epoch {self.session_epoch})"),
@@ -47,9 +47,7 @@ def node_conditions(self: Node) -> list[dict[str, Any]]:
                             f"{self.acceptance_message}"),
     }[self.acceptance_state]
     health_reason = (("AllGpusHealthy", f"{len(self.gpus)} GPUs healthy") if not sick else
-                     ("GpusUnhealthy", "; ".join(
-                         f"{g.get('uuid')}: {', '.join(g.get('healthReasons') or ['unhealthy'])}"
-                         for g in sick)))
+                     ("GpusUnhealthy", "; ".join(f"{g.uuid}: {g.why_unhealthy}" for g in sick)))
     if self.removed:
         sched = ("Removed", "the node was removed from its pool")
     elif not self.adopted:
@@ -111,3 +109,20 @@ def node_doc(self: Node) -> dict[str, Any]:
         "joinedAt": iso(self.created_on),
         "adoptedAt": iso(self.adopted_at),
     }
+
+
+def node_desired_sections(self: Node, pool_sections: dict[str, Any] | None) -> dict[str, Any]:
+    """The node's desired state by section (docs/nodes.md, api/wire/gateway.py).
+
+    ``pool_sections`` (domain/policy.py ``node_sections``: ``kubernetes``, ``profile``)
+    come from the pool's policy and go down once the node is adopted, before ``devices``.
+    """
+    sections: dict[str, Any] = {}
+    if not self.adopted and self.acceptance_attempt > 0:
+        sections["acceptance"] = {"attempt": self.acceptance_attempt,
+                                  "state": self.acceptance_state,
+                                  "checks": [dict(c) for c in self.acceptance_checks]}
+    if self.adopted:
+        sections.update(pool_sections or {})
+        sections["devices"] = {"assignments": self.device_assignments()}
+    return sections

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from better_compute.domain.errors import NoCapacity
-from better_compute.domain.gpus import gpu_family, gpu_is_healthy
+from better_compute.domain.gpus import Gpu
 from better_compute.domain.selectors import Selector
 
 
@@ -38,16 +38,15 @@ def gpu_attributes(gpu: Mapping[str, Any]) -> dict[str, Any]:
     ``vramGiB`` is the card's memory rounded to the nearest GiB, the way cards
     are sold (an H100 80GB reports 81,559 MiB: 80 GiB).
     """
-    memory_mib = gpu.get("memoryMiB")
-    name = str(gpu.get("name") or "")
+    value = Gpu.from_doc(gpu)
     return {
-        "vramGiB": round(memory_mib / 1024) if isinstance(memory_mib, int | float) else None,
-        "model": gpu.get("family") or gpu_family(name),
-        "product": gpu.get("product") or name or None,
-        "name": name or None,
+        "vramGiB": round(value.memory_mib / 1024) if value.memory_mib is not None else None,
+        "model": value.model,
+        "product": value.product or value.name or None,
+        "name": value.name or None,
         "nvlinkDomain": gpu.get("nvlinkDomain"),
         "index": gpu.get("index"),
-        "healthy": gpu_is_healthy(gpu),
+        "healthy": value.healthy,
     }
 
 

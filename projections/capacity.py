@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from better_compute.domain.errors import BetterComputeError
-from better_compute.domain.gpus import gpu_is_healthy
+from better_compute.domain.gpus import gpu_is_healthy, with_health
 from better_compute.domain.ids import parse_id, public_id
 from better_compute.domain.node_rules import (
     ACCEPTANCE_FAILED,
@@ -44,7 +44,7 @@ from better_compute.domain.node_rules import (
     SESSION_UNREACHABLE,
     node_capacity,
 )
-from better_compute.projections.framework import Projection, Sql
+from better_compute.projections.framework import ReadModel, Sql
 
 _COLUMNS = GPU_FIELDS  # cpu and memory rows leave the GPU-only columns at 0
 NODE_TABLE = "bc_capacity_node"
@@ -164,8 +164,8 @@ def _apply_to_state(state: NodeState, event: Any, kind: str) -> None:
     elif kind in ("node.gpu.unhealthy", "node.gpu.healthy"):
         healthy = kind == "node.gpu.healthy"
         reasons = [] if healthy else list(event.reasons)
-        state.gpus = [{**g, "healthy": healthy, "healthReasons": reasons}
-                      if g.get("uuid") == event.uuid else g for g in state.gpus]
+        state.gpus = [with_health(g, healthy, reasons) if g.get("uuid") == event.uuid else g
+                      for g in state.gpus]
     elif kind in ("node.cordoned", "node.draining"):  # a drain is a cordon (domain/node.py)
         state.cordoned = True
     elif kind == "node.uncordoned":
@@ -207,7 +207,7 @@ _UPDATE_NODE = (
 )
 
 
-class Capacity(Projection):
+class Capacity(ReadModel):
     name = "capacity"
     version = 2  # 2: live bookings feed ``reserved`` (new tables)
 

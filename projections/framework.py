@@ -1,6 +1,13 @@
-"""A small projection framework on the event store's own tracking machinery.
+"""Read models kept from the event log, on the event store's own tracking machinery.
 
-A projection owns one read model (its tables) and one tracking position in
+``ReadModel`` is one read model (its tables, how an event changes them); ``ReadModels`` applies
+the notification log to a store's read models, on demand (``catch_up``) or as followed
+(``follow``). The eventsourcing library's ``Projection`` and ``ProjectionRunner`` are other
+things (an event processor, and a thread that runs one on a subscription); these names keep
+them apart. The read models are still called projections in the docs and the CLI
+(``better-compute projections status``), as the event-sourcing term.
+
+A read model owns its tables and one tracking position in
 the library's tracking table, keyed by the projection's name. It is applied
 in batches; each batch writes the read model's rows and the new tracking
 position in ONE transaction, so every event counts exactly once even when a
@@ -56,8 +63,9 @@ class EventSource(Protocol):
     def head(self) -> int: ...
 
 
-class Projection(ABC):
-    """One read model. Subclasses give a name, their tables and ``apply``."""
+class ReadModel(ABC):
+    """One read model (a projection of the events). Subclasses give a name, their tables and
+    ``apply``."""
 
     name: str
     version: int = 1  # bump to rebuild a read model whose shape changed
@@ -102,11 +110,12 @@ class _Behind(Exception):
         self.position = position
 
 
-class ProjectionRunner:
-    """Applies projections to the notification log, on demand or from a follower."""
+class ReadModels:
+    """A store's read models and their tracking: applies the notification log to them, on
+    demand or from a follower."""
 
     def __init__(
-        self, sql: Sql, source: EventSource, projections: Sequence[Projection],
+        self, sql: Sql, source: EventSource, projections: Sequence[ReadModel],
         *, batch_size: int = 500,
     ) -> None:
         self.sql = sql
@@ -124,7 +133,7 @@ class ProjectionRunner:
             statements.extend(projection.tables())
         sql.create_tables(statements)
 
-    def get(self, name: str) -> Projection:
+    def get(self, name: str) -> ReadModel:
         from better_compute.domain.errors import NotFound
 
         if name not in self.projections:
@@ -133,7 +142,7 @@ class ProjectionRunner:
             )
         return self.projections[name]
 
-    def position(self, projection: Projection) -> int:
+    def position(self, projection: ReadModel) -> int:
         return self.tracking.max_tracking_id(projection.tracking_name) or 0
 
     def catch_up(self, name: str | None = None, *, until: int | None = None) -> int:
@@ -165,7 +174,7 @@ class ProjectionRunner:
         self.catch_up(name)
         return True
 
-    def _catch_up_one(self, projection: Projection, until: int | None) -> int:
+    def _catch_up_one(self, projection: ReadModel, until: int | None) -> int:
         """Reads from where this process last saw the projection (its tracking position
         only the first time): a batch re-reads the position under the projection's lock
         anyway, and starts again from it when the hint was ahead (a rebuild elsewhere, an
@@ -199,11 +208,11 @@ class ProjectionRunner:
             if len(batch) < self.batch_size:
                 return applied  # that was the head when read: no second read for nothing
 
-    def _saw(self, projection: Projection, position: int) -> None:
+    def _saw(self, projection: ReadModel, position: int) -> None:
         if position > self._seen.get(projection.name, -1):
             self._seen[projection.name] = position
 
-    def _apply_batch(self, projection: Projection, batch: Sequence[Notification],
+    def _apply_batch(self, projection: ReadModel, batch: Sequence[Notification],
                      after: int | None = None) -> int:
         with self.sql.transaction(commit=True) as cursor:
             self.sql.lock(cursor, projection.tracking_name)
@@ -223,10 +232,10 @@ class ProjectionRunner:
             self._track(cursor, projection, todo[-1].id)
             return len(todo)
 
-    def _position_in(self, cursor: Any, projection: Projection) -> int:
+    def _position_in(self, cursor: Any, projection: ReadModel) -> int:
         return self.tracking._max_tracking_id(projection.tracking_name, cursor) or 0  # type: ignore[attr-defined]
 
-    def _track(self, cursor: Any, projection: Projection, position: int) -> None:
+    def _track(self, cursor: Any, projection: ReadModel, position: int) -> None:
         self.tracking._insert_tracking(  # type: ignore[attr-defined]
             cursor, Tracking(notification_id=position, application_name=projection.tracking_name)
         )
@@ -246,7 +255,7 @@ class ProjectionRunner:
             total += self._catch_up_one(projection, None)
         return total
 
-    def _reset_tracking(self, cursor: Any, projection: Projection) -> None:
+    def _reset_tracking(self, cursor: Any, projection: ReadModel) -> None:
         table = "bc_tracking" if self.sql.postgres else "tracking"
         self.sql.execute(
             cursor, f"DELETE FROM {table} WHERE application_name = ?", (projection.tracking_name,)

@@ -36,7 +36,7 @@ from better_compute.domain.host_share import host_share
 from better_compute.domain.ids import public_id
 from better_compute.domain.placement import Candidate, FreeGpu, gpu_attributes
 from better_compute.projections import earliest_index
-from better_compute.projections.framework import Projection, SnapshotCodec, Sql, after_event
+from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
 
 FAST_PATH_NODES = 16
 # A node's device holds (``node.devices.*``, written by every binding and release) change
@@ -71,7 +71,7 @@ def node_gpus(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-class FreeGpus(Projection):
+class FreeGpus(ReadModel):
     name = "free_gpus"
     version = 3  # 2: the earliest-start index (earliest_index.py); 3: holds not applied
 

@@ -14,7 +14,7 @@ from typing import Any
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.pki import PkiBundle
 from better_compute.domain.pool import Pool
-from better_compute.projections.framework import Projection, SnapshotCodec, Sql, after_event
+from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
 
 LISTED_KINDS = ("tenant", "apitoken", "site", "pool", "jointoken", "node")
 
@@ -30,7 +30,7 @@ def audience_of(aggregate: TenantOwned) -> str:
     return "," + ",".join(sorted(tenants)) + ","
 
 
-class Listings(Projection):
+class Listings(ReadModel):
     name = "listings"
 
     def __init__(self, codec: SnapshotCodec) -> None:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from better_compute.projections.framework import Projection, SnapshotCodec, Sql, after_event
+from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
 
 
 def _epoch(value: Any) -> float | None:
     return None if value is None else float(value.timestamp())
 
 
-class Reservations(Projection):
+class Reservations(ReadModel):
     name = "reservations"
     version = 2  # 2: counts by tenant, pool and state (bc_rsv_count, read by /metrics)
 

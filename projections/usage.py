@@ -26,7 +26,7 @@ from typing import Any
 
 from better_compute.domain.ids import public_id
 from better_compute.domain.usage import Usage, to_us
-from better_compute.projections.framework import Projection, Sql
+from better_compute.projections.framework import ReadModel, Sql
 
 
 def _at(event: Any) -> int:
@@ -34,7 +34,7 @@ def _at(event: Any) -> int:
     return to_us(at if at is not None else event.timestamp)
 
 
-class UsageProjection(Projection):
+class UsageProjection(ReadModel):
     name = "usage"
 
     def table_names(self) -> list[str]:

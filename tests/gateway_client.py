@@ -30,7 +30,6 @@ from better_compute.api.gateway.server import Gateway
 from better_compute.api.gateway.tls import server_context
 from better_compute.api.http.follower import WatchHub
 from better_compute.api.runtime import Runtime
-from better_compute.api.services.join import JoinService
 from better_compute.api.services.nodes import NodeService
 from better_compute.api.store.node_presence import Presence
 from better_compute.api.wire import gateway as wire
@@ -82,13 +81,13 @@ class Plane:
     unreachable_after: timedelta = UNREACHABLE_AFTER
 
     def __post_init__(self) -> None:
-        self.nodes = NodeService(self.runtime.service)
+        self.nodes = self.runtime.services.nodes
         self.lifecycle = NodeLifecycle(self.nodes, Presence(self.runtime.store.sql()),
                                        unreachable_after=self.unreachable_after)
 
     def join(self, serial: str = "SN-7701", n_gpus: int = 8) -> JoinedNode:
         service = self.runtime.service
-        joins = JoinService(service)
+        joins = self.runtime.services.join
         token = joins.create(LOCAL_OPERATOR, self.pool, "2h", 1, None, None, None, None)["token"]
         attempt = JoinAttempt(token, hardware(serial=serial, gpus=n_gpus))
         public = service.pki().public

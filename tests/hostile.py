@@ -23,7 +23,6 @@ import httpx
 import better_compute.api.http.methods  # noqa: F401  (registers every method)
 from better_compute.api.http.app import ServerState, build_app
 from better_compute.api.runtime import Runtime
-from better_compute.api.services.join import JoinService
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.fleet import add_nodes, make_pool
 from tests.support import open_runtime, quick_init
@@ -59,7 +58,7 @@ def build_world(env: dict[str, str]) -> World:
     rsv = rt.services.reservations.create(member, tenant_id=None, pool_id=pool, gpus=1,
                                        duration="2h")
     world.ids["rsv"] = rsv["id"]
-    jt = JoinService(service).create(LOCAL_OPERATOR, pool, "2h", 5, None, None, None, None)
+    jt = rt.services.join.create(LOCAL_OPERATOR, pool, "2h", 5, None, None, None, None)
     world.ids["jt"] = jt["id"]
     world.ids["tok"] = service.authenticate(world.tokens["reader"]).token_id or ""
     return world

@@ -185,6 +185,32 @@ def _bus_id(index: int) -> str:
     return f"0001:{index:02x}:00.0"
 
 
+def _fake_macs(seed: int) -> list[str]:
+    return [
+        f"b8:3f:d2:{(seed >> 16) & 0xFF:02x}:{(seed >> 8) & 0xFF:02x}:{(seed + n) & 0xFF:02x}"
+        for n in range(2)
+    ]
+
+
+def _fake_gpu(serial: str, seed: int, index: int, model: str, memory_mib: int,
+              domain: str | None) -> dict[str, Any]:
+    """One idle, healthy GPU of a fake host; its identity derives from the host's serial."""
+    return {
+        "index": index,
+        "uuid": f"GPU-{uuid.uuid5(_NAMESPACE, f'gpu/{serial}/{index}')}",
+        "name": model,
+        "serial": f"1654{seed % 10**7:07d}{index:02d}",
+        "pciBusId": _bus_id(index),
+        "memoryMiB": memory_mib,
+        "memoryUsedMiB": 0,
+        "utilizationPct": 0,
+        "temperatureC": 30 + (seed + index) % 6,
+        "powerW": 68.5 + index % 3,
+        "nvlinkDomain": domain,
+        "healthy": True,
+    }
+
+
 def write_fake_fleet_file(
     path: str | os.PathLike[str],
     *,
@@ -211,14 +237,7 @@ def write_fake_fleet_file(
         raise ValueError("gpus must be >= 0")
     seed = _digest(serial)
     host_uuid = product_uuid or str(uuid.uuid5(_NAMESPACE, f"host/{serial}"))
-    host_macs = (
-        list(macs)
-        if macs is not None
-        else [
-            f"b8:3f:d2:{(seed >> 16) & 0xFF:02x}:{(seed >> 8) & 0xFF:02x}:{(seed + n) & 0xFF:02x}"
-            for n in range(2)
-        ]
-    )
+    host_macs = list(macs) if macs is not None else _fake_macs(seed)
     domain = f"{host_uuid}/nvswitch" if nvlink and gpus > 1 else None
     document = {
         "driverVersion": driver_version,
@@ -230,23 +249,8 @@ def write_fake_fleet_file(
             "memoryGiB": memory_gib,
             "hostname": hostname or f"gpu-{serial.lower()}",
         },
-        "gpus": [
-            {
-                "index": index,
-                "uuid": f"GPU-{uuid.uuid5(_NAMESPACE, f'gpu/{serial}/{index}')}",
-                "name": model,
-                "serial": f"1654{seed % 10**7:07d}{index:02d}",
-                "pciBusId": _bus_id(index),
-                "memoryMiB": memory_mib,
-                "memoryUsedMiB": 0,
-                "utilizationPct": 0,
-                "temperatureC": 30 + (seed + index) % 6,
-                "powerW": 68.5 + index % 3,
-                "nvlinkDomain": domain,
-                "healthy": True,
-            }
-            for index in range(gpus)
-        ],
+        "gpus": [_fake_gpu(serial, seed, index, model, memory_mib, domain)
+                 for index in range(gpus)],
     }
     target = Path(path)
     _write_atomically(target, document)

@@ -19,6 +19,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from better_compute.api.wire.sections import (
+    Assignment,
+    KubernetesSection,
+    SectionInvalid,
+    assignments,
+    read_section,
+)
+
 from ..cdi import device_name
 from ..gpu.model import Inventory
 
@@ -46,22 +54,16 @@ class KubeletDevice:
 
 def resource_name(sections: Mapping[str, Any]) -> str | None:
     """The resource to register (the ``kubernetes`` section), or None: no plugin here."""
-    section = sections.get("kubernetes")
-    if not isinstance(section, Mapping):
+    try:
+        section = read_section(sections, "kubernetes", KubernetesSection)
+    except SectionInvalid:
         return None
-    name = section.get("resourceName")
-    return name if isinstance(name, str) and name else None
+    return (section.resource_name or None) if section is not None else None
 
 
-def _kubernetes_assignments(sections: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    devices = sections.get("devices")
-    items = devices.get("assignments") if isinstance(devices, Mapping) else None
-    found: dict[str, Mapping[str, Any]] = {}
-    for item in items if isinstance(items, list) else []:
-        if isinstance(item, Mapping) and item.get("kubernetes") is True \
-                and isinstance(item.get("allocationId"), str):
-            found[item["allocationId"]] = item
-    return found
+def _kubernetes_assignments(sections: Mapping[str, Any]) -> dict[str, Assignment]:
+    """The assignments that hand their GPUs to the kubelet (a malformed one hands none)."""
+    return {a.allocation_id: a for a in assignments(sections) if a.kubernetes}
 
 
 def advertised(sections: Mapping[str, Any], holds: Mapping[str, str],
@@ -73,22 +75,22 @@ def advertised(sections: Mapping[str, Any], holds: Mapping[str, str],
     state the holds are judged against, so passing the NEW desired state before a release
     is applied withdraws the released GPUs first.
     """
-    assignments = _kubernetes_assignments(sections)
+    kubernetes = _kubernetes_assignments(sections)
     gpus = {gpu.uuid: gpu for gpu in inventory.gpus} if inventory is not None else {}
     out: list[KubeletDevice] = []
     for uuid, allocation_id in holds.items():
-        assignment = assignments.get(allocation_id)
-        if assignment is None or uuid not in (assignment.get("gpus") or []):
+        assignment = kubernetes.get(allocation_id)
+        if assignment is None or uuid not in assignment.gpus:
             continue
         gpu = gpus.get(uuid)
-        reservation_id = str(assignment.get("reservationId") or "")
+        reservation_id = assignment.reservation_id
         if gpu is None:
             why = f"GPU source error: {source_error}" if inventory is None else \
                 "missing from the GPU source"
             out.append(KubeletDevice(uuid, False, allocation_id, reservation_id, reasons=(why,)))
             continue
         out.append(KubeletDevice(
-            uuid, gpu.healthy and not gpu.health_reasons, allocation_id, reservation_id,
+            uuid, gpu.is_healthy, allocation_id, reservation_id,
             index=gpu.index, numa_node=gpu.numa_node, nvlink_domain=gpu.nvlink_domain,
             reasons=tuple(gpu.health_reasons)))
     out.sort(key=lambda d: (d.index if d.index is not None else 1 << 30, d.id))

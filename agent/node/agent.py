@@ -23,6 +23,7 @@ import anyio
 import msgspec
 
 from better_compute.api.wire import logs
+from better_compute.api.wire.sections import profile_units
 
 from ..errors import BcdError
 from ..gpu import GpuSource, GpuSourceError, Inventory
@@ -162,11 +163,11 @@ class NodeAgent:
             self.say(f"GPU source error: {error}", "warning")
             return
         for gpu in inventory.gpus:
-            state = "healthy" if gpu.healthy else f"unhealthy ({', '.join(gpu.health_reasons)})"
+            state = "healthy" if gpu.is_healthy else f"unhealthy ({', '.join(gpu.health_reasons)})"
             held = self.state.holds.get(gpu.uuid)
             self.say(f"GPU {gpu.index} ({gpu.uuid}) {state}"
                      + (f", still held by {held}" if held else ""),
-                     "info" if gpu.healthy else "warning")
+                     "info" if gpu.is_healthy else "warning")
 
     async def _monitor(self) -> None:
         while True:
@@ -198,9 +199,8 @@ class NodeAgent:
 
     def _toolkit_due(self) -> bool:
         """True once when the GPU set or driver changed under a profile with the toolkit."""
-        profile = self.state.desired_sections.get("profile")
-        if self.inventory is None or not isinstance(profile, dict) or \
-                "container-toolkit" not in (profile.get("units") or []):
+        if self.inventory is None or \
+                "container-toolkit" not in profile_units(self.state.desired_sections):
             return False
         basis = (sorted(gpu.uuid for gpu in self.inventory.gpus), self.inventory.driver_version)
         due = self._toolkit_basis is not None and basis != self._toolkit_basis
@@ -367,7 +367,7 @@ class NodeAgent:
                 "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "family": gpu.family,
                 "pciBusId": gpu.pci_bus_id, "nvlinkDomain": gpu.nvlink_domain,
                 "numaNode": gpu.numa_node,
-                "healthy": gpu.healthy, "healthReasons": list(gpu.health_reasons),
+                "healthy": gpu.is_healthy, "healthReasons": list(gpu.health_reasons),
                 "utilizationPct": gpu.utilization_pct, "temperatureC": gpu.temperature_c,
                 "powerW": gpu.power_w, "memoryUsedMiB": gpu.memory_used_mib,
                 "memoryMiB": gpu.memory_mib, "heldBy": holds.get(gpu.uuid),

@@ -15,6 +15,16 @@ from typing import Any
 
 import msgspec
 
+from better_compute.api.wire.journal import AcceptanceResult, decode_entry
+from better_compute.api.wire.sections import (
+    AcceptanceSection,
+    DevicesSection,
+    KubernetesSection,
+    ProfileSection,
+    SectionInvalid,
+    read,
+)
+
 from ..gpu import Inventory
 from ..paths import Paths
 from ..toolkit import apply_profile
@@ -51,25 +61,23 @@ def _set(state: NodeState, name: str, section: SectionState, ctx: ApplyContext) 
 
 
 def _acceptance_state(payload: dict[str, Any], generation: int) -> SectionState:
-    attempt = payload.get("attempt")
-    checks = payload.get("checks") or []
-    detail = "; ".join(str(check.get("message", "")) for check in checks) or "no checks"
-    return SectionState(state="passed" if payload.get("passed") else "failed",
-                        message=f"attempt {attempt}: {detail}", generation=generation,
-                        attempt=attempt if isinstance(attempt, int) else None)
+    entry = decode_entry(payload, AcceptanceResult)  # journaled by this bcd: it fits
+    detail = "; ".join(check.message or "" for check in entry.checks) or "no checks"
+    return SectionState(state="passed" if entry.passed else "failed",
+                        message=f"attempt {entry.attempt}: {detail}", generation=generation,
+                        attempt=entry.attempt)
 
 
-def _apply_acceptance(section: dict[str, Any], state: NodeState, journal: Journal,
+def _apply_acceptance(raw: Any, state: NodeState, journal: Journal,
                       ctx: ApplyContext, generation: int) -> Entry | None:
-    raw_attempt = section.get("attempt", 0)
-    attempt = raw_attempt if isinstance(raw_attempt, int) else 0
+    section = read(raw, AcceptanceSection, "acceptance")
+    attempt = section.attempt
     key = f"acceptance.result/{attempt}"
     done = journal.payload_of(key)
     if done is not None:  # this attempt ran already (maybe before a restart): never again
         _set(state, "acceptance", _acceptance_state(done, generation), ctx)
         return None
-    checks = [check for check in section.get("checks") or [] if isinstance(check, dict)]
-    results = [run_check(check, ctx.inventory, ctx.source_error) for check in checks]
+    results = [run_check(check, ctx.inventory, ctx.source_error) for check in section.checks]
     payload = _common(ctx, "acceptance.result") | {
         "attempt": attempt,
         "passed": all(result.passed for result in results),
@@ -81,7 +89,7 @@ def _apply_acceptance(section: dict[str, Any], state: NodeState, journal: Journa
     return entry
 
 
-def _apply_devices(section: dict[str, Any], state: NodeState, journal: Journal,
+def _apply_devices(section: DevicesSection, state: NodeState, journal: Journal,
                    ctx: ApplyContext, generation: int) -> list[Entry]:
     outcome = ctx.devices(section, paths=ctx.paths, inventory=ctx.inventory,
                           holds=dict(state.holds), done=journal.has)
@@ -97,7 +105,7 @@ def _apply_devices(section: dict[str, Any], state: NodeState, journal: Journal,
     return entries
 
 
-def _apply_profile(section: dict[str, Any], state: NodeState, ctx: ApplyContext,
+def _apply_profile(section: ProfileSection, state: NodeState, ctx: ApplyContext,
                    generation: int) -> None:
     result = apply_profile(section, ctx.paths, ctx.inventory, ctx.source_error,
                            ctx.cdi_generate, state.toolkit_fingerprint)
@@ -106,10 +114,31 @@ def _apply_profile(section: dict[str, Any], state: NodeState, ctx: ApplyContext,
                                         generation=generation), ctx)
 
 
-def _kubernetes_state(section: dict[str, Any], generation: int) -> SectionState:
+def _kubernetes_state(section: KubernetesSection, generation: int) -> SectionState:
     return SectionState(state="applied", generation=generation, message=(
         f"device plugin on: GPUs of kubernetes holds go to the kubelet as "
-        f"{section.get('resourceName')} (bcd status shows the registration)"))
+        f"{section.resource_name or None} (bcd status shows the registration)"))
+
+
+def _apply_section(name: str, section: Any, state: NodeState, journal: Journal,
+                   ctx: ApplyContext, generation: int) -> list[Entry]:
+    """Apply one section (decoded here, once, as its Struct); the journal entries written."""
+    if name == "acceptance":
+        entry = _apply_acceptance(section, state, journal, ctx, generation)
+        return [entry] if entry else []
+    if name == "devices":
+        return _apply_devices(read(section, DevicesSection, name), state, journal, ctx,
+                              generation)
+    if name == "profile":
+        _apply_profile(read(section, ProfileSection, name), state, ctx, generation)
+    elif name == "kubernetes":
+        _set(state, name, _kubernetes_state(read(section, KubernetesSection, name), generation),
+             ctx)
+    else:
+        _set(state, name, SectionState(
+            state="unsupported", generation=generation,
+            message=f"this bcd does not know the section {name!r}; upgrade bcd"), ctx)
+    return []
 
 
 def apply_desired(state: NodeState, journal: Journal, ctx: ApplyContext) -> list[Entry]:
@@ -122,20 +151,11 @@ def apply_desired(state: NodeState, journal: Journal, ctx: ApplyContext) -> list
     generation = state.observed_generation
     written: list[Entry] = []
     for name, section in sorted(state.desired_sections.items(), key=lambda i: i[0] != "profile"):
-        body = section if isinstance(section, dict) else {}
-        if name == "acceptance":
-            entry = _apply_acceptance(body, state, journal, ctx, generation)
-            written += [entry] if entry else []
-        elif name == "devices":
-            written += _apply_devices(body, state, journal, ctx, generation)
-        elif name == "profile":
-            _apply_profile(body, state, ctx, generation)
-        elif name == "kubernetes":
-            _set(state, name, _kubernetes_state(body, generation), ctx)
-        else:
-            _set(state, name, SectionState(
-                state="unsupported", generation=generation,
-                message=f"this bcd does not know the section {name!r}; upgrade bcd"), ctx)
+        try:
+            written += _apply_section(name, section, state, journal, ctx, generation)
+        except SectionInvalid as exc:
+            _set(state, name, SectionState(state="failed", generation=generation, message=(
+                f"{exc}: this bcd cannot read what the control plane sent; upgrade bcd")), ctx)
     for name in list(state.sections):
         if name not in state.desired_sections and name != "devices":
             del state.sections[name]

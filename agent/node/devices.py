@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from better_compute.api.wire.sections import DevicesSection
+
 from ..gpu import Inventory
 from ..paths import Paths
 
@@ -38,14 +40,14 @@ class DevicesOutcome:
 
 
 class DevicesApplier(Protocol):
-    def __call__(self, section: dict[str, Any], *, paths: Paths, inventory: Inventory | None,
+    def __call__(self, section: DevicesSection, *, paths: Paths, inventory: Inventory | None,
                  holds: dict[str, str], done: Callable[[str], bool]) -> DevicesOutcome: ...
 
 
-def unsupported(section: dict[str, Any], *, paths: Paths, inventory: Inventory | None,
+def unsupported(section: DevicesSection, *, paths: Paths, inventory: Inventory | None,
                 holds: dict[str, str], done: Callable[[str], bool]) -> DevicesOutcome:
     """The stand-in while agent/binding.py is absent: records, holds nothing new."""
-    assignments = section.get("assignments") or []
+    assignments = section.assignments
     if not assignments:
         return DevicesOutcome("applied", "no device assignments", dict(holds))
     return DevicesOutcome(
@@ -56,13 +58,13 @@ def unsupported(section: dict[str, Any], *, paths: Paths, inventory: Inventory |
     )
 
 
-def bind_devices(section: dict[str, Any], *, paths: Paths, inventory: Inventory | None,
+def bind_devices(section: DevicesSection, *, paths: Paths, inventory: Inventory | None,
                  holds: dict[str, str], done: Callable[[str], bool]) -> DevicesOutcome:
     from .. import binding, cdi
 
     problems: list[str] = []
     assignments = []
-    for item in section.get("assignments") or []:
+    for item in section.assignments:
         try:
             assignments.append(binding.parse_assignment(item))
         except binding.InvalidAssignment as exc:

@@ -14,7 +14,16 @@ from typing import Any
 
 import msgspec
 
+from better_compute.api.wire.sections import Check, SectionInvalid, read
+
 from ..gpu import Gpu, Inventory
+
+
+class NvmlExpect(msgspec.Struct, rename="camel", kw_only=True):
+    """What ``diag.nvml`` expects (the pool's policy): how many GPUs, of which family."""
+
+    gpu_count: int | None = None
+    gpu_model: str | None = None
 
 
 class CheckResult(msgspec.Struct, kw_only=True):
@@ -24,8 +33,7 @@ class CheckResult(msgspec.Struct, kw_only=True):
 
 
 def _describe(gpu: Gpu) -> str:
-    why = ", ".join(gpu.health_reasons) or "unhealthy"
-    return f"GPU {gpu.index} ({gpu.uuid}) is unhealthy ({why})"
+    return f"GPU {gpu.index} ({gpu.uuid}) is unhealthy ({gpu.why_unhealthy})"
 
 
 def diag_nvml(expect: Mapping[str, Any], inventory: Inventory | None,
@@ -34,20 +42,24 @@ def diag_nvml(expect: Mapping[str, Any], inventory: Inventory | None,
     if inventory is None:
         return CheckResult(kind=kind, passed=False,
                            message=f"the GPU source cannot be read: {source_error or 'no inventory'}")
-    model = expect.get("gpuModel")
-    count = expect.get("gpuCount")
-    wanted = str(model).lower() if model else None
+    try:
+        wants = read(expect, NvmlExpect, "acceptance")
+    except SectionInvalid as exc:
+        return CheckResult(kind=kind, passed=False, message=f"{exc}: the pool's policy is "
+                           "not one this bcd reads; upgrade bcd")
+    model, count = wants.gpu_model, wants.gpu_count
+    wanted = model.lower() if model else None
 
     def of_model(gpu: Gpu) -> bool:
         return wanted is None or (gpu.family or "").lower() == wanted
 
-    healthy = [gpu for gpu in inventory.gpus if gpu.healthy and of_model(gpu)]
-    problems = [_describe(gpu) for gpu in inventory.gpus if not gpu.healthy]
+    healthy = [gpu for gpu in inventory.gpus if gpu.is_healthy and of_model(gpu)]
+    problems = [_describe(gpu) for gpu in inventory.gpus if not gpu.is_healthy]
     strangers = [gpu for gpu in inventory.gpus if not of_model(gpu)]
     problems += [f"GPU {gpu.index} is a {gpu.name} (family {gpu.family or 'unknown'}), "
                  f"not {model}" for gpu in strangers]
     label = f"healthy {model} GPUs" if model else "healthy GPUs"
-    if isinstance(count, int) and not isinstance(count, bool):
+    if count is not None:
         passed = len(healthy) == count and not strangers
         summary = f"{len(healthy)} {label}, expected {count}"
     else:
@@ -64,13 +76,12 @@ CheckFunction = Callable[[Mapping[str, Any], Inventory | None, str | None], Chec
 CHECKS: dict[str, CheckFunction] = {"diag.nvml": diag_nvml}
 
 
-def run_check(check: Mapping[str, Any], inventory: Inventory | None,
+def run_check(check: Check, inventory: Inventory | None,
               source_error: str | None) -> CheckResult:
-    kind = str(check.get("kind", ""))
-    function = CHECKS.get(kind)
+    function = CHECKS.get(check.kind)
     if function is None:
-        return CheckResult(kind=kind, passed=False, message=(
-            f"bcd does not know the check {kind!r} (it knows {', '.join(sorted(CHECKS))}): "
-            "upgrade bcd or remove the check from the pool's policy"))
-    expect = check.get("expect") or {}
-    return function(expect if isinstance(expect, Mapping) else {}, inventory, source_error)
+        return CheckResult(kind=check.kind, passed=False, message=(
+            f"bcd does not know the check {check.kind!r} (it knows "
+            f"{', '.join(sorted(CHECKS))}): upgrade bcd or remove the check from the pool's "
+            "policy"))
+    return function(check.expect, inventory, source_error)

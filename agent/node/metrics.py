@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
+from better_compute.api.wire.sections import assignments
+
 from ..version import bcd_version
 
 if TYPE_CHECKING:
@@ -56,9 +58,8 @@ class _Collector:
 
     def _gpus(self, identity: Any) -> Iterator[Metric]:
         agent = self.agent
-        reservations = {str(a.get("allocationId")): str(a.get("reservationId") or "")
-                        for a in (agent.state.desired_sections.get("devices") or {})
-                        .get("assignments") or [] if isinstance(a, dict)}
+        reservations = {a.allocation_id: a.reservation_id
+                        for a in assignments(agent.state.desired_sections)}
         families = {field: (GaugeMetricFamily(f"{NS}_{name}", text, labels=GPU_LABELS), scale)
                     for name, text, field, scale in _GPU_GAUGES}
         healthy = GaugeMetricFamily(f"{NS}_gpu_healthy", "1 healthy, 0 unhealthy (the "
@@ -76,7 +77,7 @@ class _Collector:
                 value = getattr(gpu, field)
                 if value is not None:
                     family.add_metric(labels, value * scale)
-            healthy.add_metric(labels, 1 if gpu.healthy and not gpu.health_reasons else 0)
+            healthy.add_metric(labels, 1 if gpu.is_healthy else 0)
             held.add_metric(labels, 1 if allocation else 0)
             for reason in gpu.health_reasons:
                 reasons.add_metric([*labels, reason], 1)

@@ -51,6 +51,7 @@ from better_compute.api.wire.gateway import (
     decode_to_node,
     encode,
 )
+from better_compute.api.wire.inventory import Telemetry
 
 from ..errors import BcdError
 from ..version import bcd_version
@@ -124,21 +125,11 @@ async def _receive(reader: BufferedByteReceiveStream) -> Any:
 
 def report(agent: NodeAgent, link: Link) -> Report:
     inventory = agent.inventory
-    telemetry = None
-    if inventory is not None:
-        telemetry = {"time": agent.inventory_time, "gpus": [
-            {"uuid": gpu.uuid, "utilizationPct": gpu.utilization_pct,
-             "temperatureC": gpu.temperature_c, "powerW": gpu.power_w,
-             "memoryUsedMiB": gpu.memory_used_mib, "memoryMiB": gpu.memory_mib,
-             "healthy": gpu.healthy}
-            for gpu in inventory.gpus]}
     return Report(
         epoch=link.epoch, applied_generation=agent.state.applied_generation,
         observed_generation=agent.state.observed_generation,
-        sections={name: msgspec.to_builtins(section)
-                  for name, section in agent.state.sections.items()},
-        inventory=msgspec.to_builtins(inventory) if inventory is not None else None,
-        telemetry=telemetry,
+        sections=dict(agent.state.sections), inventory=inventory,
+        telemetry=None if inventory is None else Telemetry.of(inventory, agent.inventory_time),
     )
 
 

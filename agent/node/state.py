@@ -13,23 +13,11 @@ from typing import Any
 
 import msgspec
 
+from better_compute.api.wire.gateway import SectionState
+
 from ..errors import BcdError
 from ..files import write_atomic
 from ..paths import Paths
-
-
-class SectionState(msgspec.Struct, rename="camel", kw_only=True):
-    """One section of the desired state as applied here.
-
-    ``state``: ``passed`` / ``failed`` (checks, or device assignments that failed),
-    ``applied`` (nothing left to do) or ``unsupported`` (a section this bcd does not know).
-    """
-
-    state: str
-    message: str = ""
-    generation: int = 0
-    attempt: int | None = None
-    since: str | None = None  # RFC 3339, when the state last changed
 
 
 class NodeState(msgspec.Struct, rename="camel", kw_only=True):
@@ -100,3 +88,6 @@ def removed_node(paths: Paths) -> str | None:
         return removed_marker(paths).read_text().split("\n", 1)[0].strip() or None
     except OSError:
         return None
+
+
+__all__ = ["NodeState", "SectionState", "load_state", "save_state", "state_dir"]

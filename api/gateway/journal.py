@@ -18,8 +18,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from better_compute.api.services.reservation_journal import JournalHandler, reservation_handlers
+from better_compute.api.services.reservation_journal import (
+    JournalHandler,
+    entry_of,
+    reservation_handlers,
+)
 from better_compute.api.wire.gateway import SignedEntry
+from better_compute.api.wire.journal import AcceptanceResult, Entry, EntryInvalid, decode_entry
 
 if TYPE_CHECKING:
     from better_compute.api.services.registry import Services
@@ -32,8 +37,9 @@ class EntryRefused(Exception):
         self.message = message
 
 
-def verify_entry(public_key: Any, entry: SignedEntry) -> dict[str, Any]:
-    """The entry's JSON payload once its signature verifies with ``public_key``."""
+def verify_entry(public_key: Any, entry: SignedEntry) -> tuple[Entry, dict[str, Any]]:
+    """The entry (what every entry carries, and its whole JSON document for the handler of
+    its kind to decode) once its signature verifies with ``public_key``."""
     try:
         payload = base64.b64decode(entry.payload, validate=True)
         signature = base64.b64decode(entry.signature, validate=True)
@@ -56,9 +62,11 @@ def verify_entry(public_key: Any, entry: SignedEntry) -> dict[str, Any]:
         doc = json.loads(payload)
     except ValueError:
         raise EntryRefused("malformed", "the signed payload is not JSON") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
-        raise EntryRefused("malformed", "the signed payload is not an entry with a kind")
-    return doc
+    try:
+        return decode_entry(doc, Entry), doc
+    except EntryInvalid:
+        raise EntryRefused("malformed", "the signed payload is not an entry with a kind"
+                           ) from None
 
 
 def journal_handlers(services: Services) -> dict[str, JournalHandler]:
@@ -67,7 +75,7 @@ def journal_handlers(services: Services) -> dict[str, JournalHandler]:
     nodes = services.nodes
 
     def acceptance_result(uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
-        nodes.acceptance_result(uuid, epoch, payload)
+        nodes.acceptance_result(uuid, epoch, entry_of(AcceptanceResult, payload))
 
     return {"acceptance.result": acceptance_result,
             **reservation_handlers(services.reservations)}

@@ -22,6 +22,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from better_compute.api.gateway.journal import EntryRefused, verify_entry
 from better_compute.api.gateway.renewal import RenewRefused
 from better_compute.api.store.node_presence import summarize_report
+from better_compute.api.wire import inventory as wire_inventory
 from better_compute.api.wire.gateway import (
     Ack,
     DesiredState,
@@ -39,7 +40,7 @@ from better_compute.api.wire.gateway import (
     encode,
 )
 from better_compute.domain.errors import BetterComputeError, InvalidInput, Unavailable
-from better_compute.domain.gpus import gpu_is_healthy
+from better_compute.domain.gpus import Gpu
 from better_compute.domain.node import Node
 from better_compute.domain.node_rules import SESSION_UNREACHABLE
 
@@ -53,7 +54,7 @@ NODE_REMOVED = "node_removed"  # Refused code: bcd stops (docs/nodes.md, "Remove
 
 
 def removed_message(node: Node) -> str:
-    removal = dict(getattr(node, "removal", None) or {})
+    removal = dict(node.removal or {})
     return (f"node {node.public_id} was removed from its pool at {removal.get('at')} "
             f"({removal.get('reason') or 'removed'}); its certificate is revoked. To bring "
             "the machine back, run bcd join with a new join token: it gets the same node back")
@@ -62,13 +63,13 @@ _CLOSED = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
            anyio.ClosedResourceError, anyio.DelimiterNotFound, OSError)
 
 
-def _health(gpus: list[dict[str, Any]]) -> dict[str, tuple[bool, tuple[str, ...]]]:
-    out = {}
-    for g in gpus:
-        if isinstance(g, dict) and isinstance(g.get("uuid"), str):
-            reasons = tuple(str(r) for r in g.get("healthReasons") or [])
-            out[g["uuid"]] = (gpu_is_healthy(g), reasons)
-    return out
+def _health(gpus: list[Gpu]) -> dict[str, tuple[bool, tuple[str, ...]]]:
+    return {g.uuid: g.health() for g in gpus}
+
+
+def _reported(gpu: wire_inventory.Gpu) -> Gpu:
+    """A GPU of a report's inventory as the domain reads it (its health rule, its fields)."""
+    return Gpu.from_doc(msgspec.to_builtins(gpu))
 
 
 class Session:
@@ -87,7 +88,7 @@ class Session:
         self.reason = "the connection closed"
         self.poke = anyio.Event()
         self.last_sent: tuple[int, str] | None = None
-        self.health = _health(node.gpus)
+        self.health = _health(node.gpu_values())
         self.applied_generation = 0
         self.observed_generation = 0
         self.last_report: Report | None = None
@@ -238,15 +239,12 @@ class Session:
         self.last_report = report
         self.applied_generation = report.applied_generation
         self.observed_generation = report.observed_generation
-        gateway.keep_report(self, summarize_report(
-            self.epoch, gateway.nodes.clock(), report.applied_generation,
-            report.observed_generation, report.sections, report.inventory, report.telemetry))
-        gpus = (report.inventory or {}).get("gpus")
-        if not isinstance(gpus, list):
+        gateway.keep_report(self, summarize_report(self.epoch, gateway.nodes.clock(), report))
+        if report.inventory is None:
             return
+        gpus = [_reported(g) for g in report.inventory.gpus]
         health = _health(gpus)
-        changed = [g for g in gpus if isinstance(g, dict) and g.get("uuid") in self.health
-                   and health.get(g["uuid"]) != self.health[g["uuid"]]]
+        changed = [g for g in gpus if g.uuid in self.health and health[g.uuid] != self.health[g.uuid]]
         if changed:
             try:
                 await gateway.call(gateway.nodes.gpu_health, self.uuid, self.epoch, changed)
@@ -262,14 +260,14 @@ class Session:
                 f"epoch {message.epoch} is not this session's ({self.epoch})")))
             return
         try:
-            payload = verify_entry(self.public_key, message.entry)
-            if payload.get("nodeId") != self.node_id:
-                raise EntryRefused("wrong_node", f"the entry names node {payload.get('nodeId')}, "
+            head, payload = verify_entry(self.public_key, message.entry)
+            if head.node_id != self.node_id:
+                raise EntryRefused("wrong_node", f"the entry names node {head.node_id}, "
                                    f"not this session's node {self.node_id}")
-            handler = gateway.journal_handlers.get(str(payload["kind"]))
+            handler = gateway.journal_handlers.get(head.kind)
             if handler is None:
                 raise EntryRefused("unknown_kind", f"no handler for journal entries of kind "
-                                   f"{payload['kind']!r} on this control plane")
+                                   f"{head.kind!r} on this control plane")
             await gateway.call(handler, self.uuid, self.epoch, payload)
         except EntryRefused as exc:
             gateway.stats["refused"] += 1

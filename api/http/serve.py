@@ -174,6 +174,43 @@ def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics", run
 
 
+def _tls(options: ServeOptions, runtime: Runtime, host: str
+         ) -> tuple[str, list[str], dict[str, str]]:
+    """The scheme, the certificate's host names and uvicorn's TLS files (none on plain HTTP)."""
+    if options.insecure_loopback:
+        if not is_loopback(host):
+            raise InvalidInput(
+                f"--insecure-loopback serves plain HTTP, which is allowed on loopback only; "
+                f"{host} is not a loopback address: drop the flag to serve TLS"
+            )
+        return "http", [], {}
+    loopback = list(LOOPBACK_NAMES) if is_loopback(host) else []
+    names = list(dict.fromkeys(options.hostnames + loopback))
+    if not names:
+        raise InvalidInput(
+            "--hostname is needed: name the host names clients use to reach this server "
+            "(for example --hostname compute.example.com); they go into its certificate"
+        )
+    cert, key = tls_files(runtime, names)
+    return "https", names, {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+
+
+def _lifespan_tasks(primary: bool, gateway: tuple[str, LifespanTask] | None,
+                    gateway_url: str | None, metrics: tuple[str, LifespanTask] | None
+                    ) -> tuple[list[LifespanTask], str]:
+    """The app's lifespan tasks for this worker, and what the ready line says of them."""
+    tasks: list[LifespanTask] = [run_controllers, flush_token_use] if primary \
+        else [flush_token_use]
+    notes = ""
+    if gateway is not None and primary:  # the other workers publish its URL only
+        tasks.append(gateway[1])
+        notes = f"; gateway {gateway_url} (mutual TLS)"
+    if metrics is not None:
+        tasks.append(metrics[1])
+        notes += f"; metrics {metrics[0]}"
+    return tasks, notes
+
+
 def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int | None = None,
           worker_index: int = 0) -> None:
     """Serve until a signal. ``fd``: a worker of ``--workers`` on its parent's socket; only
@@ -197,39 +234,13 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
         gateway_url = gateway[0]
     runtime = Runtime.open(env, gateway_url=gateway_url)
     runtime.service.pki()  # refuses early, with the fix, when `init` has not run
-    ssl: dict[str, str] = {}
-    if options.insecure_loopback:
-        if not is_loopback(host):
-            raise InvalidInput(
-                f"--insecure-loopback serves plain HTTP, which is allowed on loopback only; "
-                f"{host} is not a loopback address: drop the flag to serve TLS"
-            )
-        scheme = "http"
-        names: list[str] = []
-    else:
-        names = list(dict.fromkeys(options.hostnames + (list(LOOPBACK_NAMES) if is_loopback(host) else [])))
-        if not names:
-            raise InvalidInput(
-                "--hostname is needed: name the host names clients use to reach this server "
-                "(for example --hostname compute.example.com); they go into its certificate"
-            )
-        cert, key = tls_files(runtime, names)
-        ssl = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
-        scheme = "https"
-    tasks: list[LifespanTask] = [run_controllers, flush_token_use] if primary \
-        else [flush_token_use]
-    gateway_note = ""
-    if gateway is not None and primary:  # the other workers publish its URL only
-        tasks.append(gateway[1])
-        gateway_note = f"; gateway {gateway_url} (mutual TLS)"
-    if metrics is not None:
-        tasks.append(metrics[1])
-        gateway_note += f"; metrics {metrics[0]}"
+    scheme, names, ssl = _tls(options, runtime, host)
+    tasks, notes = _lifespan_tasks(primary, gateway, gateway_url, metrics)
     app = build_app(runtime, tasks=tasks)
     shown = f"[{host}]" if ":" in host else host
     ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"
              + (f" (certificate for {', '.join(names)})" if names else " (plain HTTP, loopback only)")
-             + gateway_note)
+             + notes)
     config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
                             log_config=None,  # our handler and format (logs.configure)
                             access_log=False, lifespan="on", http=http_limits.protocol_class(),

@@ -28,6 +28,7 @@ from eventsourcing.persistence import IntegrityError
 
 from better_compute.api import pki
 from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.tokens import revoke_token
 from better_compute.api.services.unit import RETRY_ATTEMPTS
 from better_compute.api.store.actor import acting_as
 from better_compute.api.wire.join import HardwareFacts, HardwareGpu, JoinRequest, JoinResponse
@@ -133,12 +134,8 @@ class JoinService:
         return docs
 
     def revoke(self, principal: Principal, token_id: str) -> dict[str, Any]:
-        token = self._token(principal, token_id)
-        principal.require_admin_of(token.tenant_id, "revoke join tokens")
-        now = self.service.clock()
-        token.revoke(now, principal.token_id)
-        self.service.aggregates.save(token)
-        return token.to_doc(now)
+        return revoke_token(self.service, principal, self._token(principal, token_id),
+                            "join tokens")
 
     # -------------------------------------------------------------------- join
 

@@ -22,11 +22,12 @@ from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.unit import RETRY_ATTEMPTS
 from better_compute.api.store.eventlog import render
 from better_compute.api.store.node_presence import Reports
+from better_compute.api.wire.journal import AcceptanceResult
 from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
-from better_compute.domain.errors import Conflict, InvalidInput, NotFound
-from better_compute.domain.gpus import gpu_is_healthy
+from better_compute.domain.errors import Conflict, NotFound
+from better_compute.domain.gpus import Gpu
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 from better_compute.domain.node_rules import (
@@ -316,40 +317,29 @@ class NodeService:
 
         self._change(uuid, change)
 
-    def acceptance_result(self, uuid: UUID, epoch: int, entry: dict[str, Any]) -> bool:
+    def acceptance_result(self, uuid: UUID, epoch: int, entry: AcceptanceResult) -> bool:
         """A verified ``acceptance.result`` entry: our verdict, then adopted or failed."""
-        try:
-            attempt = int(entry["attempt"])
-        except (KeyError, TypeError, ValueError):
-            raise InvalidInput("an acceptance.result entry needs an integer attempt") from None
-        gpus = [dict(g) for g in entry.get("gpus") or [] if isinstance(g, dict)]
+        reported = msgspec.to_builtins(entry)
 
         def change(node: Node) -> bool:
             if node.session_epoch != epoch:
                 raise Conflict(f"session epoch {epoch} of node {node.public_id} is stale "
                                f"(current {node.session_epoch})")
-            verdict = evaluate_acceptance(node.acceptance_checks, entry)
-            return node.finish_acceptance(attempt, verdict.passed, verdict.message,
-                                          verdict.checks, _inventory_gpus(gpus), self.clock())
+            verdict = evaluate_acceptance(node.acceptance_checks, reported)
+            return node.finish_acceptance(entry.attempt, verdict.passed, verdict.message,
+                                          verdict.checks, _inventory_gpus(entry.gpus),
+                                          self.clock())
 
         return self._change(uuid, change)[1]
 
-    def gpu_health(self, uuid: UUID, epoch: int, gpus: builtins.list[dict[str, Any]]) -> int:
+    def gpu_health(self, uuid: UUID, epoch: int, gpus: builtins.list[Gpu]) -> int:
         """Health from a report's inventory: one event per GPU whose health changed."""
         def change(node: Node) -> int:
             if node.session_epoch != epoch:
                 return 0
-            changed = 0
             now = self.clock()
-            for gpu in gpus:
-                uuid_ = gpu.get("uuid")
-                if not isinstance(uuid_, str):
-                    continue
-                reasons = [str(r) for r in gpu.get("healthReasons") or []]
-                healthy = gpu_is_healthy(gpu)
-                if node.set_gpu_health(uuid_, healthy, reasons, now):
-                    changed += 1
-            return changed
+            return sum(1 for gpu in gpus if node.set_gpu_health(
+                gpu.uuid, gpu.healthy, list(gpu.health_reasons), now))
 
         return self._change(uuid, change)[1]
 

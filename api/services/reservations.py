@@ -13,8 +13,8 @@ choice only, and a choice avoids the nodes other placements of the process are s
 
 The shared machinery (time, loading, placing, ending holds) is in
 api/services/reservation_base.py; binding, failures and the end time in
-api/services/reservation_binding.py; the earliest start, the queue and moving reservations
-earlier in api/services/reservation_queue.py.
+api/services/reservation_binding.py; the earliest start in api/services/reservation_earliest.py;
+the queue and moving reservations earlier in api/services/reservation_queue.py.
 """
 
 from __future__ import annotations

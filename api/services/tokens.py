@@ -32,6 +32,7 @@ from better_compute.domain.token import (
 
 if TYPE_CHECKING:
     from better_compute.api.services.compute import ComputeService
+    from better_compute.domain.join_token import JoinToken
 
 RESCAN_S = 30.0  # the controller looks for newly due tokens at least this often
 
@@ -58,6 +59,17 @@ def lifetimes_from_env(env: Mapping[str, str]) -> TokenLifetimes:
                            "BETTER_COMPUTE_TOKEN_MAX_TTL and "
                            "BETTER_COMPUTE_TOKEN_ROTATION_GRACE") from None
     return lifetimes
+
+
+def revoke_token(service: ComputeService, principal: Principal, token: ApiToken | JoinToken,
+                 what: str) -> dict[str, Any]:
+    """Revoke an API or a join token as ``principal``, an admin of its tenant; its document.
+    ``what``: the tokens, as the refusal names them ("tokens", "join tokens")."""
+    principal.require_admin_of(token.tenant_id, f"revoke {what}")
+    now = service.clock()
+    token.revoke(now, principal.token_id)
+    service.aggregates.save(token)
+    return token.to_doc(now)
 
 
 class TokenService:
@@ -106,12 +118,7 @@ class TokenService:
         return docs
 
     def revoke(self, principal: Principal, token_id: str) -> dict[str, Any]:
-        token = self._visible(principal, token_id)
-        principal.require_admin_of(token.tenant_id, "revoke tokens")
-        now = self.service.clock()
-        token.revoke(now, principal.token_id)
-        self.service.aggregates.save(token)
-        return token.to_doc(now)
+        return revoke_token(self.service, principal, self._visible(principal, token_id), "tokens")
 
     def rotate(self, principal: Principal, token_id: str, grace: str | None,
                ttl: str | None) -> dict[str, Any]:

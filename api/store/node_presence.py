@@ -23,9 +23,13 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from better_compute.api.store.store import SqlRunner
+from better_compute.api.wire.gateway import Report
+from better_compute.api.wire.inventory import Telemetry
 from better_compute.domain.base import iso
-from better_compute.domain.gpus import gpu_is_healthy
+from better_compute.domain.gpus import Gpu
 
 TABLE = (
     "CREATE TABLE IF NOT EXISTS bc_node_presence (uuid TEXT PRIMARY KEY, "
@@ -38,7 +42,6 @@ REPORT_TABLE = (
 MAX_SECTION_MESSAGE = 2000  # a section's message is cut to this many characters
 MAX_GPUS = 256
 _TELEMETRY = ("utilizationPct", "temperatureC", "powerW", "memoryUsedMiB", "memoryMiB")
-_SECTION = ("state", "message", "generation", "attempt", "since")
 _ready: weakref.WeakSet[SqlRunner] = weakref.WeakSet()
 
 
@@ -113,45 +116,28 @@ def _write_rows(sql: SqlRunner, statement: str, rows: list[tuple[Any, ...]]) -> 
     return len(rows)
 
 
-def _number(value: Any) -> float | int | None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return value
-    return None
-
-
-def summarize_report(epoch: int, at: datetime, applied_generation: int,
-                     observed_generation: int, sections: dict[str, Any],
-                     inventory: dict[str, Any] | None, telemetry: dict[str, Any] | None
-                     ) -> dict[str, Any]:
+def summarize_report(epoch: int, at: datetime, report: Report) -> dict[str, Any]:
     """What ``nodes.get`` shows of a Report (docs/nodes.md, "report"), bounded in size."""
-    shown: dict[str, Any] = {}
-    for name, section in list((sections or {}).items())[:32]:
-        if isinstance(section, dict):
-            item = {k: section.get(k) for k in _SECTION if k in section}
-            message = item.get("message")
-            if isinstance(message, str):
-                item["message"] = message[:MAX_SECTION_MESSAGE]
-            shown[str(name)[:64]] = item
-    health: dict[str, list[str]] = {}
-    for gpu in (inventory or {}).get("gpus") or []:
-        if isinstance(gpu, dict) and isinstance(gpu.get("uuid"), str):
-            health[gpu["uuid"]] = [str(r) for r in gpu.get("healthReasons") or []]
+    shown = {name[:64]: {**msgspec.to_builtins(section),
+                         "message": section.message[:MAX_SECTION_MESSAGE]}
+             for name, section in list(report.sections.items())[:32]}
+    reasons = {g.uuid: list(g.health_reasons) for g in
+               (report.inventory.gpus if report.inventory is not None else [])}
+    telemetry = report.telemetry or Telemetry()
     gpus = []
-    for gpu in ((telemetry or {}).get("gpus") or [])[:MAX_GPUS]:
-        if not isinstance(gpu, dict) or not isinstance(gpu.get("uuid"), str):
-            continue
-        reasons = health.get(gpu["uuid"], [])
-        gpus.append({"uuid": gpu["uuid"],
-                     "healthy": gpu_is_healthy({**gpu, "healthReasons": reasons}),
-                     "healthReasons": reasons,
-                     **{k: _number(gpu.get(k)) for k in _TELEMETRY}})
-    time = (telemetry or {}).get("time")
+    for gpu in telemetry.gpus[:MAX_GPUS]:
+        value = Gpu(uuid=gpu.uuid, reported_healthy=gpu.healthy,
+                    health_reasons=tuple(reasons.get(gpu.uuid, [])))
+        readings = msgspec.to_builtins(gpu)
+        gpus.append({"uuid": gpu.uuid, "healthy": value.healthy,
+                     "healthReasons": list(value.health_reasons),
+                     **{k: readings.get(k) for k in _TELEMETRY}})
     return {
         "epoch": epoch,
         "at": iso(at),
-        "appliedGeneration": applied_generation,
-        "observedGeneration": observed_generation,
+        "appliedGeneration": report.applied_generation,
+        "observedGeneration": report.observed_generation,
         "sections": shown,
         "gpus": gpus,
-        "telemetryTime": time if isinstance(time, str) else None,
+        "telemetryTime": telemetry.time,
     }

@@ -28,7 +28,7 @@ from eventsourcing.persistence import Notification
 from better_compute.api.runtime import Projections, Runtime, StoreEvents
 from better_compute.api.store.eventlog import render
 from better_compute.api.store.store import StoreConfig, open_store
-from better_compute.projections.framework import ProjectionRunner
+from better_compute.projections.framework import ReadModels
 
 PAGE = 1000
 MAX_PROBLEMS = 100
@@ -161,7 +161,7 @@ class Verifier:
     def _compare(self, name: str, live: Projections, scratch: Projections) -> str:
         position, tables = live.rows_at_position(name)
         self.progress(f"rebuild {name}", 0, position)
-        rebuilt = ProjectionRunner(scratch.sql, _Upto(StoreEvents(self.store), position),
+        rebuilt = ReadModels(scratch.sql, _Upto(StoreEvents(self.store), position),
                                    [scratch.get(name)])
         rebuilt.catch_up(name, until=position)
         self.progress(f"rebuild {name}", position, position)

@@ -15,12 +15,13 @@ Session:
    after Welcome). Sections: ``acceptance`` (checks to run), ``devices``
    (device assignments), more later. bcd applies it idempotently and reports.
 3. Up: Heartbeat (every ``heartbeat_seconds``), Report (applied and observed
-   generation, inventory, telemetry, per-section status) and Journal (entries
+   generation, inventory and telemetry: api/wire/inventory.py, per-section state) and Journal (entries
    signed with the node key; the gateway verifies each against the key
    recorded at join before it changes any state). The gateway answers Ack for
    journal entries it accepted and Nack(code, message) for refused ones.
 
-Sections of DesiredState (the control plane owns their content; bcd applies):
+Sections of DesiredState (the control plane owns their content; bcd applies; their
+Structs, which bcd reads each section with, are in api/wire/sections.py):
 - ``acceptance``: ``{"attempt": N, "checks": [{"kind": "diag.nvml", "expect":
   {"gpuCount": 8, "gpuModel": "H100"}}]}``. bcd runs each check against its GPU
   source and journals one ``acceptance.result`` entry per attempt.
@@ -41,8 +42,9 @@ starting ``renew_`` (``renew_wrong_key``, ``renew_bad_csr``,
 ``renew_unavailable``), which does NOT end the session. A gateway that does
 not know Renew skips it (unknown type); bcd simply tries again later.
 
-Journal entry payloads (JSON, signed by the node key), common fields
-``{"kind", "nodeId", "epoch", "time"}`` plus:
+Journal entry payloads (JSON, signed by the node key; their Structs, which the gateway decodes
+each entry with, are in api/wire/journal.py), common fields ``{"kind", "nodeId", "epoch",
+"time"}`` plus:
 - ``acceptance.result``: ``attempt``, ``passed`` (bool), ``checks``: list of
   ``{"kind", "passed", "message"}``, ``gpus``: the inventory's GPU list.
 - ``allocation.bound``: ``allocationId``, ``gpus``, ``cdiDevices``,
@@ -57,6 +59,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
+from .inventory import Inventory, Telemetry
 
 
 class Msg(msgspec.Struct, rename="camel", tag_field="type", kw_only=True):
@@ -83,7 +87,7 @@ class Refused(Msg, tag="refused", kw_only=True):
 class DesiredState(Msg, tag="desired", kw_only=True):
     epoch: int
     generation: int
-    sections: dict[str, Any] = {}
+    sections: dict[str, Any] = {}  # by name, unknown ones kept (api/wire/sections.py reads them)
 
 
 class Heartbeat(Msg, tag="heartbeat", kw_only=True):
@@ -91,13 +95,30 @@ class Heartbeat(Msg, tag="heartbeat", kw_only=True):
     time: str  # RFC 3339, the node's clock
 
 
+class SectionState(msgspec.Struct, rename="camel", kw_only=True):
+    """One section of the desired state as bcd applied it (in Report.sections, and in bcd's
+    state file).
+
+    ``state``: ``passed`` / ``failed`` (checks, or device assignments that failed),
+    ``applied`` (nothing left to do) or ``unsupported`` (a section this bcd does not know).
+    """
+
+    state: str
+    message: str = ""
+    generation: int = 0
+    attempt: int | None = None
+    since: str | None = None  # RFC 3339, when the state last changed
+
+
 class Report(Msg, tag="report", kw_only=True):
+    """Where bcd stands: generations, each section's state, what its GPU source read."""
+
     epoch: int
     applied_generation: int
     observed_generation: int
-    sections: dict[str, Any] = {}  # per section: {"state": "...", "message": "..."}
-    inventory: dict[str, Any] | None = None  # agent.gpu Inventory as builtins
-    telemetry: dict[str, Any] | None = None
+    sections: dict[str, SectionState] = {}
+    inventory: Inventory | None = None
+    telemetry: Telemetry | None = None
 
 
 class SignedEntry(msgspec.Struct, rename="camel", kw_only=True):

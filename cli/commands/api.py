@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.domain.errors import InvalidInput
 
@@ -31,11 +32,11 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
     return params
 
 
-def api(ctx: Any, args: argparse.Namespace) -> None:
+def api(ctx: Context, args: argparse.Namespace) -> None:
     ctx.emit(ctx.client.call(args.method, parse_assignments(args.params)))
 
 
-def pki_show(ctx: Any, args: argparse.Namespace) -> None:
+def pki_show(ctx: Context, args: argparse.Namespace) -> None:
     ctx.emit(ctx.call("pki.show"))
 
 

@@ -12,15 +12,16 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.registry import add_verb
 from better_compute.cli.tables import CAPACITY
 
 # (add_arguments(parser), run(ctx, args) -> bool handled): a flag set another feature plugs in.
 Extension = tuple[Callable[[argparse.ArgumentParser], None],
-                  Callable[[Any, argparse.Namespace], bool]]
+                  Callable[[Context, argparse.Namespace], bool]]
 
 
-def capacity(ctx: Any, a: argparse.Namespace, extensions: Sequence[Extension] = ()) -> None:
+def capacity(ctx: Context, a: argparse.Namespace, extensions: Sequence[Extension] = ()) -> None:
     for _, run in extensions:
         if run(ctx, a):
             return

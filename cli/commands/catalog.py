@@ -7,25 +7,26 @@ import json
 from pathlib import Path
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.files import check_new_file, write_new_secret
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.cli.tables import POOLS, SITES, TOKENS
 from better_compute.domain.errors import InvalidInput
 
 
-def tenants_create(ctx: Any, a: argparse.Namespace) -> None:
+def tenants_create(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tenants.create", tenantId=a.id, name=a.name))
 
 
-def tenants_get(ctx: Any, a: argparse.Namespace) -> None:
+def tenants_get(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tenants.get", tenantId=a.id))
 
 
-def tenants_list(ctx: Any, a: argparse.Namespace) -> None:
+def tenants_list(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tenants.list"))  # the generic table: ID, NAME, CREATEDAT
 
 
-def tokens_create(ctx: Any, a: argparse.Namespace) -> None:
+def tokens_create(ctx: Context, a: argparse.Namespace) -> None:
     if a.out:
         check_new_file(a.out)
     created = ctx.call("tokens.create", tenantId=ctx.tenant, role=a.role, name=a.name,
@@ -36,15 +37,15 @@ def tokens_create(ctx: Any, a: argparse.Namespace) -> None:
     ctx.emit(created)
 
 
-def tokens_list(ctx: Any, a: argparse.Namespace) -> None:
+def tokens_list(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tokens.list", tenantId=ctx.tenant), TOKENS)
 
 
-def tokens_revoke(ctx: Any, a: argparse.Namespace) -> None:
+def tokens_revoke(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tokens.revoke", tokenId=a.token_id))
 
 
-def tokens_rotate(ctx: Any, a: argparse.Namespace) -> None:
+def tokens_rotate(ctx: Context, a: argparse.Namespace) -> None:
     if a.out:
         check_new_file(a.out)
     rotated = ctx.call("tokens.rotate", tokenId=a.token_id, grace=a.grace, ttl=a.ttl)
@@ -66,15 +67,15 @@ TOKENS_ROTATE_EXAMPLES = [
 ]
 
 
-def sites_create(ctx: Any, a: argparse.Namespace) -> None:
+def sites_create(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("sites.create", kind=a.kind, region=a.region, name=a.name, key=a.key))
 
 
-def sites_get(ctx: Any, a: argparse.Namespace) -> None:
+def sites_get(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("sites.get", siteId=a.site))
 
 
-def sites_list(ctx: Any, a: argparse.Namespace) -> None:
+def sites_list(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("sites.list"), SITES)
 
 
@@ -93,17 +94,17 @@ def read_policy_file(path: str) -> dict[str, Any]:
     return policy
 
 
-def pools_create(ctx: Any, a: argparse.Namespace) -> None:
+def pools_create(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("pools.create", siteId=a.site, **{"class": a.node_class},
                       gpuModel=a.gpu_model, policy=read_policy_file(a.policy_file),
                       name=a.name, key=a.key))
 
 
-def pools_get(ctx: Any, a: argparse.Namespace) -> None:
+def pools_get(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("pools.get", poolId=a.pool))
 
 
-def pools_list(ctx: Any, a: argparse.Namespace) -> None:
+def pools_list(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("pools.list", siteId=a.site), POOLS)
 
 
@@ -118,11 +119,18 @@ def parse_quota(items: list[str]) -> dict[str, Any]:
     return quota
 
 
-def pools_offer(ctx: Any, a: argparse.Namespace) -> None:
+def pools_offer(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("pools.offer", poolId=a.pool, toTenantId=a.to, quota=parse_quota(a.quota)))
 
 
 def register(sub: Any) -> None:
+    _register_tenants(sub)
+    _register_tokens(sub)
+    _register_sites(sub)
+    _register_pools(sub)
+
+
+def _register_tenants(sub: Any) -> None:
     g = add_group(sub, "tenants", "Tenants: the customers, and root (the platform operator).",
                   examples=["better-compute tenants create acme", "better-compute tenants list"])
     p = add_verb(g, "create", tenants_create, "Create a tenant; its id is what --to and --tenant take.",
@@ -136,6 +144,8 @@ def register(sub: Any) -> None:
     add_verb(g, "list", tenants_list, "List the tenants you see.",
              examples=["better-compute tenants list", "better-compute tenants list -o name"])
 
+
+def _register_tokens(sub: Any) -> None:
     g = add_group(sub, "tokens", "API tokens (biam_…): shown once, stored only as a hash.",
                   examples=["better-compute tokens create --tenant acme --role admin --out acme-token"])
     p = add_verb(g, "create", tokens_create, "Mint a token for a tenant with a role.",
@@ -170,6 +180,8 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="FILE", help="write the new secret to FILE (0600, never "
                    "overwritten)")
 
+
+def _register_sites(sub: Any) -> None:
     g = add_group(sub, "sites", "Sites: where machines live (root tenant: shared or dedicated).",
                   examples=["export SITE=$(better-compute sites create --kind shared --region "
                             "eu-1 --key site-eu-1 --query id)", "better-compute sites list"])
@@ -186,6 +198,8 @@ def register(sub: Any) -> None:
     add_verb(g, "list", sites_list, "List the sites you see.",
              examples=["better-compute sites list", "better-compute sites list -o name"])
 
+
+def _register_pools(sub: Any) -> None:
     g = add_group(sub, "pools", "Pools: machines of one GPU model with one policy.",
                   examples=["better-compute pools get $POOL",
                             "better-compute pools offer $POOL --to acme --quota gpu=16"])

@@ -11,6 +11,7 @@ import argparse
 import shlex
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.registry import add_verb
 
 SHELLS = ("bash", "zsh", "fish")
@@ -115,7 +116,7 @@ def script(shell: str, parser: argparse.ArgumentParser) -> str:
     return {"bash": _bash, "zsh": _zsh, "fish": _fish}[shell](tree)
 
 
-def completion(ctx: Any, a: argparse.Namespace) -> None:
+def completion(ctx: Context, a: argparse.Namespace) -> None:
     from better_compute.cli.main import build_parser
 
     print(script(a.shell, build_parser()), end="")

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from better_compute.api.net import is_loopback
+from better_compute.cli.context import Context
 from better_compute.cli.files import check_new_file
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.domain.errors import Conflict, InvalidInput
@@ -132,7 +133,7 @@ def render_script(*, pool: str, site: str, base_url: str, gateway_url: str | Non
     return text
 
 
-def install_script(ctx: Any, a: argparse.Namespace) -> None:
+def install_script(ctx: Context, a: argparse.Namespace) -> None:
     if a.out:
         check_new_file(a.out)
     digests = parse_digests(a.sha256)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 from better_compute.cli import event_lines
+from better_compute.cli.context import Context
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.domain.errors import (
     BetterComputeError,
@@ -217,7 +218,7 @@ def _check_audit(audit: Mapping[str, str]) -> None:
                       audit.get("to"), datetime.now(UTC))
 
 
-def events_watch(ctx: Any, a: argparse.Namespace) -> int:
+def events_watch(ctx: Context, a: argparse.Namespace) -> int:
     types = _types(a.types)
     if types:
         from better_compute.domain.events import compile_type_filter
@@ -242,7 +243,7 @@ def events_watch(ctx: Any, a: argparse.Namespace) -> int:
     return 0
 
 
-def events_list(ctx: Any, a: argparse.Namespace) -> int:
+def events_list(ctx: Context, a: argparse.Namespace) -> int:
     if a.limit is not None and a.limit < 1:
         raise InvalidInput(f"--limit {a.limit} must be at least 1")
     import msgspec

@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.files import check_new_file, write_new_secret
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.cli.tables import JOIN_TOKENS
 from better_compute.domain.errors import Conflict
 
 
-def create(ctx: Any, a: argparse.Namespace) -> None:
+def create(ctx: Context, a: argparse.Namespace) -> None:
     if a.out:
         check_new_file(a.out)  # before the token exists: a bad --out mints nothing
     created = ctx.call(
@@ -39,15 +40,15 @@ def create(ctx: Any, a: argparse.Namespace) -> None:
     ctx.emit(created)
 
 
-def list_tokens(ctx: Any, a: argparse.Namespace) -> None:
+def list_tokens(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("joinTokens.list", tenantId=ctx.tenant, poolId=a.pool), JOIN_TOKENS)
 
 
-def get(ctx: Any, a: argparse.Namespace) -> None:
+def get(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("joinTokens.get", joinTokenId=a.join_token))
 
 
-def revoke(ctx: Any, a: argparse.Namespace) -> None:
+def revoke(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("joinTokens.revoke", joinTokenId=a.join_token))
 
 

@@ -5,35 +5,36 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.cli.tables import EVENTS, NODES
 
 
-def nodes_list(ctx: Any, a: argparse.Namespace) -> None:
+def nodes_list(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("nodes.list", tenantId=ctx.tenant, poolId=a.pool), NODES)
 
 
-def nodes_get(ctx: Any, a: argparse.Namespace) -> None:
+def nodes_get(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("nodes.get", nodeId=a.node))
 
 
-def nodes_events(ctx: Any, a: argparse.Namespace) -> None:
+def nodes_events(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("nodes.events", nodeId=a.node), EVENTS)
 
 
-def nodes_cordon(ctx: Any, a: argparse.Namespace) -> None:
+def nodes_cordon(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("nodes.cordon", nodeId=a.node, reason=a.reason))
 
 
-def nodes_uncordon(ctx: Any, a: argparse.Namespace) -> None:
+def nodes_uncordon(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("nodes.uncordon", nodeId=a.node))
 
 
-def nodes_drain(ctx: Any, a: argparse.Namespace) -> None:
+def nodes_drain(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("nodes.drain", nodeId=a.node, reason=a.reason))
 
 
-def nodes_remove(ctx: Any, a: argparse.Namespace) -> None:
+def nodes_remove(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("nodes.remove", nodeId=a.node, reason=a.reason, force=a.force or None))
 
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.registry import add_group, add_verb
 
 
-def projections_status(ctx: Any, a: argparse.Namespace) -> None:
+def projections_status(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("projections.status"))
 
 
-def projections_rebuild(ctx: Any, a: argparse.Namespace) -> None:
+def projections_rebuild(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("projections.rebuild", name=a.name))
 
 

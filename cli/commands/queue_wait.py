@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from better_compute.cli.context import Caller
+
 POLL_S = 0.5
 
 
@@ -24,7 +26,7 @@ def position_line(doc: dict[str, Any]) -> str:
             "it stays in the queue")
 
 
-def wait_while_queued(ctx: Any, doc: dict[str, Any], deadline: float,
+def wait_while_queued(ctx: Caller, doc: dict[str, Any], deadline: float,
                       out: TextIO | None = None, poll: float = POLL_S) -> dict[str, Any]:
     """``doc`` again once it is no longer queued, or when ``deadline`` (monotonic) passes."""
     stream = out or sys.stderr

@@ -16,6 +16,7 @@ from typing import Any
 
 from better_compute.cli.commands import capacity
 from better_compute.cli.commands.queue_wait import wait_while_queued
+from better_compute.cli.context import Context
 from better_compute.cli.registry import add_group, add_verb
 from better_compute.cli.tables import RESERVATIONS
 from better_compute.domain.errors import InvalidInput, Unavailable
@@ -45,7 +46,7 @@ def _print_key(key: str) -> None:
           "twice)", file=sys.stderr)
 
 
-def reserve_params(ctx: Any, a: argparse.Namespace, key: str) -> dict[str, Any]:
+def reserve_params(ctx: Context, a: argparse.Namespace, key: str) -> dict[str, Any]:
     """reservations.create's params from the flags (flags other features add go here)."""
     return {"tenantId": ctx.tenant, "poolId": a.pool, "gpus": a.gpus, "duration": a.duration,
             "model": a.model, "product": a.product, "selector": a.selector,
@@ -55,7 +56,7 @@ def reserve_params(ctx: Any, a: argparse.Namespace, key: str) -> dict[str, Any]:
             "moveEarlier": True if a.move_earlier else None}
 
 
-def reserve(ctx: Any, a: argparse.Namespace) -> int:
+def reserve(ctx: Context, a: argparse.Namespace) -> int:
     from better_compute.cli.waiting import create_with_retries, wait_until_settled
 
     key = a.key or new_key()
@@ -75,21 +76,21 @@ def reserve(ctx: Any, a: argparse.Namespace) -> int:
     return code
 
 
-def release(ctx: Any, a: argparse.Namespace) -> None:
+def release(ctx: Context, a: argparse.Namespace) -> None:
     method = "reservations.cancel" if a.cancel else "reservations.release"
     ctx.emit(ctx.call(method, reservationId=a.reservation, tenantId=ctx.tenant))
 
 
-def extend(ctx: Any, a: argparse.Namespace) -> None:
+def extend(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("reservations.extend", reservationId=a.reservation, by=a.by,
                       tenantId=ctx.tenant))
 
 
-def reservations_get(ctx: Any, a: argparse.Namespace) -> None:
+def reservations_get(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("reservations.get", reservationId=a.reservation, tenantId=ctx.tenant))
 
 
-def reservations_list(ctx: Any, a: argparse.Namespace) -> None:
+def reservations_list(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("reservations.list", tenantId=ctx.tenant, poolId=a.pool, state=a.state),
              RESERVATIONS)
 
@@ -114,7 +115,7 @@ def _preview_arguments(p: argparse.ArgumentParser) -> None:
     _narrowing(p)
 
 
-def _preview(ctx: Any, a: argparse.Namespace) -> bool:
+def _preview(ctx: Context, a: argparse.Namespace) -> bool:
     narrowed = any(getattr(a, n, None) for n in ("gpus", "duration", "model", "product",
                                                  "selector", "nvlink", "start"))
     if not a.preview:
@@ -135,6 +136,11 @@ CAPACITY_PREVIEW: capacity.Extension = (_preview_arguments, _preview)  # cli/com
 
 
 def register(sub: Any) -> None:
+    _register_reserve(sub)
+    _register_the_rest(sub)
+
+
+def _register_reserve(sub: Any) -> None:
     p = add_verb(sub, "reserve", reserve,
                  "Reserve GPUs of a pool for a while and wait until the hold is active; prints "
                  "the new idempotency key on standard error once the request is accepted.",
@@ -167,6 +173,8 @@ def register(sub: Any) -> None:
                    f"{DEFAULT_WAIT_S:.0f}; 0: return once placed or queued)")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
 
+
+def _register_the_rest(sub: Any) -> None:
     p = add_verb(sub, "release", release,
                  "End a reservation now (bookings end, quota is refunded, the hold leaves the "
                  "node); --cancel withdraws one that has not started.",

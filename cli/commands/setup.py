@@ -6,11 +6,12 @@ import argparse
 import sys
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.files import check_new_file, write_new_secret
 from better_compute.cli.registry import add_verb
 
 
-def init(ctx: Any, args: argparse.Namespace) -> int:
+def init(ctx: Context, args: argparse.Namespace) -> int:
     from better_compute.api import pki
     from better_compute.api.runtime import Runtime
 
@@ -53,7 +54,7 @@ def init(ctx: Any, args: argparse.Namespace) -> int:
         runtime.close()
 
 
-def serve(ctx: Any, args: argparse.Namespace) -> int:
+def serve(ctx: Context, args: argparse.Namespace) -> int:
     from better_compute.api.http.serve import ServeOptions
     from better_compute.api.http.serve import serve as run_server
     from better_compute.api.http.server_config import resolve
@@ -71,7 +72,7 @@ def serve(ctx: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def server_unit(ctx: Any, args: argparse.Namespace) -> int:
+def server_unit(ctx: Context, args: argparse.Namespace) -> int:
     from importlib import resources
 
     sys.stdout.write(resources.files("better_compute.api").joinpath("better-compute.service")

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.registry import add_group, add_verb
 
 BACKUP_EXAMPLES = [
@@ -33,7 +34,7 @@ VERIFY_EXAMPLES = [
 ]
 
 
-def _config(ctx: Any) -> Any:
+def _config(ctx: Context) -> Any:
     from better_compute.api.store.store import StoreConfig
 
     if ctx.env.get("BETTER_COMPUTE_URL", "").strip():
@@ -42,13 +43,13 @@ def _config(ctx: Any) -> Any:
     return StoreConfig.from_env(ctx.env)
 
 
-def store_backup(ctx: Any, a: argparse.Namespace) -> None:
+def store_backup(ctx: Context, a: argparse.Namespace) -> None:
     from better_compute.api.store.backup import backup_sqlite
 
     ctx.emit(backup_sqlite(_config(ctx), Path(a.out)))
 
 
-def store_restore(ctx: Any, a: argparse.Namespace) -> None:
+def store_restore(ctx: Context, a: argparse.Namespace) -> None:
     from better_compute.api.store.backup import restore_sqlite
 
     config = _config(ctx)
@@ -81,7 +82,7 @@ def _progress(show: bool) -> Iterator[Any]:
         yield update
 
 
-def store_verify(ctx: Any, a: argparse.Namespace) -> int:
+def store_verify(ctx: Context, a: argparse.Namespace) -> int:
     from better_compute.api.runtime import Runtime
     from better_compute.api.store.verify import verify
 

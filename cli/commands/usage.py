@@ -7,6 +7,7 @@ import csv
 import sys
 from typing import Any
 
+from better_compute.cli.context import Context
 from better_compute.cli.output import apply_query, emit
 from better_compute.cli.registry import add_verb
 
@@ -18,7 +19,7 @@ EXAMPLES = [
 ]
 
 
-def usage(ctx: Any, a: argparse.Namespace) -> None:
+def usage(ctx: Context, a: argparse.Namespace) -> None:
     report = ctx.call("usage.report", **{"from": a.from_time}, to=a.to_time, tenantId=a.tenant,
                       poolId=a.pool, by=a.by)
     if a.output == "csv":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from anyio.abc import Process
 
@@ -34,7 +35,8 @@ def anyio_backend() -> str:
 
 def _section(gateway: FakeGateway, name: str) -> dict[str, Any]:
     report = gateway.last_report
-    return (report.sections.get(name) or {}) if report is not None else {}
+    section = report.sections.get(name) if report is not None else None
+    return msgspec.to_builtins(section) if section is not None else {}
 
 
 async def _run_node(tmp_path: Path, with_ctk: bool, check: Any) -> None:
@@ -78,8 +80,8 @@ async def test_nvidia_json_before_the_hold_and_again_after_a_driver_upgrade(tmp_
         assert len(log.read_text().splitlines()) == 1
 
         set_fake_gpu_health(root.gpu_file, 3, healthy=False, reasons=["xid-79"])
-        await gateway.wait_for(lambda: any(not g["healthy"] for g in
-                                           (gateway.last_report.inventory or {}).get("gpus", [])))
+        await gateway.wait_for(lambda: gateway.last_report.inventory is not None and any(
+            not g.healthy for g in gateway.last_report.inventory.gpus))
         assert len(log.read_text().splitlines()) == 1  # health is not the GPU set
 
         document = json.loads(root.gpu_file.read_text())

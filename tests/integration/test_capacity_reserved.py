@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.services.nodes import NodeService
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from tests.fleet import add_nodes, make_pool
 
@@ -39,7 +38,7 @@ def test_a_later_reservation_is_reserved_then_allocated_then_freed(runtime: Any)
     runtime.service.clock = clock
     pool = make_pool(runtime.service)
     add_nodes(runtime.service, pool, 1)  # one adopted 8-GPU node: 224 CPUs, 2015.56 GiB
-    nodes = NodeService(runtime.service)
+    nodes = runtime.services.nodes
     rs = runtime.services.reservations
     timers = ReservationTimers(rs)
 

@@ -19,10 +19,11 @@ from better_compute.agent import cdi
 from better_compute.agent.gpu import Inventory
 from better_compute.agent.paths import Paths
 from better_compute.agent.toolkit import apply_profile, generate_vendor_spec
+from better_compute.api.wire.sections import ProfileSection
 from tests.cdi_support import VENDOR_H100X8, fake_nvidia_ctk, node_root
 
 ALLOC = "alloc_aaaaaaaaaaaaaaaaaaaaaaaaaa"
-PROFILE = {"units": ["container-toolkit"]}
+PROFILE = ProfileSection(units=["container-toolkit"])
 
 
 @pytest.fixture
@@ -118,7 +119,7 @@ def test_the_command_comes_from_config_and_unknown_units_are_named(tmp_path: Pat
     fake_nvidia_ctk(on_path)
     (on_path / "nvidia-ctk").rename(on_path / "ctk-1.17")
     command = ("ctk-1.17", "cdi", "generate", "--format=json", "--device-name-strategy=uuid")
-    done = apply_profile({"units": ["container-toolkit", "dcgm"]}, paths, inventory, None,
+    done = apply_profile(ProfileSection(units=["container-toolkit", "dcgm"]), paths, inventory, None,
                          command, None)
     assert done.state == "failed"  # dcgm is unknown, the toolkit ran
     assert "generated" in done.message and "with ctk-1.17" in done.message

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from eventsourcing.application import AggregateNotFoundError
 
-from better_compute.api.services.nodes import NodeService
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
 from better_compute.domain.earliest import earliest_start, fits_at, instant
@@ -55,7 +54,7 @@ def test_the_walk_answers_what_every_node_answers(runtime: Any, seed: int) -> No
     for node_id in nodes[:-1]:
         book_randomly(runtime, pool, node_id, clock.now, rnd)
     book_randomly(runtime, pool, nodes[-1], clock.now + timedelta(minutes=45), rnd)
-    service = NodeService(runtime.service)
+    service = runtime.services.nodes
     service.cordon(OP, nodes[0], "maintenance")
     sick = node(runtime, nodes[1])
     sick.set_gpu_health(sick.gpus[0]["uuid"], False, ["xid-79"], clock.now)

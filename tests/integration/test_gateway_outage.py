@@ -101,15 +101,22 @@ def test_a_store_read_that_fails_while_pushing_keeps_the_session(env: dict[str, 
         client = NodeClient(plane, node)
         await client.connect()
         await client.receive_desired()
-        load, failures = gateway.nodes.load, [1]
+        nodes, failures = gateway.nodes, [1]
 
-        def failing_once(uuid: Any) -> Any:
-            if failures:
-                failures.pop()
-                raise Unavailable("the store is away (injected): retry in a few seconds")
-            return load(uuid)
+        class AwayOnce:
+            """The gateway's view of the nodes, whose first read fails (the controller's,
+            the same service from the composition root, reads as usual)."""
 
-        gateway.nodes.load = failing_once  # type: ignore[method-assign]
+            def __getattr__(self, name: str) -> Any:
+                return getattr(nodes, name)
+
+            def load(self, uuid: Any) -> Any:
+                if failures:
+                    failures.pop()
+                    raise Unavailable("the store is away (injected): retry in a few seconds")
+                return nodes.load(uuid)
+
+        gateway.nodes = AwayOnce()  # type: ignore[assignment]
         await plane.reconcile()  # starts acceptance: the session is woken to push it
         desired = await client.receive_desired(lambda d: "acceptance" in d.sections)
         assert desired.sections["acceptance"]["attempt"] == 1 and failures == []

@@ -113,6 +113,26 @@ def test_an_entry_signed_by_another_key_changes_nothing(env: dict[str, str],
     run_with_gateway(env, tmp_path, body)
 
 
+def test_an_entry_that_does_not_fit_its_kind_is_refused_and_changes_nothing(
+        env: dict[str, str], tmp_path: Path) -> None:
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        client = NodeClient(plane, node)
+        await client.start_acceptance()
+        before = plane.event_types(node.node_id)
+        misfit = await client.journal({"kind": "acceptance.result", "attempt": "one",
+                                       "passed": True, "gpus": gpus(8)})
+        assert isinstance(misfit, wire.Nack) and misfit.code == "invalid_input"
+        assert "$.attempt" in misfit.message
+        unknown = await client.journal({"kind": "firmware.flashed", "attempt": 1})
+        assert isinstance(unknown, wire.Nack) and unknown.code == "unknown_kind"
+        assert plane.event_types(node.node_id) == before
+        assert plane.node(node.node_id)["acceptance"]["state"] == "running"
+        await client.close()
+
+    run_with_gateway(env, tmp_path, body)
+
+
 def test_stolen_config_without_the_node_key_cannot_connect(env: dict[str, str],
                                                            tmp_path: Path) -> None:
     async def body(plane: Plane) -> None:

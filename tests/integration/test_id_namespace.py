@@ -19,7 +19,6 @@ import pytest
 
 from better_compute.api import pki
 from better_compute.api.runtime import Runtime
-from better_compute.api.services.join import JoinService
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.ids import keyed_uuid, public_id
 from better_compute.domain.pki import PkiBundle
@@ -46,8 +45,8 @@ def build_by_script(rt: Runtime) -> dict[str, str]:
     pool = service.pools_create(LOCAL_OPERATOR, site, "metal-host", "H100", POLICY, None,
                                 "pool-eu-1-h100")["id"]
     add_nodes(service, pool, 1)
-    jt = JoinService(service).create(LOCAL_OPERATOR, pool, "2h", 1, "SN-7701", None, None,
-                                     "join-sn-7701")["id"]
+    jt = rt.services.join.create(LOCAL_OPERATOR, pool, "2h", 1, "SN-7701", None, None,
+                                 "join-sn-7701")["id"]
     rsv = rt.services.reservations.create(LOCAL_OPERATOR, tenant_id=None, pool_id=pool, gpus=1,
                                        duration="1h", key="train-1")["id"]
     return {"site": site, "pool": pool, "jt": jt, "rsv": rsv}

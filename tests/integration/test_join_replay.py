@@ -14,7 +14,6 @@ from collections.abc import Iterator
 import pytest
 
 from better_compute.api.runtime import Runtime
-from better_compute.api.services.join import JoinService
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.hostile import App, code_of
 from tests.join_client import JoinAttempt, hardware
@@ -36,7 +35,7 @@ def _mint(rt: Runtime, uses: int) -> tuple[str, str]:
     site = service.sites_create(LOCAL_OPERATOR, "shared", "eu-1", None, None)["id"]
     pool = service.pools_create(LOCAL_OPERATOR, site, "metal-host", "H100", POLICY, None,
                                 None)["id"]
-    doc = JoinService(service).create(LOCAL_OPERATOR, pool, "2h", uses, None, None, None, None)
+    doc = rt.services.join.create(LOCAL_OPERATOR, pool, "2h", uses, None, None, None, None)
     return doc["id"], doc["token"]
 
 
@@ -60,14 +59,14 @@ def test_a_replayed_join_body_is_refused(runtime: Runtime) -> None:
             assert "already" in again["error"]["message"]
             assert int(runtime.store.recorder.max_notification_id() or 0) == head
         assert len(_nodes(runtime)) == 1
-        token = JoinService(runtime.service).get(LOCAL_OPERATOR, token_id)
+        token = runtime.services.join.get(LOCAL_OPERATOR, token_id)
         assert (token["uses"], token["state"]) == (1, "active")  # the app's lifespan closes
         # the runtime when it ends, so everything is read before that
 
 
 def test_the_same_nonce_or_the_same_node_key_is_refused(runtime: Runtime) -> None:
     _, secret = _mint(runtime, uses=5)
-    joins = JoinService(runtime.service)
+    joins = runtime.services.join
     public = runtime.service.pki().public
     first = JoinAttempt(secret, hardware(serial="SN-1"))
     joins.join(first.params(public)["sealed"])

@@ -67,7 +67,7 @@ def plane(env: dict[str, str]) -> Iterator[Plane]:
     site = service.sites_create(LOCAL_OPERATOR, "shared", "eu-1", None, "site-eu-1")["id"]
     pool = service.pools_create(LOCAL_OPERATOR, site, "metal-host", "H100", POLICY, None,
                                 "pool-eu-1-h100")["id"]
-    yield Plane(runtime, JoinService(service), pool, site, service.pki().public)
+    yield Plane(runtime, runtime.services.join, pool, site, service.pki().public)
     runtime.close()
 
 

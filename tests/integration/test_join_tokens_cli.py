@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from better_compute.api.services.join import JoinService
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.errors import NotFound, PermissionDenied
 from tests.support import POLICY, cli_inprocess, initialize, open_runtime
@@ -117,7 +116,7 @@ def test_other_tenants_neither_mint_nor_see(env: dict[str, str], tmp_path: Path)
     token_id = out.strip()
     runtime = open_runtime(env)
     try:
-        joins = JoinService(runtime.service)
+        joins = runtime.services.join
         acme_admin = Principal("acme", Role.ADMIN, "tok_acme")
         with pytest.raises(PermissionDenied):  # offered the pool, but does not own it
             joins.create(acme_admin, pool, "1h", 1, None, None, None, None)

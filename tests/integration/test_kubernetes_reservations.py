@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.services.nodes import NodeService
 from better_compute.api.store.eventlog import EventLog, decode_lines, filter_for
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.errors import Conflict, KubernetesNotEnabled
@@ -80,7 +79,7 @@ def test_a_kubernetes_hold_carries_the_flag_to_the_node_and_the_binding(runtime:
     assert "kubernetes" not in placed[plain["id"]]["request"]
 
     ReservationTimers(rs).tick()
-    sections = node(runtime, node_id).desired_sections(NodeService(service).pool_sections(
+    sections = node(runtime, node_id).desired_sections(runtime.services.nodes.pool_sections(
         node(runtime, node_id)))
     assert list(sections) == ["kubernetes", "profile", "devices"]  # units before devices
     assert sections["kubernetes"] == {"resourceName": "bcd.dev/gpu"}
@@ -114,4 +113,4 @@ def test_an_unadopted_node_gets_no_pool_sections(runtime: Any) -> None:
     pool = kubernetes_pool(service)
     [node_id] = add_nodes(service, pool, 1, adopted=False)
     n = node(runtime, node_id)
-    assert "kubernetes" not in n.desired_sections(NodeService(service).pool_sections(n))
+    assert "kubernetes" not in n.desired_sections(runtime.services.nodes.pool_sections(n))

@@ -126,7 +126,6 @@ def test_every_metric_is_documented(served: tuple[Http, Runtime, str]) -> None:
 
 
 def test_pools_and_nodes_as_capacity_shows_them(served: tuple[Http, Runtime, str]) -> None:
-    from better_compute.api.services.nodes import NodeService
     from better_compute.benchmarks.fleet import add_nodes, make_pool
 
     http, rt, token = served
@@ -135,7 +134,7 @@ def test_pools_and_nodes_as_capacity_shows_them(served: tuple[Http, Runtime, str
     [adopting] = add_nodes(rt.service, pool, 1, adopted=False)
     samples = _samples(http, token)
     for each in (pool, empty):
-        capacity = NodeService(rt.service).capacity(LOCAL_OPERATOR, each)
+        capacity = rt.services.nodes.capacity(LOCAL_OPERATOR, each)
         for name, resource in (("better_compute_pool_gpus", "gpu"),
                                ("better_compute_pool_cpus", "cpu"),
                                ("better_compute_pool_memory_gibibytes", "memory")):

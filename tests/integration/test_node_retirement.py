@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from better_compute.api.controllers.reservations import ReservationTimers
-from better_compute.api.services.join import JoinService, machine_node_uuid
-from better_compute.api.services.nodes import NodeService
+from better_compute.api.services.join import machine_node_uuid
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.errors import Conflict, NoCapacity, PermissionDenied
 from better_compute.domain.ids import parse_id
@@ -31,7 +30,7 @@ def head(runtime: Any) -> int:
 
 
 def node_events(runtime: Any, node_id: str) -> list[str]:
-    return [e["type"] for e in NodeService(runtime.service).events(OP, node_id)]
+    return [e["type"] for e in runtime.services.nodes.events(OP, node_id)]
 
 
 def test_placement_eligibility_is_one_rule() -> None:
@@ -50,7 +49,7 @@ def test_placement_eligibility_is_one_rule() -> None:
 def test_a_draining_node_keeps_its_holds_takes_nothing_new_and_is_drained_when_they_end(
         runtime: Any) -> None:
     rs, clock, pool, [node_id] = setup(runtime, nodes=1, quota=None)
-    nodes = NodeService(runtime.service)
+    nodes = runtime.services.nodes
     now = reserve(rs, pool, 4)
     later = reserve(rs, pool, 2, start="+3h", duration="1h")
     ReservationTimers(rs).tick()  # the hold of `now` enters the node's desired state
@@ -84,7 +83,7 @@ def test_a_draining_node_keeps_its_holds_takes_nothing_new_and_is_drained_when_t
 
 def test_a_node_with_nothing_held_is_drained_at_once(runtime: Any) -> None:
     _, _, _, [node_id] = setup(runtime, nodes=1, quota=None)
-    done = NodeService(runtime.service).drain(OP, node_id, None)
+    done = runtime.services.nodes.drain(OP, node_id, None)
     assert done["maintenance"]["state"] == "drained"
     assert node_events(runtime, node_id)[-2:] == ["node.draining", "node.drained"]
 
@@ -92,7 +91,7 @@ def test_a_node_with_nothing_held_is_drained_at_once(runtime: Any) -> None:
 def test_remove_is_refused_while_anything_is_held_and_force_releases_first(
         runtime: Any) -> None:
     rs, _, pool, [node_id] = setup(runtime, nodes=1, quota=6)
-    nodes = NodeService(runtime.service)
+    nodes = runtime.services.nodes
     from tests.integration.test_reservations_service import ACME
 
     now = reserve(rs, pool, 4, who=ACME)
@@ -137,7 +136,7 @@ def plane(env: dict[str, str]) -> Iterator[Plane]:
     service = runtime.service
     site = service.sites_create(OP, "shared", "eu-1", None, "site-eu-1")["id"]
     pool = service.pools_create(OP, site, "metal-host", "H100", POLICY, None, "pool-h100")["id"]
-    yield Plane(runtime, JoinService(service), pool, site, service.pki().public)
+    yield Plane(runtime, runtime.services.join, pool, site, service.pki().public)
     runtime.close()
 
 
@@ -145,7 +144,7 @@ def test_a_machine_is_one_node_and_gets_its_removed_node_back(plane: Plane) -> N
     from tests.join_client import open_response
 
     runtime = plane.runtime
-    nodes = NodeService(runtime.service)
+    nodes = runtime.services.nodes
     _, first_token = plane.mint(expect_serial="SN-7701")
     joined = open_response(plane.join(JoinAttempt(first_token, hardware(serial="SN-7701"))),
                            plane.public)

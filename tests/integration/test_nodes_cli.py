@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 from uuid import UUID
 
+import msgspec
+
+from better_compute.api.wire.journal import AcceptanceResult
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.ids import parse_id
 from tests.gateway_client import gpus, make_plane
@@ -35,9 +38,9 @@ def test_nodes_commands_and_maintenance_in_capacity(env: dict[str, str], tmp_pat
         # Adopt it as the gateway would, then put it in maintenance and back.
         plane.nodes.session_opened(_uuid(node), "0.1.0")
         plane.lifecycle.reconcile()
-        plane.nodes.acceptance_result(_uuid(node), 1, {
-            "attempt": 1, "passed": True, "gpus": gpus(8),
-            "checks": [{"kind": "diag.nvml", "passed": True}]})
+        plane.nodes.acceptance_result(_uuid(node), 1, msgspec.convert({
+            "kind": "acceptance.result", "attempt": 1, "passed": True, "gpus": gpus(8),
+            "checks": [{"kind": "diag.nvml", "passed": True}]}, AcceptanceResult))
         capacity = _json(env, "capacity", "--pool", plane.pool)
         assert capacity["resources"]["gpu"]["allocatable"] == 8  # type: ignore[index]
         cordoned = _json(env, "nodes", "cordon", node, "--reason", "firmware update")

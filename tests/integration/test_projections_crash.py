@@ -25,7 +25,7 @@ from tests.watching import write_sites
 CHILD = r"""
 import os, signal, sys
 from better_compute.api.runtime import Runtime
-from better_compute.projections.framework import ProjectionRunner
+from better_compute.projections.framework import ReadModels
 from better_compute.projections.listings import Listings
 
 mode, n = sys.argv[1], int(sys.argv[2])
@@ -40,7 +40,7 @@ if mode == "apply":
             os.kill(os.getpid(), signal.SIGKILL)
     Listings.apply = apply
 else:
-    original_batch = ProjectionRunner._apply_batch
+    original_batch = ReadModels._apply_batch
     def apply_batch(self, *args):
         global count
         applied = original_batch(self, *args)
@@ -48,7 +48,7 @@ else:
         if count == n:
             os.kill(os.getpid(), signal.SIGKILL)
         return applied
-    ProjectionRunner._apply_batch = apply_batch
+    ReadModels._apply_batch = apply_batch
 runtime = Runtime.open()
 runtime.projections.batch_size = 100
 runtime.projections.catch_up("listings")

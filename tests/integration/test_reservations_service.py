@@ -13,7 +13,6 @@ import pytest
 import better_compute.api.services.reservation_journal  # noqa: F401  (registers allocation.*)
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.gateway.journal import journal_handlers
-from better_compute.api.services.nodes import NodeService
 from better_compute.api.services.reservations import ReservationService
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
@@ -267,10 +266,9 @@ def test_a_node_that_never_reports_times_out(runtime: Any) -> None:
 def test_no_capacity_names_the_true_cause(runtime: Any, trouble: str, cause: str) -> None:
     """A pool whose only node is cordoned used to answer "Ask for fewer GPUs"."""
     rs, clock, pool, (node_id,) = setup(runtime, nodes=1, quota=None)
-    service = runtime.service
     subject = node(runtime, node_id)
     if trouble == "cordoned":
-        NodeService(service).cordon(OP, node_id, "replace PSU 2")
+        runtime.services.nodes.cordon(OP, node_id, "replace PSU 2")
     elif trouble == "unhealthy":
         for gpu in list(subject.gpus):
             subject.set_gpu_health(gpu["uuid"], False, ["xid 79"], at=clock.now)

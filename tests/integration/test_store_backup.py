@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from better_compute.api.runtime import Runtime
-from better_compute.api.services.nodes import NodeService
 from better_compute.api.store.eventlog import EventFilter, EventLog
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from tests.conftest import BACKENDS
@@ -110,8 +109,8 @@ def test_a_backup_during_writes_restores_to_the_same_log_and_capacity(
     try:
         assert second["head"] == rt.store.recorder.max_notification_id()
         assert lines(back) == lines(rt)
-        assert NodeService(back.service).capacity(OP, pool) == \
-            NodeService(rt.service).capacity(OP, pool)
+        assert back.services.nodes.capacity(OP, pool) == \
+            rt.services.nodes.capacity(OP, pool)
         assert cli(again_env, "store", "verify")[0] == 0
     finally:
         back.close()

@@ -18,7 +18,7 @@ import uvicorn
 
 from better_compute.api.http.app import build_app
 from better_compute.api.runtime import Runtime
-from better_compute.api.services.tokens import TokenExpiry, TokenService, lifetimes_from_env
+from better_compute.api.services.tokens import TokenExpiry, lifetimes_from_env
 from better_compute.api.store.actor import CONTROLLER_TOKENS, as_actor
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.errors import Conflict, InvalidInput, PermissionDenied, Unauthenticated
@@ -110,7 +110,7 @@ def test_rotation_gives_a_new_secret_and_the_old_one_a_grace_period(
         plane: tuple[Runtime, Clock]) -> None:
     rt, clock = plane
     service = rt.service
-    tokens = TokenService(service)
+    tokens = rt.services.tokens
     admin = service.tokens_create(LOCAL_OPERATOR, "acme", "admin", "acme admin")
     ci = service.tokens_create(LOCAL_OPERATOR, "acme", "member", "ci", ttl="30d")
     acting = service.authenticate(admin["token"])
@@ -151,7 +151,7 @@ def test_the_controller_records_each_end_once_dated_at_the_end(
     service = rt.service
     short = service.tokens_create(LOCAL_OPERATOR, "acme", "member", "short", ttl="1h")
     long = service.tokens_create(LOCAL_OPERATOR, "acme", "member", "long", ttl="2h")
-    expiry = TokenExpiry(TokenService(service))
+    expiry = TokenExpiry(rt.services.tokens)
     tick = as_actor(CONTROLLER_TOKENS, expiry.tick)
     assert tick() == []
     clock.move(minutes=90)

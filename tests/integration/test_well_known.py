@@ -14,7 +14,6 @@ import pytest
 from better_compute.api.http.app import ServerState, build_app
 from better_compute.api.http.join_routes import download_path
 from better_compute.api.runtime import Runtime
-from better_compute.api.services.join import JoinService
 from better_compute.api.wire.join import WellKnown
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.join_client import JoinAttempt, open_response
@@ -108,8 +107,8 @@ def test_nodes_join_is_public_over_http(client: Client) -> None:
     site = service.sites_create(LOCAL_OPERATOR, "shared", "eu-1", None, None)["id"]
     pool = service.pools_create(LOCAL_OPERATOR, site, "metal-host", "H100", POLICY, None,
                                 None)["id"]
-    secret = JoinService(service).create(LOCAL_OPERATOR, pool, "1h", 1, None, None, None,
-                                         None)["token"]
+    secret = client.runtime.services.join.create(LOCAL_OPERATOR, pool, "1h", 1, None, None,
+                                                 None, None)["token"]
     public = service.pki().public
     body = {"jsonrpc": "2.0", "id": 1, "method": "nodes.join",
             "params": JoinAttempt(secret).params(public)}

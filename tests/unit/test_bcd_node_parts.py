@@ -21,6 +21,7 @@ from better_compute.agent.node.settings import parse_gateway_url, resolve_config
 from better_compute.agent.node.state import NodeState, load_state, save_state
 from better_compute.agent.paths import Paths
 from better_compute.api.wire.sealing import sign_entry, verify_entry
+from better_compute.api.wire.sections import Check
 
 CFG = Path("/etc/bcd/config.toml")
 
@@ -38,16 +39,21 @@ def _check(count: int | None = 8, model: str | None = "H100") -> dict[str, objec
     return {"kind": "diag.nvml", "expect": expect}
 
 
+def _typed(check: dict[str, object]) -> Check:
+    """A check as bcd reads it from the acceptance section (api/wire/sections.py)."""
+    return msgspec.convert(check, Check)
+
+
 # -- diag.nvml ---------------------------------------------------------------------
 
 
 def test_diag_nvml_passes_on_the_expected_count_of_healthy_gpus_of_the_model() -> None:
-    result = run_check(_check(), _inventory(), None)
+    result = run_check(_typed(_check()), _inventory(), None)
     assert result.passed and result.message.startswith("8 healthy H100 GPUs, expected 8")
 
 
 def test_diag_nvml_fails_naming_the_unhealthy_gpu() -> None:
-    result = run_check(_check(), _inventory(sick={3: "xid-79"}), None)
+    result = run_check(_typed(_check()), _inventory(sick={3: "xid-79"}), None)
     assert not result.passed
     assert "7 healthy H100 GPUs, expected 8" in result.message
     assert "GPU 3 (GPU-3) is unhealthy (xid-79)" in result.message
@@ -59,16 +65,16 @@ def test_diag_nvml_fails_naming_the_unhealthy_gpu() -> None:
     (_inventory(7), "7 healthy H100 GPUs, expected 8"),
 ])
 def test_diag_nvml_fails_on_another_model_or_count(inventory: Inventory, why: str) -> None:
-    result = run_check(_check(), inventory, None)
+    result = run_check(_typed(_check()), inventory, None)
     assert not result.passed and why in result.message
 
 
 def test_diag_nvml_without_expectations_and_unknown_checks() -> None:
-    assert run_check(_check(None, None), _inventory(2), None).passed
-    assert not run_check(_check(None, None), _inventory(0), None).passed
-    unknown = run_check({"kind": "diag.dcgm"}, _inventory(), None)
+    assert run_check(_typed(_check(None, None)), _inventory(2), None).passed
+    assert not run_check(_typed(_check(None, None)), _inventory(0), None).passed
+    unknown = run_check(Check(kind="diag.dcgm"), _inventory(), None)
     assert not unknown.passed and "does not know the check 'diag.dcgm'" in unknown.message
-    broken = run_check(_check(), None, "fake GPU file x is not valid JSON")
+    broken = run_check(_typed(_check()), None, "fake GPU file x is not valid JSON")
     assert not broken.passed and "not valid JSON" in broken.message
 
 
@@ -248,3 +254,20 @@ def test_bound_assignments_are_held_until_they_leave_the_desired_state(tmp_path:
     released = apply_desired(state, journal, context)
     assert [e.key for e in released] == ["allocation.released/alloc_1"]
     assert state.holds == {} and state.sections["devices"].state == "applied"
+
+
+def test_a_section_that_does_not_fit_fails_alone_and_journals_nothing(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.jsonl", ec.generate_private_key(ec.SECP256R1()))
+    state = NodeState(node_id="node_1", observed_generation=4, desired_sections={
+        "acceptance": {"attempt": "one", "checks": [_check()]},
+        "kubernetes": {"resourceName": "bcd.dev/gpu", "fromANewerServer": 1},
+        "firmware": {"version": 2}})
+    context = ApplyContext(node_id="node_1", epoch=1, time="t", inventory=_inventory(),
+                           source_error=None, paths=Paths(tmp_path), devices=unsupported)
+    assert apply_desired(state, journal, context) == []
+    acceptance = state.sections["acceptance"]
+    assert acceptance.state == "failed" and "$.attempt" in acceptance.message
+    assert state.sections["kubernetes"].state == "applied"
+    assert "bcd.dev/gpu" in state.sections["kubernetes"].message
+    assert state.sections["firmware"].state == "unsupported"
+    assert state.applied_generation == 4

@@ -162,3 +162,11 @@ def test_the_numa_node_comes_from_sysfs(tmp_path: Path) -> None:
     (device / "numa_node").write_text("-1\n")  # a machine without NUMA
     assert numa_node(tmp_path, "0000:18:00.0") is None
     assert numa_node(tmp_path, "0000:2a:00.0") is None and numa_node(tmp_path, None) is None
+
+
+def test_a_malformed_assignment_hands_nothing_and_spoils_no_other() -> None:
+    broken = {"allocationId": 5, "gpus": "GPU-0", "kubernetes": True}
+    listed = advertised({"devices": {"assignments": [broken, K8S]}}, holds(K8S), inventory())
+    assert [d.id for d in listed] == UUIDS[4:8]
+    assert advertised({"devices": {"assignments": "all"}}, holds(K8S), inventory()) == []
+    assert resource_name({"kubernetes": {"resourceName": 7}}) is None

@@ -1,0 +1,91 @@
+"""The node aggregate across its modules (domain/node.py, node_acceptance.py, node_retirement.py).
+
+Its commands and events live in three modules; the events stay the aggregate's own: the
+same public topics and the same data as the ones already stored, and a node rebuilt from
+its stored events (through the store's codec) equals the node that recorded them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from eventsourcing.domain import CanMutateAggregate
+
+from better_compute.api.store.codec import EventMapper, MsgspecTranscoder
+from better_compute.domain.ids import new_uuid
+from better_compute.domain.node import NODE_ROLE, Node
+
+AT = datetime(2026, 11, 29, 22, 38, 0, 34368, tzinfo=UTC)
+GPUS = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3", "healthy": True,
+         "healthReasons": []} for i in range(2)]
+
+# Every node event as stored before the split: topic -> the fields of its data.
+STORED = {
+    "node.acceptance.failed": ("at", "attempt", "message", "reason", "results"),
+    "node.acceptance.started": ("at", "attempt", "checks", "generation", "reason",
+                                "requested_by"),
+    "node.adopted": ("at", "attempt", "generation", "gpus", "results"),
+    "node.certificate.renewed": ("at", "not_after", "serial"),
+    "node.connected": ("at", "bcd_version", "epoch"),
+    "node.cordoned": ("at", "by", "reason"),
+    "node.devices.assigned": ("assignment", "at", "generation"),
+    "node.devices.unassigned": ("allocation_id", "at", "generation"),
+    "node.disconnected": ("at", "epoch", "reason"),
+    "node.drained": ("at",),
+    "node.draining": ("at", "by", "held", "reason"),
+    "node.gpu.healthy": ("at", "uuid"),
+    "node.gpu.unhealthy": ("at", "reasons", "uuid"),
+    "node.joined": ("bcd_version", "certificate_not_after", "certificate_serial", "gpus",
+                    "hardware", "hardware_key", "join_token_id", "key_pin", "pool_id", "role",
+                    "site_id", "tenant_id"),
+    "node.rejoined": ("at", "bcd_version", "certificate_not_after", "certificate_serial", "gpus",
+                      "hardware", "join_token_id", "key_pin", "pool_id", "site_id"),
+    "node.removed": ("at", "by", "certificate_serial", "reason", "released"),
+    "node.uncordoned": ("at", "by"),
+    "node.unreachable": ("at", "epoch", "last_seen"),
+}
+
+
+def _joined() -> Node:
+    return Node(id=new_uuid(), tenant_id="root", pool_id="pool_x", site_id="site_x",
+                join_token_id="jt_x", role=NODE_ROLE, hardware_key="serial:x",
+                hardware={"cpus": 64, "memoryGiB": 512}, gpus=GPUS, key_pin="sha256/x",
+                certificate_serial="1", certificate_not_after=AT + timedelta(days=7),
+                bcd_version="1.0")
+
+
+def _state(node: Node) -> dict[str, Any]:
+    return {k: v for k, v in vars(node).items() if k != "_pending_events"}
+
+
+def test_every_node_event_keeps_its_topic_and_its_data() -> None:
+    events = {cls.TOPIC: tuple(sorted(cls.__annotations__)) for cls in vars(Node).values()
+              if isinstance(cls, type) and issubclass(cls, CanMutateAggregate)
+              and cls.TOPIC.startswith("node.")}
+    assert events == STORED
+
+
+def test_a_node_rebuilt_from_its_stored_events_equals_the_one_that_recorded_them() -> None:
+    node = _joined()
+    node.connect(AT, "1.1")
+    attempt = node.start_acceptance(AT, [{"kind": "diag.nvml"}], "joined", None)
+    assert node.finish_acceptance(attempt, False, "1 healthy", [{"kind": "diag.nvml"}], None, AT)
+    attempt = node.start_acceptance(AT, [{"kind": "diag.nvml"}], "again", "tok_x")
+    assert node.finish_acceptance(attempt, True, "", [], GPUS, AT)
+    assert node.set_gpu_health("GPU-1", False, ["xid-79"], AT)
+    assert node.assign_devices({"allocationId": "alloc_a", "gpus": ["GPU-0"]}, AT)
+    assert node.drain("retire", AT, "root", held=1) and node.maintenance_state == "draining"
+    assert node.unassign_devices("alloc_a", AT) and node.mark_drained(AT)
+    node.remove(AT, "root", "retired", released=[])
+    assert node.removed and node.removal is not None
+    node.rejoin(pool_id="pool_y", site_id="site_x", join_token_id="jt_y", hardware={},
+                gpus=GPUS, key_pin="sha256/y", certificate_serial="2",
+                certificate_not_after=AT, bcd_version="1.2", at=AT)
+    assert node.provision_state == "adopting" and node.generation == 3
+    mapper = EventMapper(MsgspecTranscoder())
+    rebuilt: Any = None
+    for event in node.collect_events():
+        rebuilt = mapper.to_domain_event(mapper.to_stored_event(event)).mutate(rebuilt)
+    assert _state(rebuilt) == _state(node)
+    assert rebuilt.to_doc() == node.to_doc()
