@@ -4,86 +4,147 @@ from __future__ import annotations
 
 from typing import Any
 
-from better_compute.api.http import schemas as s
+import msgspec
+
 from better_compute.api.http.rpc import Call, method
+from better_compute.api.http.schemas import NoParams, Params, TenantScope
 
 
-@method("tenants.create", s.TenantsCreate, "Create a tenant (root administrators).")
-def tenants_create(call: Call, p: s.TenantsCreate) -> dict[str, Any]:
+class TenantsCreate(Params, kw_only=True):
+    tenant_id: str
+    name: str | None = None
+
+
+@method("tenants.create", TenantsCreate, "Create a tenant (root administrators).")
+def tenants_create(call: Call, p: TenantsCreate) -> dict[str, Any]:
     return call.service.tenants_create(call.principal, p.tenant_id, p.name)
 
 
-@method("tenants.get", s.TenantsGet, "One tenant.")
-def tenants_get(call: Call, p: s.TenantsGet) -> dict[str, Any]:
+class TenantsGet(Params, kw_only=True):
+    tenant_id: str
+
+
+@method("tenants.get", TenantsGet, "One tenant.")
+def tenants_get(call: Call, p: TenantsGet) -> dict[str, Any]:
     return call.service.tenants_get(call.principal, p.tenant_id)
 
 
-@method("tenants.list", s.NoParams, "Tenants the caller sees (the root tenant sees all).")
-def tenants_list(call: Call, _: s.NoParams) -> list[dict[str, Any]]:
+@method("tenants.list", NoParams, "Tenants the caller sees (the root tenant sees all).")
+def tenants_list(call: Call, _: NoParams) -> list[dict[str, Any]]:
     return call.service.tenants_list(call.principal)
 
 
-@method("tokens.create", s.TokensCreate,
+class TokensCreate(Params, kw_only=True):
+    role: str
+    tenant_id: str | None = None
+    name: str | None = None
+    ttl: str | None = None  # e.g. 90d; default and maximum: the server's settings
+
+
+@method("tokens.create", TokensCreate,
         "Mint an API token for a tenant with a role (admin, member, read-only) and a TTL; "
         "shown once.")
-def tokens_create(call: Call, p: s.TokensCreate) -> dict[str, Any]:
+def tokens_create(call: Call, p: TokensCreate) -> dict[str, Any]:
     return call.service.tokens_create(call.principal, p.tenant_id, p.role, p.name, p.ttl)
 
 
-@method("tokens.list", s.TenantScope,
+@method("tokens.list", TenantScope,
         "A tenant's tokens (never their secrets), with their state, end and last use.")
-def tokens_list(call: Call, p: s.TenantScope) -> list[dict[str, Any]]:
+def tokens_list(call: Call, p: TenantScope) -> list[dict[str, Any]]:
     return call.service.tokens_list(call.principal, p.tenant_id)
 
 
-@method("tokens.revoke", s.TokensRevoke, "Revoke a token; it stops working at once.")
-def tokens_revoke(call: Call, p: s.TokensRevoke) -> dict[str, Any]:
+class TokensRevoke(Params, kw_only=True):
+    token_id: str  # the tok_ id names the tenant; no tenantId to contradict it
+
+
+@method("tokens.revoke", TokensRevoke, "Revoke a token; it stops working at once.")
+def tokens_revoke(call: Call, p: TokensRevoke) -> dict[str, Any]:
     return call.service.tokens_revoke(call.principal, p.token_id)
 
 
-@method("sites.create", s.SitesCreate,
+class SitesCreate(Params, kw_only=True):
+    kind: str
+    region: str
+    name: str | None = None
+    key: str | None = None
+
+
+@method("sites.create", SitesCreate,
         "Create a platform site, shared or dedicated (root tenant); key makes it retry-safe.")
-def sites_create(call: Call, p: s.SitesCreate) -> dict[str, Any]:
+def sites_create(call: Call, p: SitesCreate) -> dict[str, Any]:
     return call.service.sites_create(call.principal, p.kind, p.region, p.name, p.key)
 
 
-@method("sites.get", s.SitesGet, "One site.")
-def sites_get(call: Call, p: s.SitesGet) -> dict[str, Any]:
+class SitesGet(Params, kw_only=True):
+    site_id: str
+
+
+@method("sites.get", SitesGet, "One site.")
+def sites_get(call: Call, p: SitesGet) -> dict[str, Any]:
     return call.service.sites_get(call.principal, p.site_id)
 
 
-@method("sites.list", s.NoParams, "Sites the caller sees.")
-def sites_list(call: Call, _: s.NoParams) -> list[dict[str, Any]]:
+@method("sites.list", NoParams, "Sites the caller sees.")
+def sites_list(call: Call, _: NoParams) -> list[dict[str, Any]]:
     return call.service.sites_list(call.principal)
 
 
-@method("pools.create", s.PoolsCreate,
+class PoolsCreate(Params, kw_only=True):
+    site_id: str
+    node_class: str = msgspec.field(name="class")
+    gpu_model: str
+    policy: dict[str, Any]
+    name: str | None = None
+    key: str | None = None
+
+
+@method("pools.create", PoolsCreate,
         "Create a pool of one GPU model with a policy on a site; key makes it retry-safe.")
-def pools_create(call: Call, p: s.PoolsCreate) -> dict[str, Any]:
+def pools_create(call: Call, p: PoolsCreate) -> dict[str, Any]:
     return call.service.pools_create(
         call.principal, p.site_id, p.node_class, p.gpu_model, p.policy, p.name, p.key
     )
 
 
-@method("pools.get", s.PoolsGet, "One pool with its policy and offerings.")
-def pools_get(call: Call, p: s.PoolsGet) -> dict[str, Any]:
+class PoolsGet(Params, kw_only=True):
+    pool_id: str
+
+
+@method("pools.get", PoolsGet, "One pool with its policy and offerings.")
+def pools_get(call: Call, p: PoolsGet) -> dict[str, Any]:
     return call.service.pools_get(call.principal, p.pool_id)
 
 
-@method("pools.list", s.PoolsList, "Pools the caller owns or is offered.")
-def pools_list(call: Call, p: s.PoolsList) -> list[dict[str, Any]]:
+class PoolsList(Params, kw_only=True):
+    site_id: str | None = None
+
+
+@method("pools.list", PoolsList, "Pools the caller owns or is offered.")
+def pools_list(call: Call, p: PoolsList) -> list[dict[str, Any]]:
     return call.service.pools_list(call.principal, p.site_id)
 
 
-@method("pools.offer", s.PoolsOffer,
+class PoolsOffer(Params, kw_only=True):
+    pool_id: str
+    to_tenant_id: str
+    quota: dict[str, Any]
+
+
+@method("pools.offer", PoolsOffer,
         "Offer a pool to a tenant with a quota (the resource is gpu), or change the quota.")
-def pools_offer(call: Call, p: s.PoolsOffer) -> dict[str, Any]:
+def pools_offer(call: Call, p: PoolsOffer) -> dict[str, Any]:
     return call.service.pools_offer(call.principal, p.pool_id, p.to_tenant_id, p.quota)
 
 
-@method("tokens.rotate", s.TokensRotate,
+class TokensRotate(Params, kw_only=True):
+    token_id: str
+    grace: str | None = None  # how long the old secret keeps working (default: the server's)
+    ttl: str | None = None  # the new token's lifetime (default: the old one's)
+
+
+@method("tokens.rotate", TokensRotate,
         "A new secret for a token (same tenant, role and name; a new id); the old one keeps "
         "working for the grace period. Admins rotate their tenant's tokens; a token itself.")
-def tokens_rotate(call: Call, p: s.TokensRotate) -> dict[str, Any]:
-
+def tokens_rotate(call: Call, p: TokensRotate) -> dict[str, Any]:
     return call.services.tokens.rotate(call.principal, p.token_id, p.grace, p.ttl)
