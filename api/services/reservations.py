@@ -45,7 +45,7 @@ from better_compute.domain.ids import check_key, parse_id, public_id
 from better_compute.domain.placement import PlacementRequest
 from better_compute.domain.policy import kubernetes_resource
 from better_compute.domain.pool import Pool
-from better_compute.domain.queue import start_mode
+from better_compute.domain.queue import StartMode, start_mode
 from better_compute.domain.reservation import (
     STATES,
     Reservation,
@@ -152,6 +152,17 @@ class ReservationService(ReservationBinding, ReservationQueue):
                   "selector": selector or None, "nvlink": request.nvlink,
                   "for": format_duration(end - begin), **mode.request_fields()}
         fields |= {"kubernetes": True} if kubernetes else {}  # queued ones keep it too
+        return self._place_and_book(principal, uuid=uuid, tenant=tenant, pool=pool,
+                                    request=request, mode=mode, fields=fields, key=key, fp=fp,
+                                    begin=begin, end=end, now=now)
+
+    def _place_and_book(self, principal: Principal, *, uuid: Any, tenant: str, pool: Pool,
+                        request: PlacementRequest, mode: StartMode, fields: dict[str, Any],
+                        key: str | None, fp: str, begin: datetime, end: datetime,
+                        now: datetime) -> dict[str, Any]:
+        """Choose under the pool's lock, then book and save outside it; again when another
+        writer got there first. Refused for quota or capacity: queued when asked, else raised."""
+        gpus = request.gpus
         limit = pool.quota_for(tenant)
         rsv_id = public_id("rsv", uuid)
         give_up = time.monotonic() + PLACEMENT_DEADLINE_S
