@@ -29,7 +29,7 @@ _REQUEST_PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("ending the hold (bookings, quota, node loads)", ("_end_hold",)),
     ("host share read", ("node_host_share",)),
     ("the save", ("Application.save",)),
-    ("database time", ("ReservationBase.now",)),
+    ("database time", ("ReservationCore.now",)),
     ("rendering the answer", ("to_doc",)),
 ]
 _OTHER_PARTS: list[tuple[str, tuple[str, ...]]] = [

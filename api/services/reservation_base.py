@@ -33,8 +33,11 @@ from better_compute.projections.free_gpus import (
 A = TypeVar("A", bound=TenantOwned)
 
 
-class ReservationBase:
-    """Store access and placement for the reservation service and its binding half."""
+class ReservationCore:
+    """Store access, placement and booking that the reservation service's parts share.
+
+    One instance per ReservationService; the earliest start, the queue and the binding
+    each hold it (composition: no part subclasses another)."""
 
     def __init__(self, service: ComputeService) -> None:
         self.service = service
@@ -58,21 +61,21 @@ class ReservationBase:
     def get_aggregate(self, uuid: UUID) -> Reservation | None:
         return self.get(Reservation, uuid)
 
-    def _pool_lock(self, pool_id: str) -> threading.Lock:
+    def pool_lock(self, pool_id: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(pool_id, threading.Lock())
 
-    def _in_flight(self, pool_id: str) -> frozenset[str]:
+    def in_flight(self, pool_id: str) -> frozenset[str]:
         """Nodes of ``pool_id`` that placements of this process are booking and saving on
         (read under the pool's lock)."""
         return frozenset(self._claims.get(pool_id, {}))
 
-    def _claim(self, pool_id: str, node_id: str) -> None:
+    def claim(self, pool_id: str, node_id: str) -> None:
         claims = self._claims.setdefault(pool_id, {})
         claims[node_id] = claims.get(node_id, 0) + 1
 
-    def _unclaim(self, pool_id: str, node_id: str) -> None:
-        with self._pool_lock(pool_id):
+    def unclaim(self, pool_id: str, node_id: str) -> None:
+        with self.pool_lock(pool_id):
             claims = self._claims.get(pool_id, {})
             claims[node_id] = claims.get(node_id, 1) - 1
             if claims[node_id] <= 0:
@@ -125,7 +128,7 @@ class ReservationBase:
             raise NoCapacity(f"pool {pool_id}, {iso(start)} to {iso(end)}: {exc.message}",
                              data=exc.data) from None
 
-    def _book(self, bookings: NodeBookings, placement: Placement, *, allocation_id: str,
+    def book(self, bookings: NodeBookings, placement: Placement, *, allocation_id: str,
               reservation_id: str, holder: str, start: datetime, end: datetime) -> None:
         share = node_host_share(self.sql, placement.node_id)
         cpu_cap = mem_cap = None
@@ -136,13 +139,13 @@ class ReservationBase:
                       memory_gib=placement.memory_gib, start=start, end=end,
                       cpu_capacity=cpu_cap, memory_capacity_gib=mem_cap)
 
-    def _retrying(self, change: Callable[[], list[TenantOwned]]) -> None:
+    def retrying(self, change: Callable[[], list[TenantOwned]]) -> None:
         """Run ``change`` (which re-reads what it changes) and save; again on a conflict
         (the one retry policy: ``Aggregates.retrying``)."""
         self.aggregates.retrying(change, conflict="another request changed this reservation "
                                  "at the same time; nothing was saved: run the command again")
 
-    def _end_hold(self, rsv: Reservation, at: datetime, refund: bool = True
+    def end_hold(self, rsv: Reservation, at: datetime, refund: bool = True
                   ) -> list[TenantOwned]:
         """Aggregates that end the current hold of ``rsv``: bookings, quota, node."""
         out: list[TenantOwned] = []
@@ -165,7 +168,7 @@ class ReservationBase:
         return out
 
 
-def _unique(aggregates: list[TenantOwned]) -> list[TenantOwned]:
+def unique_aggregates(aggregates: list[TenantOwned]) -> list[TenantOwned]:
     seen: dict[UUID, TenantOwned] = {}
     for aggregate in aggregates:
         seen.setdefault(aggregate.id, aggregate)

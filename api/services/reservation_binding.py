@@ -16,7 +16,7 @@ from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError
 
-from better_compute.api.services.reservation_base import ReservationBase, _unique
+from better_compute.api.services.reservation_base import ReservationCore, unique_aggregates
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.errors import Conflict, NoCapacity
 from better_compute.domain.ids import parse_id
@@ -31,20 +31,26 @@ from better_compute.domain.selectors import parse_selector
 from better_compute.projections.reservations import reservation_of_allocation
 
 
-class ReservationBinding(ReservationBase):
+class ReservationBinding:
+
+    def __init__(self, core: ReservationCore) -> None:
+        self.core = core
+        self.store = core.store
+        self.sql = core.sql
+        self.projections = core.projections
     def expire(self, uuid: UUID, now: datetime) -> bool:
         """End a live reservation whose end time has come (the controller's timer)."""
         done = {"changed": False}
 
         def change() -> list[TenantOwned]:
-            rsv = self.get(Reservation, uuid)
+            rsv = self.core.get(Reservation, uuid)
             if rsv is None or not rsv.live or rsv.end > now:
                 return []
             rsv.release(rsv.end, reason="expired")
             done["changed"] = True
-            return [rsv, *self._end_hold(rsv, rsv.end)]
+            return [rsv, *self.core.end_hold(rsv, rsv.end)]
 
-        self._retrying(change)
+        self.core.retrying(change)
         return done["changed"]
 
     def begin_binding(self, uuid: UUID, now: datetime) -> bool:
@@ -52,17 +58,17 @@ class ReservationBinding(ReservationBase):
         done = {"changed": False}
 
         def change() -> list[TenantOwned]:
-            rsv = self.get(Reservation, uuid)
+            rsv = self.core.get(Reservation, uuid)
             if rsv is None or rsv.state != "placed" or rsv.start > now:
                 return []
             rsv.begin_binding(now)
             done["changed"] = True
-            node = self.get(Node, parse_id("node", rsv.node_id))
+            node = self.core.get(Node, parse_id("node", rsv.node_id))
             if node is not None and node.assign_devices(rsv.assignment(), now):
                 return [rsv, node]
             return [rsv]
 
-        self._retrying(change)
+        self.core.retrying(change)
         return done["changed"]
 
     def begin_bindings(self, uuids: list[UUID], now: datetime) -> list[UUID]:
@@ -71,12 +77,12 @@ class ReservationBinding(ReservationBase):
         rsvs: list[Reservation] = []
         nodes: dict[str, Node] = {}
         for uuid in uuids:
-            rsv = self.get(Reservation, uuid)
+            rsv = self.core.get(Reservation, uuid)
             if rsv is None or rsv.state != "placed" or rsv.start > now:
                 continue
             rsv.begin_binding(now)
             rsvs.append(rsv)
-            node = nodes.get(rsv.node_id) or self.get(Node, parse_id("node", rsv.node_id))
+            node = nodes.get(rsv.node_id) or self.core.get(Node, parse_id("node", rsv.node_id))
             if node is not None:
                 nodes[rsv.node_id] = node
                 node.assign_devices(rsv.assignment(), now)
@@ -109,12 +115,12 @@ class ReservationBinding(ReservationBase):
                 "cgroupParent": str(entry.get("cgroupParent") or "")}
             if rsv.kubernetes:
                 binding["kubernetes"] = self._kubelet_view(rsv)
-            if not rsv.bound(allocation_id, binding, self.now()):
+            if not rsv.bound(allocation_id, binding, self.core.now()):
                 return []
             done["changed"] = True
             return [rsv]
 
-        self._retrying(change)
+        self.core.retrying(change)
         return done["changed"]
 
     def bind_failed(self, node_id: str | None, allocation_id: str, reason: str, message: str,
@@ -129,23 +135,23 @@ class ReservationBinding(ReservationBase):
             if node_id is not None and rsv.node_id != node_id:
                 return []
             done["changed"] = True
-            ended = self._end_hold(rsv, now, refund=False)
+            ended = self.core.end_hold(rsv, now, refund=False)
             if rsv.can_replace:
                 replaced = self._replace(rsv, reason, message, now)
                 if replaced is not None:
-                    return _unique([rsv, *ended, *replaced])
+                    return unique_aggregates([rsv, *ended, *replaced])
             rsv.fail(reason, f"{message} (after {rsv.attempt} placement"
                      f"{'s' if rsv.attempt != 1 else ''})", now)
-            quota = self.get(QuotaUse, quota_uuid(rsv.pool_id, rsv.tenant_id))
+            quota = self.core.get(QuotaUse, quota_uuid(rsv.pool_id, rsv.tenant_id))
             extra = [quota] if quota is not None and quota.refund(rsv.public_id) else []
-            return _unique([rsv, *ended, *extra])
+            return unique_aggregates([rsv, *ended, *extra])
 
-        self._retrying(change)
+        self.core.retrying(change)
         return done["changed"]
 
     def _replace(self, rsv: Reservation, reason: str, message: str, now: datetime
                  ) -> list[TenantOwned] | None:
-        pool = self.get(Pool, parse_id("pool", rsv.pool_id))
+        pool = self.core.get(Pool, parse_id("pool", rsv.pool_id))
         if pool is None:
             return None
         tried = frozenset({rsv.node_id, *(h["nodeId"] for h in rsv.history)})
@@ -157,13 +163,13 @@ class ReservationBinding(ReservationBase):
         )
         begin = max(rsv.start, now)
         try:
-            placement = self.choose(pool.public_id, request, begin, rsv.end)
+            placement = self.core.choose(pool.public_id, request, begin, rsv.end)
         except NoCapacity:
             return None
-        bookings = self.bookings_of(placement.node_id, pool)
+        bookings = self.core.bookings_of(placement.node_id, pool)
         allocation_id = new_allocation_id()
         try:
-            self._book(bookings, placement, allocation_id=allocation_id,
+            self.core.book(bookings, placement, allocation_id=allocation_id,
                        reservation_id=rsv.public_id, holder=rsv.tenant_id, start=begin,
                        end=rsv.end)
         except Conflict:
@@ -175,7 +181,7 @@ class ReservationBinding(ReservationBase):
 
     def _kubelet_view(self, rsv: Reservation) -> dict[str, Any]:
         """What the kubelet sees of a kubernetes hold: the pool's resource, the GPU UUIDs."""
-        pool = self.get(Pool, parse_id("pool", rsv.pool_id))
+        pool = self.core.get(Pool, parse_id("pool", rsv.pool_id))
         resource = kubernetes_resource(pool.policy) if pool is not None else None
         return {"resourceName": resource or DEFAULT_RESOURCE, "deviceIds": list(rsv.gpus)}
 
@@ -186,7 +192,7 @@ class ReservationBinding(ReservationBase):
         uuid = reservation_of_allocation(self.sql, allocation_id)
         if uuid is None:
             return None
-        rsv = self.get(Reservation, UUID(uuid))
+        rsv = self.core.get(Reservation, UUID(uuid))
         if rsv is None or rsv.allocation_id != allocation_id:
             return None
         return rsv

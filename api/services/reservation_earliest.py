@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from better_compute.api.services.reservation_base import ReservationBase
+from better_compute.api.services.reservation_base import ReservationCore
 from better_compute.domain.base import iso
 from better_compute.domain.durations import parse_duration
 from better_compute.domain.earliest import (
@@ -55,8 +55,14 @@ def length_of(rsv: Reservation) -> timedelta:
     return parse_duration(str(rsv.request["for"]))
 
 
-class EarliestStart(ReservationBase):
+class EarliestStart:
     """Earliest starts and the head's shadow of each pool, on the shared store access."""
+
+    def __init__(self, core: ReservationCore) -> None:
+        self.core = core
+        self.store = core.store
+        self.sql = core.sql
+        self.projections = core.projections
 
     # ------------------------------------------------------------ the earliest start
 
@@ -85,11 +91,11 @@ class EarliestStart(ReservationBase):
         finally:
             walk.close()
 
-    def _place_for(self, pool: Pool, request: PlacementRequest, begin: datetime, end: datetime,
+    def place_for(self, pool: Pool, request: PlacementRequest, begin: datetime, end: datetime,
                    mode: StartMode) -> tuple[Placement, datetime, datetime]:
         """Placement and interval for a create: at ``begin``, or at the earliest start."""
         if not mode.earliest:
-            return self.choose(pool.public_id, request, begin, end), begin, end
+            return self.core.choose(pool.public_id, request, begin, end), begin, end
         slot = self.earliest_slot(pool.public_id, request, end - begin, begin)
         if slot is None:
             raise NoCapacity(
@@ -154,7 +160,7 @@ class EarliestStart(ReservationBase):
 
     def quota_held(self, pool_id: str, tenant: str) -> tuple[tuple[int, float], ...]:
         """(GPUs, end) of each reservation holding the tenant's quota on the pool."""
-        held = self.quota_of(pool_id, tenant).held
+        held = self.core.quota_of(pool_id, tenant).held
         if not held:
             return ()
         self.projections.catch_up("reservations")
@@ -187,7 +193,7 @@ class EarliestStart(ReservationBase):
         """
         self.projections.follow("reservations")
         head = queue_head(self.sql, pool.public_id)
-        rsv = self.get(Reservation, UUID(head)) if head else None
+        rsv = self.core.get(Reservation, UUID(head)) if head else None
         return self.shadow(pool, rsv, now) if rsv is not None and rsv.queued else None
 
     def check_line(self, pool: Pool, tenant: str, placement: Placement, begin: datetime,

@@ -26,7 +26,7 @@ from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError
 
-from better_compute.api.services.reservation_base import _unique
+from better_compute.api.services.reservation_base import ReservationCore, unique_aggregates
 from better_compute.api.services.reservation_earliest import EarliestStart, length_of, request_of
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.earliest import Booking, instant, moment
@@ -63,8 +63,15 @@ class _Outcome:
     shadow: Shadow | None = None  # after a placement or a move: the head's shadow, updated
 
 
-class ReservationQueue(EarliestStart):
+class ReservationQueue:
     """The line of each pool and its dispatch, on the earliest start and the shared access."""
+
+    def __init__(self, core: ReservationCore, earliest: EarliestStart) -> None:
+        self.core = core
+        self.store = core.store
+        self.sql = core.sql
+        self.projections = core.projections
+        self.earliest = earliest
 
     # ----------------------------------------------------------------- the line
 
@@ -100,7 +107,7 @@ class ReservationQueue(EarliestStart):
         try:
             self.store.save(rsv)
         except IntegrityError:
-            existing = self.get(Reservation, uuid)
+            existing = self.core.get(Reservation, uuid)
             if existing is None:
                 raise
             existing.check_retry(fp, "reservation", key)
@@ -112,15 +119,15 @@ class ReservationQueue(EarliestStart):
     def dispatch(self, pool_id: str, now: datetime | None = None) -> DispatchReport:
         """One pass over a pool's line, first come first (see the module docstring)."""
         report = DispatchReport()
-        now = now or self.now()
+        now = now or self.core.now()
         self.projections.catch_up("reservations")
         line = [row for row in waiting_in_pool(self.sql, pool_id, instant(now))
                 if row["state"] == "queued" or json.loads(row["doc"])["request"].get("moveEarlier")]
-        pool = self.get(Pool, parse_id("pool", pool_id)) if line else None
+        pool = self.core.get(Pool, parse_id("pool", pool_id)) if line else None
         if pool is None:  # nobody waits (placed for a fixed start: it never moves)
             return report
         shadow: Shadow | None = None
-        with self._pool_lock(pool_id):
+        with self.core.pool_lock(pool_id):
             for row in line:
                 uuid = UUID(str(row["uuid"]))
                 if row["state"] == "queued":
@@ -133,8 +140,8 @@ class ReservationQueue(EarliestStart):
                         report.placed.append(public_id("rsv", uuid))
                     elif outcome.kind == "blocked" and report.head is None:
                         report.head = public_id("rsv", uuid)
-                        rsv = self.get(Reservation, uuid)
-                        shadow = self.shadow(pool, rsv, now) if rsv and rsv.queued else None
+                        rsv = self.core.get(Reservation, uuid)
+                        shadow = self.earliest.shadow(pool, rsv, now) if rsv and rsv.queued else None
                 else:
                     outcome = self._retry(self._move, pool, uuid, now, shadow)
                     if outcome.kind == "moved":
@@ -156,18 +163,18 @@ class ReservationQueue(EarliestStart):
     def _dequeue(self, pool: Pool, uuid: UUID, now: datetime, shadow: Shadow | None
                  ) -> _Outcome:
         """Place one queued reservation when its quota allows and a node can hold it."""
-        rsv = self.get(Reservation, uuid)
+        rsv = self.core.get(Reservation, uuid)
         if rsv is None or not rsv.queued:
             return _Outcome("gone")
         limit = pool.quota_for(rsv.tenant_id)
         quota = None
         if limit is not None:
-            quota = self.quota_of(pool.public_id, rsv.tenant_id)
+            quota = self.core.quota_of(pool.public_id, rsv.tenant_id)
             try:
                 quota.take(rsv.public_id, rsv.gpu_count, limit)
             except QuotaExceeded:
                 return _Outcome("blocked")
-        slot = self.earliest_slot(pool.public_id, request_of(rsv), length_of(rsv), now)
+        slot = self.earliest.earliest_slot(pool.public_id, request_of(rsv), length_of(rsv), now)
         if slot is None:
             return _Outcome("blocked")
         placement = slot.placement
@@ -177,8 +184,8 @@ class ReservationQueue(EarliestStart):
         if delays_head(shadow, rsv.tenant_id, placement.node_id, booking, rsv.gpu_count):
             return _Outcome("waits")
         start, end = moment(slot.start), moment(slot.end)
-        bookings = self.bookings_of(placement.node_id, pool)
-        self._book(bookings, placement, allocation_id=allocation_id,
+        bookings = self.core.bookings_of(placement.node_id, pool)
+        self.core.book(bookings, placement, allocation_id=allocation_id,
                    reservation_id=rsv.public_id, holder=rsv.tenant_id, start=start, end=end)
         rsv.dequeue(at=now, allocation_id=allocation_id, node_id=placement.node_id,
                     gpus=list(placement.gpus), cpus=placement.cpus,
@@ -190,10 +197,10 @@ class ReservationQueue(EarliestStart):
 
     def _move(self, pool: Pool, uuid: UUID, now: datetime, shadow: Shadow | None) -> _Outcome:
         """Move one placed reservation earlier when it asked to and a slot is free."""
-        rsv = self.get(Reservation, uuid)
+        rsv = self.core.get(Reservation, uuid)
         if rsv is None or rsv.state != PLACED or not rsv.moves_earlier or rsv.start <= now:
             return _Outcome("stays", shadow)
-        slot = self.earliest_slot(pool.public_id, request_of(rsv), length_of(rsv), now,
+        slot = self.earliest.earliest_slot(pool.public_id, request_of(rsv), length_of(rsv), now,
                                   moving=rsv)
         if slot is None or slot.start >= instant(rsv.start):
             return _Outcome("stays", shadow)
@@ -204,17 +211,17 @@ class ReservationQueue(EarliestStart):
         if delays_head(shadow, rsv.tenant_id, placement.node_id, booking, 0,
                        releases=rsv.allocation_id):
             return _Outcome("stays", shadow)
-        old = self.bookings_of(rsv.node_id, pool)
+        old = self.core.bookings_of(rsv.node_id, pool)
         old.end(rsv.allocation_id, now)
-        new = old if placement.node_id == rsv.node_id else self.bookings_of(placement.node_id, pool)
+        new = old if placement.node_id == rsv.node_id else self.core.bookings_of(placement.node_id, pool)
         start = moment(slot.start)
-        self._book(new, placement, allocation_id=allocation_id, reservation_id=rsv.public_id,
+        self.core.book(new, placement, allocation_id=allocation_id, reservation_id=rsv.public_id,
                    holder=rsv.tenant_id, start=start, end=moment(slot.end))
         previous_allocation = rsv.allocation_id
         rsv.reschedule(reason="gpus-freed", allocation_id=allocation_id,
                        node_id=placement.node_id, gpus=list(placement.gpus),
                        cpus=placement.cpus, memory_gib=placement.memory_gib, start=start)
-        self.store.save(*_unique([rsv, old, new]))
+        self.store.save(*unique_aggregates([rsv, old, new]))
         return _Outcome("moved", shadow and shadow.after(rsv.tenant_id, placement.node_id,
                                                          booking, 0, releases=previous_allocation))
 
@@ -223,12 +230,12 @@ class ReservationQueue(EarliestStart):
         done = {"changed": False}
 
         def change() -> list[TenantOwned]:
-            rsv = self.get(Reservation, uuid)
+            rsv = self.core.get(Reservation, uuid)
             if rsv is None or not rsv.queued or rsv.queue_deadline > now:
                 return []
             done["changed"] = rsv.expire_queue(now)
             return [rsv]
 
-        self._retrying(change)
+        self.core.retrying(change)
         return done["changed"]
 

@@ -23,11 +23,15 @@ import time
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from eventsourcing.persistence import IntegrityError
 
+from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.reservation_base import ReservationCore
 from better_compute.api.services.reservation_binding import ReservationBinding
-from better_compute.api.services.reservation_queue import ReservationQueue
+from better_compute.api.services.reservation_earliest import EarliestStart
+from better_compute.api.services.reservation_queue import DispatchReport, ReservationQueue
 from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned, fingerprint, iso
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
@@ -73,11 +77,60 @@ def check_kubernetes(pool: Pool) -> None:
         )
 
 
-class ReservationService(ReservationBinding, ReservationQueue):
-    """Reservations on top of the ComputeService's store, projections and clock."""
+class ReservationService:
+    """Reservations on top of the ComputeService's store, projections and clock.
+
+    Composed of parts that share one ``ReservationCore`` (store access, placement, booking):
+    ``earliest`` (the earliest start and the queue head's shadow, read-only), ``queue`` (the
+    line and its dispatch) and ``binding`` (a hold's life on its node). The commands are
+    here; the controllers' and the gateway's entry points are delegated below.
+    """
+
+    def __init__(self, service: ComputeService) -> None:
+        self.service = service
+        self.aggregates = service.aggregates
+        self.store = service.store
+        self.sql = service.sql
+        self.projections = service.projections
+        self.core = ReservationCore(service)
+        self.earliest = EarliestStart(self.core)
+        self.queue = ReservationQueue(self.core, self.earliest)
+        self.binding = ReservationBinding(self.core)
+
+    # ------------------------------------------------ entry points of the parts
+
+    def now(self) -> datetime:
+        return self.core.now()
+
+    def get_aggregate(self, uuid: UUID) -> Reservation | None:
+        return self.core.get_aggregate(uuid)
+
+    def dispatch(self, pool_id: str, now: datetime | None = None) -> DispatchReport:
+        return self.queue.dispatch(pool_id, now)
+
+    def expire_queued(self, uuid: UUID, now: datetime) -> bool:
+        return self.queue.expire_queued(uuid, now)
+
+    def expire(self, uuid: UUID, now: datetime) -> bool:
+        return self.binding.expire(uuid, now)
+
+    def begin_binding(self, uuid: UUID, now: datetime) -> bool:
+        return self.binding.begin_binding(uuid, now)
+
+    def begin_bindings(self, uuids: list[UUID], now: datetime) -> list[UUID]:
+        return self.binding.begin_bindings(uuids, now)
+
+    def bound(self, node_id: str, entry: dict[str, Any]) -> bool:
+        return self.binding.bound(node_id, entry)
+
+    def bind_failed(self, node_id: str | None, allocation_id: str, reason: str, message: str,
+                    now: datetime) -> bool:
+        return self.binding.bind_failed(node_id, allocation_id, reason, message, now)
+
+    # ------------------------------------------------------------- commands
 
     def reservation(self, principal: Principal, reservation_id: str) -> Reservation:
-        rsv = self.get(Reservation, parse_id("rsv", reservation_id))
+        rsv = self.core.get(Reservation, parse_id("rsv", reservation_id))
         if rsv is None or not principal.can_see_tenant(rsv.tenant_id):
             raise NotFound(
                 f"no reservation {reservation_id!r}: `better-compute reservations list` shows "
@@ -86,7 +139,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
         return rsv
 
     def _visible_pool(self, principal: Principal, tenant: str, pool_id: str) -> Pool:
-        pool = self.get(Pool, parse_id("pool", pool_id))
+        pool = self.core.get(Pool, parse_id("pool", pool_id))
         if pool is None or not (pool.visible_to(tenant) and principal.can_see_tenant(tenant)):
             raise NotFound(
                 f"no pool {pool_id!r} for tenant {tenant}: `better-compute pools list` shows "
@@ -142,11 +195,11 @@ class ReservationService(ReservationBinding, ReservationQueue):
         fp = fingerprint(params)
         uuid = self.service.new_id(tenant, "reservation", key)
         if key:
-            existing = self.get(Reservation, uuid)
+            existing = self.core.get(Reservation, uuid)
             if existing is not None:
                 existing.check_retry(fp, "reservation", key)
-                return self.doc_of(existing)
-        now = self.now()
+                return self.queue.doc_of(existing)
+        now = self.core.now()
         begin, end = self._interval(duration, mode.start, now)
         fields = {"model": request.model, "product": request.product,
                   "selector": selector or None, "nvlink": request.nvlink,
@@ -169,16 +222,16 @@ class ReservationService(ReservationBinding, ReservationQueue):
         avoid = True  # nodes other placements of this process are saving on, while others fit
         while True:
             quota = None
-            with self._pool_lock(pool.public_id):  # the choice only, not the save
-                busy = self._in_flight(pool.public_id) if avoid else frozenset()
+            with self.core.pool_lock(pool.public_id):  # the choice only, not the save
+                busy = self.core.in_flight(pool.public_id) if avoid else frozenset()
                 try:
                     if limit is not None:
-                        quota = self.quota_of(pool.public_id, tenant)
+                        quota = self.core.quota_of(pool.public_id, tenant)
                         quota.take(rsv_id, gpus, limit)
-                    placement, begin, end = self._place_for(
+                    placement, begin, end = self.earliest.place_for(
                         pool, replace(request, exclude_nodes=request.exclude_nodes | busy),
                         begin, end, mode)
-                    self.check_line(pool, tenant, placement, begin, end,
+                    self.earliest.check_line(pool, tenant, placement, begin, end,
                                     gpus if limit is not None else 0, now)
                 except (QuotaExceeded, NoCapacity) as refused:
                     if busy and isinstance(refused, NoCapacity):
@@ -186,18 +239,18 @@ class ReservationService(ReservationBinding, ReservationQueue):
                         continue
                     if not mode.queue:
                         raise
-                    return self.enqueue(uuid=uuid, tenant=tenant, pool=pool, request=request,
+                    return self.queue.enqueue(uuid=uuid, tenant=tenant, pool=pool, request=request,
                                         fields=fields, key=key, fp=fp,
                                         created_by=principal.token_id, now=now, mode=mode,
                                         refused=refused)
-                self._claim(pool.public_id, placement.node_id)
+                self.core.claim(pool.public_id, placement.node_id)
             try:
                 done = self._book_and_save(principal, uuid=uuid, tenant=tenant, pool=pool,
                                            gpus=gpus, fields=fields, key=key, fp=fp,
                                            placement=placement, begin=begin, end=end,
                                            quota=quota, give_up=give_up)
             finally:
-                self._unclaim(pool.public_id, placement.node_id)
+                self.core.unclaim(pool.public_id, placement.node_id)
             if done is not None:
                 return done
             avoid = True
@@ -210,10 +263,10 @@ class ReservationService(ReservationBinding, ReservationQueue):
         """Book ``placement`` and save reservation, bookings and quota in ONE write; None
         when another writer got there first (place again)."""
         rsv_id = public_id("rsv", uuid)
-        bookings = self.bookings_of(placement.node_id, pool)
+        bookings = self.core.bookings_of(placement.node_id, pool)
         allocation_id = new_allocation_id()
         try:
-            self._book(bookings, placement, allocation_id=allocation_id,
+            self.core.book(bookings, placement, allocation_id=allocation_id,
                        reservation_id=rsv_id, holder=tenant, start=begin, end=end)
         except Conflict:
             if time.monotonic() > give_up:
@@ -229,10 +282,10 @@ class ReservationService(ReservationBinding, ReservationQueue):
         try:
             self.store.save(rsv, bookings, *([quota] if quota is not None else []))
         except IntegrityError:
-            existing = self.get(Reservation, uuid)
+            existing = self.core.get(Reservation, uuid)
             if existing is not None:  # the same key won a race: that is our answer
                 existing.check_retry(fp, "reservation", key)
-                return self.doc_of(existing)
+                return self.queue.doc_of(existing)
             if time.monotonic() > give_up:
                 raise Conflict(
                     f"pool {pool.public_id} is too busy to place this reservation "
@@ -250,19 +303,19 @@ class ReservationService(ReservationBinding, ReservationQueue):
         tenant = self.service.aggregates.scope(principal, tenant_id)
         pool = self._visible_pool(principal, tenant, pool_id)
         request = self._request(pool, gpus, model, product, selector, nvlink)
-        now = self.now()
+        now = self.core.now()
         begin, end = self._interval(duration, start, now)
         answer: dict[str, Any] = {"poolId": pool.public_id, "gpus": gpus, "start": iso(begin),
                                   "end": iso(end)}
         limit = pool.quota_for(tenant)
-        in_use = self.quota_of(pool.public_id, tenant).in_use if limit is not None else 0
+        in_use = self.core.quota_of(pool.public_id, tenant).in_use if limit is not None else 0
         answer["quota"] = {"gpu": "unlimited" if limit is None else limit, "inUse": in_use}
-        return {**answer, **self.earliest_answer(pool, tenant, request, begin, end, now)}
+        return {**answer, **self.earliest.earliest_answer(pool, tenant, request, begin, end, now)}
 
     # ---------------------------------------------------------------- queries
 
     def get_doc(self, principal: Principal, reservation_id: str) -> dict[str, Any]:
-        return self.doc_of(self.reservation(principal, reservation_id))
+        return self.queue.doc_of(self.reservation(principal, reservation_id))
 
     def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None,
              state: str | None) -> list[dict[str, Any]]:
@@ -275,7 +328,7 @@ class ReservationService(ReservationBinding, ReservationQueue):
         if unknown:
             raise InvalidInput(f"--state {', '.join(unknown)} is not a reservation state: use "
                                f"{', '.join(STATES)} (comma-separated)")
-        return self.add_positions(list_reservations(self.sql, tenant_id=tenant,
+        return self.queue.add_positions(list_reservations(self.sql, tenant_id=tenant,
                                                     pool_id=pool_id or None, states=states))
 
     # --------------------------------------------------------------- changing
@@ -288,9 +341,9 @@ class ReservationService(ReservationBinding, ReservationQueue):
         loaded = [first]  # the first attempt changes what was just loaded; a retry re-reads
 
         def change() -> list[TenantOwned]:
-            rsv = loaded.pop() if loaded else self.get(Reservation, first.id)
+            rsv = loaded.pop() if loaded else self.core.get(Reservation, first.id)
             assert rsv is not None
-            now = self.now()
+            now = self.core.now()
             result["rsv"] = rsv
             if cancel:
                 rsv.cancel(now)
@@ -310,9 +363,9 @@ class ReservationService(ReservationBinding, ReservationQueue):
                 rsv.release(now, reason="released")
             if not rsv.pending_events:
                 return []
-            return [rsv, *self._end_hold(rsv, now)]
+            return [rsv, *self.core.end_hold(rsv, now)]
 
-        self._retrying(change)
+        self.core.retrying(change)
         return result["rsv"].to_doc()  # type: ignore[no-any-return]
 
     def extend(self, principal: Principal, reservation_id: str, by: str) -> dict[str, Any]:
@@ -325,17 +378,17 @@ class ReservationService(ReservationBinding, ReservationQueue):
         loaded = [first]  # the first attempt changes what was just loaded; a retry re-reads
 
         def change() -> list[TenantOwned]:
-            rsv = loaded.pop() if loaded else self.get(Reservation, first.id)
+            rsv = loaded.pop() if loaded else self.core.get(Reservation, first.id)
             assert rsv is not None
             result["rsv"] = rsv
             new_end = rsv.end + delta
             check_extension(rsv.start, new_end)
             rsv.extend(new_end)
-            bookings = self.get(NodeBookings, bookings_uuid(rsv.node_id))
+            bookings = self.core.get(NodeBookings, bookings_uuid(rsv.node_id))
             if bookings is None or bookings.booking(rsv.allocation_id) is None:
                 raise Conflict(f"reservation {rsv.public_id} holds no booking to extend")
             bookings.extend(rsv.allocation_id, new_end)
             return [rsv, bookings]
 
-        self._retrying(change)
+        self.core.retrying(change)
         return result["rsv"].to_doc()  # type: ignore[no-any-return]

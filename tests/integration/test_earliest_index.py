@@ -69,7 +69,7 @@ def test_the_walk_answers_what_every_node_answers(runtime: Any, seed: int) -> No
                 request = PlacementRequest(gpus=gpus, nvlink=nvlink,
                                            selector=parse_selector(selector) if selector else None)
                 length = timedelta(minutes=minutes)
-                walked = rs.earliest_slot(pool, request, length, clock.now)
+                walked = rs.earliest.earliest_slot(pool, request, length, clock.now)
                 whole = earliest_start(request, length.total_seconds(), instant(clock.now),
                                        everyone)
                 case = (gpus, minutes, nvlink, selector)
