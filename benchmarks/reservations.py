@@ -36,92 +36,19 @@ for a machine shared with others, so read its figures with it.
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import multiprocessing
 import os
-import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-RPC_PATH = "/api/compute/rpc"
-
-
-# ----------------------------------------------------------------- clients (own processes)
-
-class _Rpc:
-    """One kept-alive HTTPS connection speaking JSON-RPC."""
-
-    def __init__(self, port: int, token: str, ca_pem: str) -> None:
-        context = ssl.create_default_context(cadata=ca_pem)
-        self.conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=120)
-        self.headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
-        self.n = 0
-
-    def call(self, method: str, params: dict[str, Any]) -> Any:
-        self.n += 1
-        body = json.dumps({"jsonrpc": "2.0", "id": self.n, "method": method, "params": params})
-        self.conn.request("POST", RPC_PATH, body, self.headers)
-        answer = json.loads(self.conn.getresponse().read())
-        if "error" in answer:
-            raise RuntimeError(f"{method}: {answer['error']}")
-        return answer["result"]
-
-
-def _client_process(port: int, ca_pem: str, jobs: list[dict[str, Any]],
-                    ready: Any, go: Any, start: Any, results: Any) -> None:
-    """Runs one thread per job; each job is a create phase (``seconds`` from ``start``, or
-    ``count``) or a release phase (``release``: ids)."""
-    rpcs = [_Rpc(port, job["token"], ca_pem) for job in jobs]
-    for rpc in rpcs:
-        rpc.call("system.whoami", {})  # the TLS handshake, before the clock starts
-    ready.release()
-    go.wait()
-    out: list[tuple[list[float], list[str], list[str], float]] = []
-    lock = threading.Lock()
-
-    def run(rpc: _Rpc, job: dict[str, Any]) -> None:
-        lat: list[float] = []
-        ids: list[str] = []
-        errors: list[str] = []
-        until = start.value + job["seconds"] if job.get("seconds") else None
-        left = job.get("count", 0)
-        todo = list(job.get("release", ()))
-        while True:
-            if todo:
-                method, params = "reservations.release", {"reservationId": todo.pop()}
-            elif (until is not None and time.monotonic() < until) or left > 0:
-                left -= 1
-                method, params = "reservations.create", {"poolId": job["pool"], "gpus": 1,
-                                                         "duration": "1h"}
-            else:
-                break
-            started = time.perf_counter()
-            try:
-                result = rpc.call(method, params)
-            except Exception as exc:  # counted and shown, never hidden
-                errors.append(repr(exc)[:300])
-                continue
-            lat.append(time.perf_counter() - started)
-            if method == "reservations.create":
-                ids.append(result["id"])
-        with lock:
-            out.append((lat, ids, errors, time.monotonic()))
-
-    threads = [threading.Thread(target=run, args=(rpc, job)) for rpc, job in zip(rpcs, jobs, strict=True)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    results.put(out)
-
+from better_compute.benchmarks.harness import free_port, load_average
+from better_compute.benchmarks.reservations_clients import client_process
 
 # ------------------------------------------------------------------------ the server side
 
@@ -141,18 +68,6 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
-def _load() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _pythonpath(checkout: Path, into: Path) -> str:
     from better_compute.benchmarks.rpc_path import _pythonpath as link
 
@@ -161,7 +76,7 @@ def _pythonpath(checkout: Path, into: Path) -> str:
 
 class Server:
     def __init__(self, env: dict[str, str], extra: Sequence[str], code: str | None) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         path = {"PYTHONPATH": _pythonpath(Path(code), Path(env["BETTER_COMPUTE_DATA_DIR"]) /
                                           "code")} if code else {}
         self.process = subprocess.Popen(
@@ -204,7 +119,7 @@ class Bench:
         start_at = self.ctx.Value("d", 0.0)
         for i, job in enumerate(jobs):  # a token each: admission is per token (2 at once)
             job["seconds"], job["token"] = seconds, self.tokens[i % len(self.tokens)]
-        workers = [self.ctx.Process(target=_client_process, args=(
+        workers = [self.ctx.Process(target=client_process, args=(
             self.server.port, self.ca_pem, group, ready, go, start_at, results))
             for group in groups]
         for w in workers:
@@ -230,7 +145,7 @@ class Bench:
         return {"ops": ops, "rate": ops / elapsed, "elapsed": elapsed, "ids": ids,
                 "errors": errors, "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99),
                 "cpu_ms": 1000 * cpu / ops if ops else float("nan"),
-                "cores": cpu / elapsed, "load": _load()}
+                "cores": cpu / elapsed, "load": load_average()}
 
     def creates(self, clients: int, *, seconds: float | None = None, count: int = 0
                 ) -> dict[str, Any]:
@@ -325,10 +240,10 @@ def run_backend(backend: str, args: argparse.Namespace) -> None:
     from better_compute.benchmarks.harness import drop_schema as _drop
     from better_compute.benchmarks.harness import store_env as _store_env
 
-    print(f"{backend}: load average {_load()} at the start", flush=True)
+    print(f"{backend}: load average {load_average()} at the start", flush=True)
     ceiling = _ceiling(backend, args.pg_url, args.ceiling_seconds)
     print(f"  {backend:<10} store ceiling (single-aggregate saves, 1 thread): {ceiling:7.1f}/s  "
-          f"load {_load()}", flush=True)
+          f"load {load_average()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         env = _store_env(backend, args.pg_url, Path(tmp))
         try:
@@ -409,7 +324,7 @@ def _warm_up(bench: Bench, backend: str) -> None:
     cpu0, started = bench.server.cpu(), time.monotonic()
     time.sleep(3.0)
     idle = (bench.server.cpu() - cpu0) / (time.monotonic() - started)
-    print(f"  {backend:<10} server idle: {100 * idle:.1f} % of a core  load {_load()}",
+    print(f"  {backend:<10} server idle: {100 * idle:.1f} % of a core  load {load_average()}",
           flush=True)
 
 
@@ -479,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             compare(backend, args)
         else:
             run_backend(backend, args)
-        print(f"{backend}: load average {_load()} at the end", flush=True)
+        print(f"{backend}: load average {load_average()} at the end", flush=True)
     return 0
 
 

@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from better_compute.benchmarks.reservations import Bench, Server, _load, _set_up, _warm_up
+from better_compute.benchmarks.harness import load_average as _load
+from better_compute.benchmarks.reservations import Bench, Server, _set_up, _warm_up
 
 
 def _serving(backend: str, args: argparse.Namespace, code: str | None, tmp: Path
