@@ -130,23 +130,6 @@ async def metrics_endpoint(request: Request) -> Response:
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-class _App(Starlette):
-    """Starlette, with ``POST /api/compute/rpc`` answered without its middleware stack and
-    router (every call pays them, at ~2 % of a create's server CPU): the endpoint runs as
-    it would behind them. An exception it lets out is uvicorn's (500, logged), as it would
-    be Starlette's; nothing else is routed differently. Apps with user middleware route
-    every request through it."""
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if (scope["type"] == "http" and scope["path"] == RPC_PATH
-                and scope["method"] == "POST" and not self.user_middleware):
-            scope["app"] = self
-            response = await rpc_endpoint(Request(scope, receive, send))
-            await response(scope, receive, send)
-            return
-        await super().__call__(scope, receive, send)
-
-
 def build_app(runtime: Runtime, *, gateway_url: str | None = None,
               routes: list[Route] | None = None,
               on_startup: Callable[[ServerState], Any] | None = None,
@@ -182,7 +165,7 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
             await anyio.to_thread.run_sync(runtime.close)
 
     base = [
-        Route(RPC_PATH, rpc_endpoint, methods=["POST"]),  # served by _App, listed here too
+        Route(RPC_PATH, rpc_endpoint, methods=["POST"]),
         Route(f"{API_PREFIX}/health", health, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route(f"{API_PREFIX}/ready", readiness.ready, methods=["GET"]),
@@ -190,6 +173,6 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
         *watch.ROUTES,
         *console.ROUTES,
     ]
-    app = _App(routes=base + list(routes or []), lifespan=lifespan)
+    app = Starlette(routes=base + list(routes or []), lifespan=lifespan)
     app.state.metrics = ServerMetrics()
     return app
