@@ -12,7 +12,6 @@ import json
 from typing import Any
 
 from better_compute.domain.base import TenantOwned
-from better_compute.domain.pki import PkiBundle
 from better_compute.domain.pool import Pool
 from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
 
@@ -32,6 +31,10 @@ def audience_of(aggregate: TenantOwned) -> str:
 
 class Listings(ReadModel):
     name = "listings"
+    # 2: only the listed kinds. Version 1 also kept a row (snapshot and document, rewritten
+    # at every event) for every reservation, node's bookings and quota, which nothing
+    # lists: about 40 % of this read model's work per reservation create.
+    version = 2
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
@@ -53,7 +56,7 @@ class Listings(ReadModel):
         uuid = str(event.originator_id)
         if event.originator_version == 1:
             aggregate = event.mutate(None)
-            if isinstance(aggregate, PkiBundle):
+            if kind_of(aggregate) not in LISTED_KINDS:  # reservations, bookings, quotas, PKI
                 return
             created_seq = sequence
         else:
