@@ -27,7 +27,6 @@ bookings) does ``all_candidates`` read every schedulable node of the pool.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 from better_compute.domain.host_share import host_share
 from better_compute.domain.ids import public_id
 from better_compute.domain.placement import Candidate, gpu_attributes
-from better_compute.projections import earliest_index
+from better_compute.projections import earliest_index, jsontext
 from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
 from better_compute.projections.gpu_columns import parsed_booking_gpus, parsed_node_gpus
 
@@ -120,7 +119,7 @@ class FreeGpus(ReadModel):
                 "reservation_id, gpus, cpus, memory_gib, start_at, end_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (event.allocation_id, node_id, self._pool_of(sql, cursor, node_id), event.holder,
-                 event.reservation_id, json.dumps(list(event.gpus)), int(event.cpus),
+                 event.reservation_id, jsontext.dumps(list(event.gpus)), int(event.cpus),
                  int(event.memory_gib), epoch(event.start), epoch(event.end)),
             )
             self._touched[node_id] = None
@@ -166,7 +165,7 @@ class FreeGpus(ReadModel):
         schedulable = node.schedulable
         topic, state = self.codec.snapshot(node)
         params = (str(event.originator_id), node.pool_id, node.tenant_id, int(schedulable),
-                  json.dumps(gpus), healthy, share.cpus_per_gpu, share.memory_gib_per_gpu,
+                  jsontext.dumps(gpus), healthy, share.cpus_per_gpu, share.memory_gib_per_gpu,
                   node.version, topic, state, node_id)
         if exists:
             sql.execute(

@@ -10,12 +10,12 @@ itself, so a changed column is a new key and nothing can go stale.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 
 from better_compute.domain.placement import FreeGpu
+from better_compute.projections import jsontext
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class NodeGpus:
 @lru_cache(maxsize=16_384)
 def parsed_node_gpus(raw: str) -> NodeGpus:
     """A node row's ``gpus`` column: ``[{"uuid", "index", "attributes"}, ...]``."""
-    gpus = json.loads(raw)
+    gpus = jsontext.loads(raw)
     healthy = tuple(FreeGpu(g["uuid"], int(g["index"]), MappingProxyType(g["attributes"]))
                     for g in gpus if g["attributes"].get("healthy"))
     return NodeGpus(len(gpus), healthy)
@@ -40,4 +40,4 @@ def parsed_node_gpus(raw: str) -> NodeGpus:
 @lru_cache(maxsize=65_536)
 def parsed_booking_gpus(raw: str) -> frozenset[str]:
     """A booking row's ``gpus`` column: the UUIDs it holds."""
-    return frozenset(json.loads(raw))
+    return frozenset(jsontext.loads(raw))

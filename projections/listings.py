@@ -8,11 +8,11 @@ aggregate applies to the row without loading anything else.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.pool import Pool
+from better_compute.projections import jsontext
 from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
 
 LISTED_KINDS = ("tenant", "apitoken", "site", "pool", "jointoken", "node")
@@ -72,7 +72,7 @@ class Listings(ReadModel):
         topic, state = self.codec.snapshot(aggregate)
         params = (
             kind_of(aggregate), aggregate.public_id, aggregate.tenant_id, audience_of(aggregate),
-            created_seq, aggregate.version, json.dumps(aggregate.to_doc()), topic, state, uuid,
+            created_seq, aggregate.version, jsontext.dumps(aggregate.to_doc()), topic, state, uuid,
         )
         if event.originator_version == 1:
             sql.execute(
@@ -110,7 +110,7 @@ def query_listing(
             f"SELECT doc FROM bc_listing WHERE {' AND '.join(clauses)} ORDER BY created_seq",
             params,
         )
-        docs = [json.loads(row["doc"]) for row in cursor.fetchall()]
+        docs = [jsontext.loads(row["doc"]) for row in cursor.fetchall()]
     for field, value in (where or {}).items():
         docs = [d for d in docs if d.get(field) == value]
     return docs
