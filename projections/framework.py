@@ -178,11 +178,8 @@ class ReadModels:
         """Reads from where this process last saw the projection (its tracking position
         only the first time): a batch re-reads the position under the projection's lock
         anyway, and starts again from it when the hint was ahead (a rebuild elsewhere, an
-        upgrade's reset); with nothing new, the position is read to tell."""
-        if until is None:
-            together = self._catch_up_together(projection)
-            if together is not None:
-                return together
+        upgrade's reset); with nothing new, the position is read to tell. The read models
+        this process saw at the same position come along (``_with_company``)."""
         applied = 0
         start = self._seen.get(projection.name)
         checked = start is None  # the hint is checked against the tracking position once
@@ -201,50 +198,49 @@ class ReadModels:
             if not batch:
                 self._saw(projection, start)
                 return applied
-            try:
-                applied += self._apply_batch(projection, batch, start)
-            except _Behind as behind:
-                self._seen.pop(projection.name, None)
-                start, checked = behind.position, True
-                continue
+            together = self._with_company(projection, batch, start) if until is None else None
+            if together is not None:
+                applied += together
+            else:
+                try:
+                    applied += self._apply_batch(projection, batch, start)
+                except _Behind as behind:
+                    self._seen.pop(projection.name, None)
+                    start, checked = behind.position, True
+                    continue
             start = batch[-1].id  # applied up to here (by this batch or another process)
             self._saw(projection, start)
             if len(batch) < self.batch_size:
                 return applied  # that was the head when read: no second read for nothing
 
-    def _catch_up_together(self, projection: ReadModel) -> int | None:
-        """Catch ``projection`` up together with every read model this process saw at the same
-        position: the events read and decoded once, applied to each in ONE transaction (each
+    def _with_company(self, projection: ReadModel, batch: Sequence[Notification], start: int
+                      ) -> int | None:
+        """``batch`` applied to ``projection`` together with every read model this process saw
+        at the same position ``start``: decoded once, applied to each in ONE transaction (each
         under its own lock, its position re-read there), instead of one read, one decoding and
-        one transaction per read model. None when there is no such company, nothing new, or
-        the shared batch failed (then the caller catches ``projection`` up alone, and the
-        others, whose hints are dropped, alone too: a read model that cannot apply an event
-        holds back only itself). Returns the events applied to ``projection``."""
-        start = self._seen.get(projection.name)
-        group = sorted((p for p in self.projections.values() if start is not None
-                        and self._seen.get(p.name) == start), key=lambda p: p.name)
+        one transaction per read model. None when there is no such company or the shared
+        batch failed: then ``projection`` takes the batch alone, and the others, whose hints
+        are dropped, catch up alone too, so a read model that cannot apply an event holds back
+        only itself. Returns the events applied to ``projection``."""
+        if self._seen.get(projection.name) != start:
+            return None
+        group = sorted((p for p in self.projections.values() if self._seen.get(p.name) == start),
+                       key=lambda p: p.name)
         if len(group) < 2:
             return None
-        assert start is not None
-        applied = 0
-        while True:
-            batch = self.source.select(start, self.batch_size)
-            if not batch:
-                return applied if applied else None  # nothing new: the lone path checks
-            try:
-                counts = self._apply_together(group, batch, start)
-            except Exception:
-                for other in group:
-                    if other is not projection:
-                        self._seen.pop(other.name, None)
-                return None
-            applied += counts.get(projection.name, 0)
-            start = batch[-1].id
-            group = [p for p in group if p.name in counts]
-            for each in group:
-                self._saw(each, start)
-            if len(batch) < self.batch_size or projection.name not in counts:
-                return applied
+        try:
+            counts = self._apply_together(group, batch, start)
+        except Exception:
+            for other in group:
+                if other is not projection:
+                    self._seen.pop(other.name, None)
+            return None
+        if projection.name not in counts:  # its position was behind: alone, from there
+            return None
+        for each in group:
+            if each.name in counts:
+                self._saw(each, batch[-1].id)
+        return counts[projection.name]
 
     def _apply_together(self, group: list[ReadModel], batch: Sequence[Notification],
                         after: int) -> dict[str, int]:
