@@ -69,6 +69,10 @@ class ReadModel(ABC):
 
     name: str
     version: int = 1  # bump to rebuild a read model whose shape changed
+    # Caught up at (nearly) every event by the request path: such read models, when in step,
+    # are caught up together (``ReadModels._with_company``). The others are left to batch up
+    # events until their own readers come (a tick, a query, a scrape).
+    together: bool = False
 
     @abstractmethod
     def tables(self) -> list[str]: ...
@@ -215,17 +219,17 @@ class ReadModels:
 
     def _with_company(self, projection: ReadModel, batch: Sequence[Notification], start: int
                       ) -> int | None:
-        """``batch`` applied to ``projection`` together with every read model this process saw
-        at the same position ``start``: decoded once, applied to each in ONE transaction (each
+        """``batch`` applied to ``projection`` together with every other ``together`` read
+        model this process saw at the same position ``start``: decoded once, applied to each in ONE transaction (each
         under its own lock, its position re-read there), instead of one read, one decoding and
         one transaction per read model. None when there is no such company or the shared
         batch failed: then ``projection`` takes the batch alone, and the others, whose hints
         are dropped, catch up alone too, so a read model that cannot apply an event holds back
         only itself. Returns the events applied to ``projection``."""
-        if self._seen.get(projection.name) != start:
+        if not projection.together or self._seen.get(projection.name) != start:
             return None
-        group = sorted((p for p in self.projections.values() if self._seen.get(p.name) == start),
-                       key=lambda p: p.name)
+        group = sorted((p for p in self.projections.values()
+                        if p.together and self._seen.get(p.name) == start), key=lambda p: p.name)
         if len(group) < 2:
             return None
         try:

@@ -73,6 +73,7 @@ def node_gpus(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 class FreeGpus(ReadModel):
     name = "free_gpus"
+    together = True  # followed by every create (placing; the queue's head)
     version = 3  # 2: the earliest-start index (earliest_index.py); 3: holds not applied
 
     def __init__(self, codec: SnapshotCodec) -> None:

@@ -24,6 +24,7 @@ def _epoch(value: Any) -> float | None:
 
 class Reservations(ReadModel):
     name = "reservations"
+    together = True  # followed by every create (placing; the queue's head)
     version = 2  # 2: counts by tenant, pool and state (bc_rsv_count, read by /metrics)
 
     def __init__(self, codec: SnapshotCodec) -> None:

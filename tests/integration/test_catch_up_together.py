@@ -1,8 +1,9 @@
-"""Read models in step are caught up together (projections/framework.py, ``_catch_up_together``).
+"""Read models followed by every create are caught up together (projections/framework.py).
 
-Once this process has seen several read models at the same position, catching one of them up
-reads and decodes the new events once and applies them to all of them in one transaction. A
-read model that cannot apply an event still holds back only itself.
+Once this process has seen the ``together`` read models (the free-GPU index and the
+reservations) at the same position, catching one of them up reads and decodes the new events
+once and applies them to both in one transaction; the others are left to batch events up until
+their readers come. A read model that cannot apply an event still holds back only itself.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from typing import Any
 
 import pytest
 
-from better_compute.projections.listings import Listings
+from better_compute.projections.reservations import Reservations
 from tests.fleet import add_nodes, make_pool
+
+TOGETHER = {"free_gpus", "reservations"}
 
 
 def _positions(runtime: Any) -> dict[str, int]:
@@ -27,8 +30,9 @@ def _in_step(runtime: Any) -> int:
     return head
 
 
-def test_one_catch_up_brings_every_read_model_in_step_along(runtime: Any) -> None:
-    _in_step(runtime)
+def test_one_catch_up_brings_the_other_followed_read_model_along(runtime: Any) -> None:
+    assert {n for n, p in runtime.projections.projections.items() if p.together} == TOGETHER
+    before = _in_step(runtime)
     transactions = []
     original = runtime.projections.sql.transaction
 
@@ -36,17 +40,18 @@ def test_one_catch_up_brings_every_read_model_in_step_along(runtime: Any) -> Non
         transactions.append(commit)
         return original(commit=commit)
 
+    pool = make_pool(runtime.service)
+    add_nodes(runtime.service, pool, 2)
+    head = runtime.projections.source.head()
     runtime.projections.sql.transaction = counting
     try:
-        pool = make_pool(runtime.service)
-        add_nodes(runtime.service, pool, 2)
-        head = runtime.projections.source.head()
-        transactions.clear()
         runtime.projections.catch_up("free_gpus")
     finally:
         del runtime.projections.sql.transaction
-    assert set(_positions(runtime).values()) == {head}  # all of them, not free_gpus alone
-    assert transactions.count(True) == 1  # one write transaction for all of them
+    positions = _positions(runtime)
+    assert {n: positions[n] for n in TOGETHER} == {n: head for n in TOGETHER}
+    assert positions["listings"] == before  # left to batch up until its readers come
+    assert transactions.count(True) == 1  # one write transaction for both
 
 
 def test_a_read_model_that_cannot_apply_an_event_holds_back_only_itself(
@@ -54,23 +59,17 @@ def test_a_read_model_that_cannot_apply_an_event_holds_back_only_itself(
     before = _in_step(runtime)
 
     def broken(self: Any, *args: Any) -> None:
-        raise RuntimeError("a bug in the listings")
+        raise RuntimeError("a bug in the reservations read model")
 
-    monkeypatch.setattr(Listings, "apply", broken)
+    monkeypatch.setattr(Reservations, "apply", broken)
     make_pool(runtime.service)
     head = runtime.projections.source.head()
     runtime.projections.catch_up("free_gpus")  # the shared batch fails: free_gpus goes alone
     assert _positions(runtime)["free_gpus"] == head
-    for name in runtime.projections.projections:
-        if name != "listings":
-            runtime.projections.catch_up(name)
-    with pytest.raises(RuntimeError, match="a bug in the listings"):
-        runtime.projections.catch_up("listings")
-    positions = _positions(runtime)
-    assert positions.pop("listings") == before
-    assert set(positions.values()) == {head}
+    with pytest.raises(RuntimeError, match="a bug in the reservations read model"):
+        runtime.projections.catch_up("reservations")
+    assert _positions(runtime)["reservations"] == before
 
     monkeypatch.undo()
-    runtime.projections.catch_up("listings")
-    assert set(_positions(runtime).values()) == {head}
-    assert any(p["id"] for p in runtime.service.listing("pool"))
+    runtime.projections.catch_up("reservations")
+    assert _positions(runtime)["reservations"] == head
