@@ -17,8 +17,9 @@ from uuid import UUID
 from eventsourcing.persistence import IntegrityError
 
 from better_compute.api.services.tokens import TokenService, new_token_secret
-from better_compute.api.services.unit import Aggregates, Clock, project, utc_now
+from better_compute.api.services.unit import Aggregates, Clock, utc_now
 from better_compute.api.store.actor import LOCAL, acting_as, current_actor
+from better_compute.api.store.aggregate_cache import project
 from better_compute.api.store.token_use import TokenUse
 from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.base import fingerprint, iso

@@ -18,12 +18,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from eventsourcing.application import Application
 from eventsourcing.persistence import Mapper, TrackingRecorder, Transcoder
 from eventsourcing.utils import Environment
 
 import better_compute.domain.aggregates  # noqa: F401  (registers every event topic)
+from better_compute.api.store.aggregate_cache import AggregateCache
 from better_compute.api.store.codec import EventMapper, MsgspecTranscoder
 from better_compute.api.store.outage import StoreGuard, install_guard, postgres_guard
 from better_compute.api.store.pg_recorder import TOPIC as PG_RECORDER_TOPIC
@@ -110,9 +112,6 @@ def redact(text: str, secret: str | None) -> str:
     return text.replace(secret, "***") if secret else text
 
 
-AGGREGATE_CACHE_SIZE = 4096  # aggregates kept per process (see ComputeStore.construct_env)
-
-
 class ComputeStore(Application[Any]):
     """The event store: every aggregate of the control plane, one notification log.
 
@@ -128,6 +127,10 @@ class ComputeStore(Application[Any]):
     # binding and every release load it.
     snapshotting_intervals = {NodeBookings: 100, Node: 100}
 
+    def __init__(self, env: Any = None) -> None:
+        self.cache = AggregateCache()  # before the library's set-up, which may save
+        super().__init__(env)
+
     def construct_transcoder(self) -> Transcoder:
         return MsgspecTranscoder()
 
@@ -137,16 +140,7 @@ class ComputeStore(Application[Any]):
                                    mapper_class=EventMapper)
 
     def construct_env(self, name: str, env: Any = None) -> Environment:
-        # The library's aggregate cache (LRU, AGGREGATE_CACHE_SIZE aggregates): a load of a
-        # cached aggregate reads only the events stored after its cached version (fast-forward,
-        # so another process's or replica's writes are seen) and hands out a deep copy, so a
-        # command that changes it and then fails leaves the cache as it was; saved aggregates
-        # enter it only through a later load. Creates and releases load the same reservations,
-        # nodes and bookings again and again (the timers bind what a create placed; every
-        # retry re-reads): without it each load replays up to 100 events after a snapshot.
-        return Environment(name, {"IS_SNAPSHOTTING_ENABLED": "y",
-                                  "AGGREGATE_CACHE_MAXSIZE": str(AGGREGATE_CACHE_SIZE),
-                                  "AGGREGATE_CACHE_FASTFORWARD": "y", **dict(env or {})})
+        return Environment(name, {"IS_SNAPSHOTTING_ENABLED": "y", **dict(env or {})})
 
     @property
     def backend(self) -> str:
@@ -171,6 +165,16 @@ class ComputeStore(Application[Any]):
 
     def sql(self) -> SqlRunner:
         return SqlRunner(self)
+
+    def load(self, uuid: UUID) -> Any:
+        """An aggregate as stored now, from the aggregate cache (api/store/aggregate_cache.py):
+        only the events after its cached version are read. AggregateNotFoundError if none."""
+        return self.cache.load(uuid, self.repository)
+
+    def save(self, *objs: Any, **kwargs: Any) -> Any:
+        recordings = super().save(*objs, **kwargs)
+        self.cache.saved(objs)
+        return recordings
 
 
 def private_sqlite_files(path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The store's aggregate cache (api/store/store.py, ``AGGREGATE_CACHE_MAXSIZE``).
+"""The store's aggregate cache (api/store/aggregate_cache.py).
 
 A cached aggregate is fast-forwarded on every load, so a load sees what another process (a
 replica, another worker of ``serve --workers``) saved after it was cached; and every load
@@ -32,7 +32,7 @@ def test_a_cached_aggregate_shows_what_another_process_saved(env: dict[str, str]
     aggregates = runtime.services.aggregates
     first = aggregates.get(Reservation, uuid)
     assert first is not None and first.state == "placed"
-    assert runtime.store.repository.cache.get(uuid).version == first.version  # it is cached
+    assert runtime.store.cache._entries[uuid][0] == first.version  # it is cached
 
     other = open_runtime(env)
     try:
