@@ -37,6 +37,7 @@ class Sql(Protocol):
     def transaction(self, *, commit: bool) -> Any: ...
     def execute(self, cursor: Any, statement: str, params: Sequence[Any] = ()) -> None: ...
     def lock(self, cursor: Any, name: str) -> None: ...
+    def try_lock(self, cursor: Any, name: str) -> bool: ...
     def tracking_recorder(self) -> TrackingRecorder: ...
     def create_tables(self, statements: list[str]) -> None: ...
 
@@ -233,7 +234,7 @@ class ReadModels:
         if len(group) < 2:
             return None
         try:
-            counts = self._apply_together(group, batch, start)
+            counts = self._apply_together(projection, group, batch, start)
         except Exception:
             for other in group:
                 if other is not projection:
@@ -246,15 +247,21 @@ class ReadModels:
                 self._saw(each, batch[-1].id)
         return counts[projection.name]
 
-    def _apply_together(self, group: list[ReadModel], batch: Sequence[Notification],
-                        after: int) -> dict[str, int]:
+    def _apply_together(self, first: ReadModel, group: list[ReadModel],
+                        batch: Sequence[Notification], after: int) -> dict[str, int]:
         """One batch applied to several read models in one transaction; the events each
-        applied, by name (a read model whose position is behind ``after`` is left out)."""
+        applied, by name. ``first`` waits for its lock; the others come along only when their
+        lock is free (one being caught up elsewhere is left to that), so bringing company
+        never makes a caller wait longer. A read model whose position is behind ``after``
+        is left out."""
         decoded = [(n.id, self.source.decode(n)) for n in batch]
         counts: dict[str, int] = {}
         with self.sql.transaction(commit=True) as cursor:
-            for projection in group:  # always in name order: locks taken in one order
-                self.sql.lock(cursor, projection.tracking_name)
+            self.sql.lock(cursor, first.tracking_name)
+            for projection in [first, *(p for p in group if p is not first)]:
+                if projection is not first and not self.sql.try_lock(
+                        cursor, projection.tracking_name):
+                    continue
                 position = self._position_in(cursor, projection)
                 if position < after:  # reset elsewhere: it catches up alone
                     self._seen.pop(projection.name, None)

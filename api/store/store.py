@@ -350,6 +350,17 @@ class SqlRunner:
                 "ON CONFLICT(name) DO UPDATE SET n = n + 1", (name,)
             )
 
+    def try_lock(self, cursor: Any, name: str) -> bool:
+        """``lock`` when no other transaction holds it; False (nothing taken) when one does.
+        SQLite has one writer at a time: its transaction holds every lock already."""
+        if not self.postgres:
+            self.lock(cursor, name)
+            return True
+        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))",
+                       (f"{self.schema or 'public'}/{name}",))
+        row = cursor.fetchone()
+        return bool(row[0] if not isinstance(row, dict) else next(iter(row.values())))
+
     def probe_write(self) -> None:
         """Commit one tiny write (SQLite: a row of the lock table); raises while the store
         refuses writes (a full disk). Clears the guard's failed write when it succeeds."""

@@ -73,3 +73,43 @@ def test_a_read_model_that_cannot_apply_an_event_holds_back_only_itself(
     monkeypatch.undo()
     runtime.projections.catch_up("reservations")
     assert _positions(runtime)["reservations"] == head
+
+
+def test_a_read_model_being_caught_up_elsewhere_is_left_to_that(runtime: Any) -> None:
+    """Company comes along only when its lock is free: on PostgreSQL a read model another
+    transaction is applying is skipped (no wait); SQLite's one writer holds every lock."""
+    import threading
+
+    sql = runtime.projections.sql
+    before = _in_step(runtime)
+    make_pool(runtime.service)
+    head = runtime.projections.source.head()
+    if not sql.postgres:
+        with sql.transaction(commit=True) as cursor:
+            assert sql.try_lock(cursor, "anything") is True
+        runtime.projections.catch_up("free_gpus")
+        assert {n: _positions(runtime)[n] for n in TOGETHER} == {n: head for n in TOGETHER}
+        return
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another catch-up of the reservations, in its own transaction
+        with sql.transaction(commit=True) as cursor:
+            sql.lock(cursor, runtime.projections.get("reservations").tracking_name)
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        done = threading.Thread(target=runtime.projections.catch_up, args=("free_gpus",))
+        done.start()
+        done.join(20)
+        assert not done.is_alive()  # it did not wait for the reservations' lock
+    finally:
+        release.set()
+        holder.join(30)
+    positions = _positions(runtime)
+    assert positions["free_gpus"] == head and positions["reservations"] == before
+    runtime.projections.catch_up("reservations")
+    assert _positions(runtime)["reservations"] == head
