@@ -2,7 +2,7 @@
 
     .venv/bin/python -m better_compute.benchmarks.watch_etcd [--backend sqlite|postgres|both]
         [--pg-url postgresql://…] [--watchers 100] [--rate 200] [--seconds 5] [--rounds 3]
-        [--workers N] [--writers 16]
+        [--workers N] [--writers 16] [--compare DIR]
 
 It starts, once for the whole run: a real ``better-compute serve`` (plain HTTP on
 loopback, ``--workers N`` when given) on a fresh SQLite store, one on a fresh PostgreSQL
@@ -18,7 +18,9 @@ JSON-RPC, one event per commit; etcd: ``POST /v3/kv/put``), each write stamped w
 client's send time (benchmarks/watch_etcd_traffic.py). Latency is a watcher's receive
 time minus that stamp, the same on both sides. Each row: delivery p50/p99/max, the
 writes' own p50/p99, events missing, and the load average when the row began; then the
-median of every column over the rounds, and p99 as a multiple of etcd's.
+median of every column over the rounds, and p99 as a multiple of etcd's. With
+``--compare DIR`` each backend is also served from DIR's code (the commit before a change),
+in the same rounds: before and after, measured in the same minutes.
 
 The test suite never needs this; without ``etcd`` on PATH it says how to install it.
 """
@@ -52,6 +54,7 @@ from better_compute.benchmarks.harness import (
     serving,
     store_env,
 )
+from better_compute.benchmarks.reservations import _cpu_seconds as tree_cpu_seconds
 from better_compute.benchmarks.watch_etcd_traffic import watchers_main, writer
 from better_compute.benchmarks.watch_traffic import pct
 
@@ -68,6 +71,7 @@ class Target:
     name: str  # SQLite, PostgreSQL, etcd
     kind: str  # bc or etcd
     port: int
+    pid: int  # the server's process (its children counted too: --workers)
     token: str = ""
     host: str = "127.0.0.1"
 
@@ -93,8 +97,12 @@ def postgres_url(given: str | None) -> Iterator[str]:
 
 
 @contextmanager
-def better_compute(backend: str, pg_url: str | None, workers: int) -> Iterator[Target]:
-    """``serve`` on a fresh store of ``backend``; the store dropped on exit."""
+def better_compute(backend: str, pg_url: str | None, workers: int,
+                   code: Path | None = None) -> Iterator[Target]:
+    """``serve`` on a fresh store of ``backend`` (``code``: another checkout's code, say the
+    commit before a change; set-up uses ours); the store dropped on exit."""
+    from better_compute.benchmarks.rpc_path import _pythonpath
+
     tmp = Path(tempfile.mkdtemp(prefix=f"bc-bench-{backend}-"))
     env = store_env(backend, pg_url, tmp / "data")
     try:
@@ -102,9 +110,11 @@ def better_compute(backend: str, pg_url: str | None, workers: int) -> Iterator[T
         ready.runtime.close()
         port = free_port()
         extra = ["--insecure-loopback", *(["--workers", str(workers)] if workers else [])]
-        with serving(env, port, *extra):
-            yield Target("SQLite" if backend == "sqlite" else "PostgreSQL", "bc", port,
-                         ready.token)
+        if code is not None:
+            env["PYTHONPATH"] = _pythonpath(code, tmp / "code")
+        name = ("SQLite" if backend == "sqlite" else "PostgreSQL") + (" before" if code else "")
+        with serving(env, port, *extra) as server:
+            yield Target(name, "bc", port, server.pid, ready.token)
     finally:
         drop_schema(env)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -137,7 +147,7 @@ def etcd() -> Iterator[Target]:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("etcd did not start: " + (tmp / "etcd.log").read_text()[-2000:])
             time.sleep(0.1)
-        yield Target("etcd", "etcd", client)
+        yield Target("etcd", "etcd", client, process.pid)
     finally:
         process.kill()
         process.wait()
@@ -198,8 +208,13 @@ def live(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         if watchers.stdout.readline().strip() != "ready":
             raise SystemExit(f"{target.name}: the watchers did not start")
         total = int(args.rate * args.seconds)
+        cpu_before, started = tree_cpu_seconds(target.pid), time.perf_counter()
+        watchers_before = tree_cpu_seconds(watchers.pid)
         writes = write_at_rate(target, total, args.rate, args.writers)
+        rate = total / (time.perf_counter() - started)
         time.sleep(1.0)  # the last events reach every watcher
+        wall = time.perf_counter() - started
+        server_cpu = (tree_cpu_seconds(target.pid) - cpu_before) / wall
         watchers.stdin.write("stop\n")
         watchers.stdin.flush()
         result = json.loads(watchers.stdout.readline())
@@ -208,26 +223,30 @@ def live(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         watchers.wait(timeout=60)
     delivered = sum(result["counts"])
     return {"target": target.name, "load": load, "watchers": args.watchers,
-            "events": total, "missing": total * args.watchers - delivered,
+            "events": total, "rate": rate, "missing": total * args.watchers - delivered,
             "p50_ms": result["p50"] * 1000, "p99_ms": result["p99"] * 1000,
             "max_ms": result["max"] * 1000, "write_p50_ms": pct(writes, 0.5) * 1000,
-            "write_p99_ms": pct(writes, 0.99) * 1000}
+            "write_p99_ms": pct(writes, 0.99) * 1000, "server_cpu": server_cpu * 100,
+            "watchers_cpu": (result["cpu"] - watchers_before) / wall * 100}
 
 
 # ------------------------------------------------------------------ the report
 
-COLUMNS = ("p50_ms", "p99_ms", "max_ms", "write_p50_ms", "write_p99_ms")
+COLUMNS = ("rate", "p50_ms", "p99_ms", "max_ms", "write_p50_ms", "write_p99_ms", "server_cpu",
+           "watchers_cpu")
 
 
 def _row(label: str, r: dict[str, Any], etcd_p99: float | None) -> str:
     ratio = f"{r['p99_ms'] / etcd_p99:.2f}x" if etcd_p99 else "-"
-    return (f"  {label:<8} {r['target']:<11} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} "
+    return (f"  {label:<6} {r['target']:<17} {r['rate']:>7.0f} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} "
             f"{r['max_ms']:>7.1f} {r['write_p50_ms']:>7.1f} {r['write_p99_ms']:>7.1f} "
-            f"{r['missing']:>7} {ratio:>8}  {r['load']}")
+            f"{r['missing']:>7} {ratio:>8} {r['server_cpu']:>6.0f} {r['watchers_cpu']:>8.0f}  "
+            f"{r['load']}")
 
 
-HEADER = ("  round    system      p50 ms  p99 ms  max ms  write   write   missing  p99 vs  "
-          "load average\n  " + " " * 44 + "p50 ms  p99 ms           etcd")
+HEADER = ("  round  system            writes/s  p50 ms  p99 ms  max ms  write   write   "
+          "missing  p99 vs  CPU % of a core  load average\n  " + " " * 57
+          + "p50 ms  p99 ms           etcd  server watchers")
 
 
 def report(rows: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
@@ -272,6 +291,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--writers", type=int, default=16, help="client threads that write")
     parser.add_argument("--workers", type=int, default=0,
                         help="serve --workers N (default: serve's own default)")
+    parser.add_argument("--compare", metavar="DIR", type=Path,
+                        help="also serve DIR's code (say, the commit before a change: git "
+                        "archive COMMIT | tar -x -C DIR) on each backend, in the same rounds "
+                        "(its rows are named '… before')")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     parser.add_argument("--_watchers", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="bc", help=argparse.SUPPRESS)
@@ -310,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         if pg_url:
             info["postgresql"] = pg_version(pg_url)
         print("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
-        targets = [stack.enter_context(better_compute(b, pg_url, args.workers))
-                   for b in backends]
+        codes = [None] if args.compare is None else [args.compare, None]
+        targets = [stack.enter_context(better_compute(b, pg_url, args.workers, code))
+                   for b in backends for code in codes]
         targets.append(stack.enter_context(etcd()))
         print(f"{args.watchers} watchers, {args.rate:g} writes/s for {args.seconds:g} s per row, "
               f"{args.writers} writer threads, serve --workers {args.workers or 'default'}; "
