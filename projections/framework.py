@@ -179,6 +179,10 @@ class ReadModels:
         only the first time): a batch re-reads the position under the projection's lock
         anyway, and starts again from it when the hint was ahead (a rebuild elsewhere, an
         upgrade's reset); with nothing new, the position is read to tell."""
+        if until is None:
+            together = self._catch_up_together(projection)
+            if together is not None:
+                return together
         applied = 0
         start = self._seen.get(projection.name)
         checked = start is None  # the hint is checked against the tracking position once
@@ -207,6 +211,67 @@ class ReadModels:
             self._saw(projection, start)
             if len(batch) < self.batch_size:
                 return applied  # that was the head when read: no second read for nothing
+
+    def _catch_up_together(self, projection: ReadModel) -> int | None:
+        """Catch ``projection`` up together with every read model this process saw at the same
+        position: the events read and decoded once, applied to each in ONE transaction (each
+        under its own lock, its position re-read there), instead of one read, one decoding and
+        one transaction per read model. None when there is no such company, nothing new, or
+        the shared batch failed (then the caller catches ``projection`` up alone, and the
+        others, whose hints are dropped, alone too: a read model that cannot apply an event
+        holds back only itself). Returns the events applied to ``projection``."""
+        start = self._seen.get(projection.name)
+        group = sorted((p for p in self.projections.values() if start is not None
+                        and self._seen.get(p.name) == start), key=lambda p: p.name)
+        if len(group) < 2:
+            return None
+        assert start is not None
+        applied = 0
+        while True:
+            batch = self.source.select(start, self.batch_size)
+            if not batch:
+                return applied if applied else None  # nothing new: the lone path checks
+            try:
+                counts = self._apply_together(group, batch, start)
+            except Exception:
+                for other in group:
+                    if other is not projection:
+                        self._seen.pop(other.name, None)
+                return None
+            applied += counts.get(projection.name, 0)
+            start = batch[-1].id
+            group = [p for p in group if p.name in counts]
+            for each in group:
+                self._saw(each, start)
+            if len(batch) < self.batch_size or projection.name not in counts:
+                return applied
+
+    def _apply_together(self, group: list[ReadModel], batch: Sequence[Notification],
+                        after: int) -> dict[str, int]:
+        """One batch applied to several read models in one transaction; the events each
+        applied, by name (a read model whose position is behind ``after`` is left out)."""
+        decoded = [(n.id, self.source.decode(n)) for n in batch]
+        counts: dict[str, int] = {}
+        with self.sql.transaction(commit=True) as cursor:
+            for projection in group:  # always in name order: locks taken in one order
+                self.sql.lock(cursor, projection.tracking_name)
+                position = self._position_in(cursor, projection)
+                if position < after:  # reset elsewhere: it catches up alone
+                    self._seen.pop(projection.name, None)
+                    continue
+                todo = [(sequence, event) for sequence, event in decoded if sequence > position]
+                counts[projection.name] = len(todo)
+                if not todo:
+                    continue
+                projection.begin_batch()
+                if position == 0:
+                    for table in projection.table_names():
+                        self.sql.execute(cursor, f"DELETE FROM {table}")
+                for sequence, event in todo:
+                    projection.apply(self.sql, cursor, sequence, event)
+                projection.end_batch(self.sql, cursor)
+                self._track(cursor, projection, todo[-1][0])
+        return counts
 
     def _saw(self, projection: ReadModel, position: int) -> None:
         if position > self._seen.get(projection.name, -1):

@@ -20,7 +20,7 @@ was saved. Every retry loop of the services uses this policy and this number.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -47,6 +47,15 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def project(aggregate: Any, events: Iterable[Any]) -> Any:
+    """The store's events applied in order: the library's projector without its
+    ``isinstance`` check against a runtime Protocol per event (typing's slow path: 5 to 8 %
+    of a reservation create's samples). Every event of this store is one of ours."""
+    for event in events:
+        aggregate = event.mutate(aggregate)
+    return aggregate
+
+
 class Aggregates:
     """The store's aggregates, the listings and the clock, shared by every service."""
 
@@ -58,7 +67,7 @@ class Aggregates:
 
     def get(self, cls: type[A], uuid: UUID) -> A | None:
         try:
-            aggregate = self.store.repository.get(uuid)
+            aggregate = self.store.repository.get(uuid, projector_func=project)
         except AggregateNotFoundError:
             return None
         return aggregate if isinstance(aggregate, cls) else None

@@ -89,3 +89,21 @@ def test_a_node_rebuilt_from_its_stored_events_equals_the_one_that_recorded_them
         rebuilt = mapper.to_domain_event(mapper.to_stored_event(event)).mutate(rebuilt)
     assert _state(rebuilt) == _state(node)
     assert rebuilt.to_doc() == node.to_doc()
+
+
+def test_a_copy_of_a_node_is_equal_and_independent() -> None:
+    """``copy.deepcopy`` of an aggregate (domain/base.py, by pickling): what the store's
+    aggregate cache hands out at every load."""
+    import copy
+
+    node = _joined()
+    node.connect(AT, "1.1")
+    node.cordon("maintenance", AT, "tok_x")
+    twin = copy.deepcopy(node)
+    assert twin is not node and type(twin) is Node
+    assert _state(twin) == _state(node)
+    assert [type(e) for e in twin.collect_events()] == [type(e) for e in node.collect_events()]
+    twin.uncordon(AT, "tok_x")
+    assert twin.cordoned is False and node.cordoned is True
+    twin.hardware["cpus"] = 1
+    assert node.hardware["cpus"] == 64
