@@ -254,10 +254,10 @@ class ReadModels:
         lock is free (one being caught up elsewhere is left to that), so bringing company
         never makes a caller wait longer. A read model whose position is behind ``after``
         is left out."""
-        decoded = [(n.id, self.source.decode(n)) for n in batch]
         counts: dict[str, int] = {}
         with self.sql.transaction(commit=True) as cursor:
             self.sql.lock(cursor, first.tracking_name)
+            positions: list[tuple[ReadModel, int]] = []
             for projection in [first, *(p for p in group if p is not first)]:
                 if projection is not first and not self.sql.try_lock(
                         cursor, projection.tracking_name):
@@ -266,6 +266,15 @@ class ReadModels:
                 if position < after:  # reset elsewhere: it catches up alone
                     self._seen.pop(projection.name, None)
                     continue
+                positions.append((projection, position))
+                counts[projection.name] = 0
+            if not positions:
+                return counts
+            # Decoded once, and only what one of them still needs: when several threads catch
+            # up at once, those that come second find it applied and decode nothing.
+            lowest = min(position for _, position in positions)
+            decoded = [(n.id, self.source.decode(n)) for n in batch if n.id > lowest]
+            for projection, position in positions:
                 todo = [(sequence, event) for sequence, event in decoded if sequence > position]
                 counts[projection.name] = len(todo)
                 if not todo:
