@@ -18,6 +18,7 @@ from better_compute.api import pki
 from better_compute.api.controllers.runner import run_controllers
 from better_compute.api.http import http_limits
 from better_compute.api.http.app import LifespanTask, build_app
+from better_compute.api.http.metrics import publish_state
 from better_compute.api.http.request_log import RequestFields
 from better_compute.api.http.server_config import with_file
 from better_compute.api.http.watch import stop_streams
@@ -196,11 +197,13 @@ def _tls(options: ServeOptions, runtime: Runtime, host: str
 
 
 def _lifespan_tasks(primary: bool, gateway: tuple[str, LifespanTask] | None,
-                    gateway_url: str | None, metrics: tuple[str, LifespanTask] | None
-                    ) -> tuple[list[LifespanTask], str]:
+                    gateway_url: str | None, metrics: tuple[str, LifespanTask] | None,
+                    worker: bool = False) -> tuple[list[LifespanTask], str]:
     """The app's lifespan tasks for this worker, and what the ready line says of them."""
     tasks: list[LifespanTask] = [run_controllers, flush_token_use] if primary \
         else [flush_token_use]
+    if worker:  # one of --workers: its state gauges, for scrapes other workers answer
+        tasks.append(publish_state)
     notes = ""
     if gateway is not None and primary:  # the other workers publish its URL only
         tasks.append(gateway[1])
@@ -235,7 +238,7 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     runtime = Runtime.open(env, gateway_url=gateway_url)
     runtime.service.pki()  # refuses early, with the fix, when `init` has not run
     scheme, names, ssl = _tls(options, runtime, host)
-    tasks, notes = _lifespan_tasks(primary, gateway, gateway_url, metrics)
+    tasks, notes = _lifespan_tasks(primary, gateway, gateway_url, metrics, fd is not None)
     app = build_app(runtime, tasks=tasks)
     shown = f"[{host}]" if ":" in host else host
     ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"
