@@ -151,15 +151,9 @@ def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
     """The loopback /metrics listener's lifespan task and its URL (docs/metrics.md); its
     socket is bound here, so a port in use stops the server at once with one line."""
     from better_compute.api.wire.daemon import bind_scrape, serve_scrape
-    from better_compute.api.wire.daemon import parse_listen as parse_address
 
+    host, port = _metrics_address(text)
     try:
-        host, port = parse_address(text, "--metrics-listen")
-        if not is_loopback(host):
-            raise ValueError(
-                f"--metrics-listen serves /metrics without a token, so on loopback only; {host} "
-                "is not a loopback address: use 127.0.0.1:PORT for a Prometheus on this host, "
-                "or scrape GET /metrics on the API with a root-tenant token")
         sock = bind_scrape(host, port, "--metrics-listen")
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
@@ -173,6 +167,22 @@ def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
         await serve_scrape(sock, render, task_status=task_status)
 
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics", run
+
+
+def _metrics_address(text: str) -> tuple[str, int]:
+    """``--metrics-listen``'s HOST:PORT, refused unless it is a loopback address."""
+    from better_compute.api.wire.daemon import parse_listen as parse_address
+
+    try:
+        host, port = parse_address(text, "--metrics-listen")
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    if not is_loopback(host):
+        raise InvalidInput(
+            f"--metrics-listen serves /metrics without a token, so on loopback only; {host} "
+            "is not a loopback address: use 127.0.0.1:PORT for a Prometheus on this host, "
+            "or scrape GET /metrics on the API with a root-tenant token")
+    return host, port
 
 
 def _tls(options: ServeOptions, runtime: Runtime, host: str
@@ -225,6 +235,10 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     if options.workers > 1 and fd is None:
         from better_compute.api.http.workers import supervise
 
+        if options.metrics_listen:  # refused here once, not by a worker after the others start
+            _metrics_address(options.metrics_listen)
+        if options.gateway_listen:
+            _gateway(options, None)
         supervise(options, env, host, port)
         return
     primary = worker_index == 0

@@ -13,7 +13,8 @@ then reads again.
 The parent prints one ready line once every worker serves (and tells systemd READY=1:
 the unit's NotifyAccess=main hears the main process only, so the workers' environment has
 no NOTIFY_SOCKET), forwards SIGTERM and SIGINT to them, and if one ends on its own stops
-the others and exits with status 1, so a service manager starts the server again. A
+the others and exits with status 1, so a service manager starts the server again (one that
+cannot start: with its status, 2 for a bad setting, after its one line on stderr). A
 worker dies with its parent (PR_SET_PDEATHSIG), so a parent killed with SIGKILL leaves no
 worker serving on.
 
@@ -64,7 +65,7 @@ def bind(host: str, port: int) -> socket.socket:
 def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) -> None:
     """Run ``options.workers`` workers on one socket until a signal or a worker's end."""
     from better_compute.api.wire.daemon import notify
-    from better_compute.domain.errors import InvalidInput
+    from better_compute.domain.errors import InvalidInput, error_from_code
 
     try:
         sock = bind(host, port)
@@ -95,11 +96,13 @@ def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) ->
                 [sys.executable, "-m", "better_compute.api.http.workers", json.dumps(doc)],
                 env=base, pass_fds=(sock.fileno(),),
                 stdout=subprocess.PIPE, text=True))
-        first = _await_ready(workers)
-        if first is None:
+        first, error = _await_ready(workers)
+        if first is None:  # a worker could not start
             stop(0, None)
             _reap(workers)
-            sys.exit(1)
+            if error is not None:  # ours: the CLI says it once, with its exit status
+                raise error_from_code(error["code"], error["message"])
+            sys.exit(1)  # anything else: the worker's stderr said it
         print(f"{first.rstrip()} ({options.workers} workers)", flush=True)
         notify("READY=1", notify_env)
         while not stopping["signal"]:
@@ -120,24 +123,38 @@ def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) ->
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _await_ready(workers: list[subprocess.Popen[str]]) -> str | None:
-    """Each worker's ready line; worker 0's, or None when one ended or took too long."""
+def _await_ready(workers: list[subprocess.Popen[str]]
+                 ) -> tuple[str | None, dict[str, str] | None]:
+    """Worker 0's ready line once every worker serves; None when one ended or took too long,
+    with the error it reported when it was one of ours (``error {code, message}``): worker
+    0's when it has one, as it checks what the others check and more, in the order a single
+    process does (so the error is the one ``--workers 1`` would give)."""
     lines: dict[int, str] = {}
+    errors: dict[int, dict[str, str]] = {}
+    ended: set[int] = set()
     deadline = time.monotonic() + READY_TIMEOUT
-    while len(lines) < len(workers):
-        pending = [w for i, w in enumerate(workers) if i not in lines]
-        if any(w.poll() is not None for w in pending) or time.monotonic() > deadline:
-            return None
-        streams = [w.stdout for w in pending if w.stdout is not None]
-        ready, _, _ = select.select(streams, [], [], 1.0)
+    while True:
+        if errors and (0 in errors or 0 in lines or 0 in ended):
+            return None, errors.get(0, next(iter(errors.values())))
+        if ended - set(errors) and not errors:
+            return None, None
+        if len(lines) == len(workers):
+            return lines[0], None
+        if time.monotonic() > deadline:
+            return None, None
+        waiting = {w.stdout: i for i, w in enumerate(workers)
+                   if w.stdout is not None and i not in lines and i not in errors
+                   and i not in ended}
+        ready, _, _ = select.select(list(waiting), [], [], 1.0)
         for stream in ready:
-            index = next(i for i, w in enumerate(workers) if w.stdout is stream)
+            index = waiting[stream]
             line = stream.readline()
-            if not line:
-                return None
-            if "serving" in line:
+            if line.startswith("error "):
+                errors[index] = json.loads(line[len("error "):])
+            elif not line:
+                ended.add(index)
+            elif "serving" in line:
                 lines[index] = line
-    return lines[0]
 
 
 def _reap(workers: list[subprocess.Popen[str]]) -> None:
@@ -154,9 +171,14 @@ def worker_main() -> None:
     doc = json.loads(sys.argv[1])
     _die_with_parent(int(doc["parent"]))
     from better_compute.api.http.serve import ServeOptions, serve
+    from better_compute.domain.errors import BetterComputeError
 
     options = ServeOptions(**{**doc["options"], "workers": 1})
-    serve(options, dict(os.environ), fd=int(doc["fd"]), worker_index=int(doc["index"]))
+    try:
+        serve(options, dict(os.environ), fd=int(doc["fd"]), worker_index=int(doc["index"]))
+    except BetterComputeError as exc:  # for the parent to raise (_await_ready)
+        print("error " + json.dumps({"code": exc.code, "message": exc.message}), flush=True)
+        sys.exit(1)
 
 
 def _die_with_parent(parent: int) -> None:
