@@ -136,7 +136,7 @@ def _await_ready(workers: list[subprocess.Popen[str]]
     while True:
         if errors and (0 in errors or 0 in lines or 0 in ended):
             return None, errors.get(0, next(iter(errors.values())))
-        if ended - set(errors) and not errors:
+        if ended and not errors:
             return None, None
         if len(lines) == len(workers):
             return lines[0], None
