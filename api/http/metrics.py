@@ -64,6 +64,13 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created serie
 NS = "better_compute"
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set by serve --workers' parent only
 PUBLISH_EVERY = 1.0  # seconds between a worker's writes of its state gauges (--workers)
+_WORKER_OF: dict[str, int] = {}  # {"parent": pid} in a worker of --workers (as_worker_of)
+
+
+def as_worker_of(parent: int) -> None:
+    """This process is a worker of ``serve --workers`` whose parent is ``parent``: its
+    metrics go to the run's ``PROMETHEUS_MULTIPROC_DIR`` (api/http/workers.py)."""
+    _WORKER_OF["parent"] = parent
 RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _RESOURCE_METRICS = {"gpu": ("pool_gpus", "GPUs of a pool by capacity state"),
                      "cpu": ("pool_cpus", "CPUs of a pool by capacity state"),
@@ -75,8 +82,8 @@ class ServerMetrics:
     """The instruments of one server process and the registry its /metrics renders."""
 
     def __init__(self) -> None:
-        shared = os.environ.get(MULTIPROCESS_DIR)
-        self.shared = bool(shared)
+        # A worker's only: elsewhere the variable is not ours to follow (docs/metrics.md).
+        shared = os.environ.get(MULTIPROCESS_DIR) if _WORKER_OF else None
         self.registry = CollectorRegistry(auto_describe=False)
         # First: a scrape that fails counts in store_errors, collected after it.
         self.registry.register(_Collector(self))
@@ -101,7 +108,7 @@ class ServerMetrics:
         self.leader = Gauge(f"{NS}_controllers_leader", "1 while the server runs the "
                             "controllers", multiprocess_mode="livemax", registry=own)
         if shared:
-            self.registry.register(_ServerProcesses(os.getppid()))
+            self.registry.register(_ServerProcesses(_WORKER_OF["parent"]))
         else:
             ProcessCollector(registry=self.registry)
         self.state: Any = None

@@ -170,8 +170,11 @@ def worker_main() -> None:
     """A worker: ``serve`` on the inherited socket (see the module docstring)."""
     doc = json.loads(sys.argv[1])
     _die_with_parent(int(doc["parent"]))
+    from better_compute.api.http.metrics import as_worker_of
     from better_compute.api.http.serve import ServeOptions, serve
     from better_compute.domain.errors import BetterComputeError
+
+    as_worker_of(int(doc["parent"]))
 
     options = ServeOptions(**{**doc["options"], "workers": 1})
     try:
