@@ -90,7 +90,7 @@ class ServerMetrics:
         # Counted here, or (--workers) in this worker's files, which the scrape sums.
         own = None if shared else self.registry
         if shared:
-            MultiProcessCollector(self.registry, path=shared)
+            MultiProcessCollector(self.registry, path=shared)  # type: ignore[no-untyped-call]
         self.requests = Counter(f"{NS}_rpc_requests", "JSON-RPC requests answered, by method "
                                 "and error code (ok for a result)", ["method", "code"],
                                 registry=own)
