@@ -23,7 +23,6 @@ Version 2 added the bookings (new tables, rebuilt from sequence 0).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +43,7 @@ from better_compute.domain.node_rules import (
     SESSION_UNREACHABLE,
     node_capacity,
 )
+from better_compute.projections import jsontext
 from better_compute.projections.framework import ReadModel, Sql
 
 _COLUMNS = GPU_FIELDS  # cpu and memory rows leave the GPU-only columns at 0
@@ -121,11 +121,11 @@ class NodeState:
         self.acceptance_state = str(row["acceptance_state"])
         self.acceptance_attempt = int(row["acceptance_attempt"])
         self.cordoned = bool(row["cordoned"])
-        self.gpus: list[dict[str, Any]] = json.loads(row["gpus"])
+        self.gpus: list[dict[str, Any]] = jsontext.loads(row["gpus"])
         self.cpus = _num(row["cpus"])
         self.memory_gib = _num(row["memory_gib"])
-        self.holds: list[dict[str, Any]] = json.loads(row.get("holds") or "[]")
-        self.bookings: list[dict[str, Any]] = json.loads(row.get("bookings") or "[]")
+        self.holds: list[dict[str, Any]] = jsontext.loads(row.get("holds") or "[]")
+        self.bookings: list[dict[str, Any]] = jsontext.loads(row.get("bookings") or "[]")
 
     def contribution(self) -> dict[str, dict[str, float]]:
         return node_contribution(self.provision_state, self.session, self.cordoned, self.gpus,
@@ -135,9 +135,9 @@ class NodeState:
                ) -> tuple[Any, ...]:
         return (self.id, self.tenant_id, self.pool_id, self.provision_state, self.session,
                 self.session_epoch, self.session_since, self.acceptance_state,
-                self.acceptance_attempt, int(self.cordoned), json.dumps(self.gpus), self.cpus,
-                self.memory_gib, json.dumps(self.holds), json.dumps(self.bookings),
-                json.dumps(contribution if contribution is not None else self.contribution()),
+                self.acceptance_attempt, int(self.cordoned), jsontext.dumps(self.gpus), self.cpus,
+                self.memory_gib, jsontext.dumps(self.holds), jsontext.dumps(self.bookings),
+                jsontext.dumps(contribution if contribution is not None else self.contribution()),
                 self.uuid)
 
 
@@ -261,7 +261,7 @@ class Capacity(ReadModel):
             row = cursor.fetchone()
             if row is None:
                 return
-            pending = self._pending[uuid] = (NodeState(dict(row)), json.loads(row["contribution"]))
+            pending = self._pending[uuid] = (NodeState(dict(row)), jsontext.loads(row["contribution"]))
         _apply_to_state(pending[0], event, kind)
 
     def end_batch(self, sql: Sql, cursor: Any) -> None:
@@ -286,7 +286,7 @@ class Capacity(ReadModel):
                 "provision_state": "adopting", "session": SESSION_NEVER, "session_epoch": 0,
                 "session_since": None, "acceptance_state": ACCEPTANCE_PENDING,
                 "acceptance_attempt": 0, "cordoned": 0,
-                "gpus": json.dumps([dict(g) for g in event.gpus]),
+                "gpus": jsontext.dumps([dict(g) for g in event.gpus]),
                 "cpus": hardware.get("cpus"), "memory_gib": hardware.get("memoryGiB", hardware.get("memoryGib")),
             })
             before: dict[str, dict[str, float]] | None = None
@@ -305,7 +305,7 @@ class Capacity(ReadModel):
             if row is None:
                 return
             state = NodeState(dict(row))
-            before = json.loads(row["contribution"])
+            before = jsontext.loads(row["contribution"])
             _apply_to_state(state, event, kind)
             after = state.contribution()
             sql.execute(cursor, _UPDATE_NODE, state.params(after))

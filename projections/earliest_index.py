@@ -26,13 +26,12 @@ than the best start found.
 from __future__ import annotations
 
 import heapq
-import json
 from collections.abc import Collection, Generator, Iterator
 from typing import Any
 
 from better_compute.domain.earliest import NEVER, Booking, Timeline, node_index
-from better_compute.domain.placement import FreeGpu
 from better_compute.projections.framework import Sql
+from better_compute.projections.gpu_columns import parsed_booking_gpus, parsed_node_gpus
 
 TABLES = [
     "CREATE TABLE IF NOT EXISTS bc_fg_block ("
@@ -65,7 +64,7 @@ def length_class(length: float) -> int:
 
 def _bookings(rows: list[Any]) -> tuple[Booking, ...]:
     return tuple(
-        Booking(str(b["allocation_id"]), frozenset(json.loads(b["gpus"])), float(b["start_at"]),
+        Booking(str(b["allocation_id"]), parsed_booking_gpus(b["gpus"]), float(b["start_at"]),
                 float(b["end_at"]), int(b["cpus"]), int(b["memory_gib"]))
         for b in rows
     )
@@ -85,13 +84,13 @@ def refresh_blocks(sql: Sql, cursor: Any, node_id: str) -> None:
         sql.execute(cursor, "DELETE FROM bc_fg_block WHERE node_id = ?", (node_id,))
         sql.execute(cursor, "DELETE FROM bc_fg_end WHERE node_id = ?", (node_id,))
         return
-    gpus = json.loads(node["gpus"])
-    usable = [g["uuid"] for g in gpus if g["attributes"].get("healthy")]
+    gpus = parsed_node_gpus(node["gpus"])
+    usable = gpus.healthy_uuids
     sql.execute(cursor, "SELECT allocation_id, gpus, start_at, end_at, cpus, memory_gib "
                 "FROM bc_fg_booking WHERE node_id = ?", (node_id,))
     bookings = _bookings(list(cursor.fetchall()))
     pool_id = str(node["pool_id"])
-    blocks, ends = node_index(usable, len(gpus), bookings, bool(node["schedulable"]),
+    blocks, ends = node_index(usable, gpus.count, bookings, bool(node["schedulable"]),
                               int(node["cpus_per_gpu"]), int(node["memory_gib_per_gpu"]))
     new_blocks = {k: (a, b) for k, a, b in blocks}
     new_ends = {(k, at): free_for for k, at, free_for in ends}
@@ -166,10 +165,8 @@ def _load(sql: Sql, cursor: Any, bounds: list[tuple[str, float]],
         row = nodes.get(node_id)
         if row is None or not row["schedulable"]:
             continue
-        gpus = json.loads(row["gpus"])
-        usable = tuple(FreeGpu(g["uuid"], int(g["index"]), g["attributes"]) for g in gpus
-                       if g["attributes"].get("healthy"))
-        out.append(Timeline(node_id, usable, len(gpus), int(row["cpus_per_gpu"]),
+        gpus = parsed_node_gpus(row["gpus"])
+        out.append(Timeline(node_id, gpus.healthy, gpus.count, int(row["cpus_per_gpu"]),
                             int(row["memory_gib_per_gpu"]),
                             _bookings(held.get(node_id, [])), bound))
     return out

@@ -37,6 +37,7 @@ class Sql(Protocol):
     def transaction(self, *, commit: bool) -> Any: ...
     def execute(self, cursor: Any, statement: str, params: Sequence[Any] = ()) -> None: ...
     def lock(self, cursor: Any, name: str) -> None: ...
+    def try_lock(self, cursor: Any, name: str) -> bool: ...
     def tracking_recorder(self) -> TrackingRecorder: ...
     def create_tables(self, statements: list[str]) -> None: ...
 
@@ -69,6 +70,10 @@ class ReadModel(ABC):
 
     name: str
     version: int = 1  # bump to rebuild a read model whose shape changed
+    # Caught up at (nearly) every event by the request path: such read models, when in step,
+    # are caught up together (``ReadModels._with_company``). The others are left to batch up
+    # events until their own readers come (a tick, a query, a scrape).
+    together: bool = False
 
     @abstractmethod
     def tables(self) -> list[str]: ...
@@ -178,7 +183,8 @@ class ReadModels:
         """Reads from where this process last saw the projection (its tracking position
         only the first time): a batch re-reads the position under the projection's lock
         anyway, and starts again from it when the hint was ahead (a rebuild elsewhere, an
-        upgrade's reset); with nothing new, the position is read to tell."""
+        upgrade's reset); with nothing new, the position is read to tell. The read models
+        this process saw at the same position come along (``_with_company``)."""
         applied = 0
         start = self._seen.get(projection.name)
         checked = start is None  # the hint is checked against the tracking position once
@@ -197,16 +203,82 @@ class ReadModels:
             if not batch:
                 self._saw(projection, start)
                 return applied
-            try:
-                applied += self._apply_batch(projection, batch, start)
-            except _Behind as behind:
-                self._seen.pop(projection.name, None)
-                start, checked = behind.position, True
-                continue
+            together = self._with_company(projection, batch, start) if until is None else None
+            if together is not None:
+                applied += together
+            else:
+                try:
+                    applied += self._apply_batch(projection, batch, start)
+                except _Behind as behind:
+                    self._seen.pop(projection.name, None)
+                    start, checked = behind.position, True
+                    continue
             start = batch[-1].id  # applied up to here (by this batch or another process)
             self._saw(projection, start)
             if len(batch) < self.batch_size:
                 return applied  # that was the head when read: no second read for nothing
+
+    def _with_company(self, projection: ReadModel, batch: Sequence[Notification], start: int
+                      ) -> int | None:
+        """``batch`` applied to ``projection`` together with every other ``together`` read
+        model this process saw at the same position ``start``: decoded once, applied to each in ONE transaction (each
+        under its own lock, its position re-read there), instead of one read, one decoding and
+        one transaction per read model. None when there is no such company or the shared
+        batch failed: then ``projection`` takes the batch alone, and the others, whose hints
+        are dropped, catch up alone too, so a read model that cannot apply an event holds back
+        only itself. Returns the events applied to ``projection``."""
+        if not projection.together or self._seen.get(projection.name) != start:
+            return None
+        group = sorted((p for p in self.projections.values()
+                        if p.together and self._seen.get(p.name) == start), key=lambda p: p.name)
+        if len(group) < 2:
+            return None
+        try:
+            counts = self._apply_together(projection, group, batch, start)
+        except Exception:
+            for other in group:
+                if other is not projection:
+                    self._seen.pop(other.name, None)
+            return None
+        if projection.name not in counts:  # its position was behind: alone, from there
+            return None
+        for each in group:
+            if each.name in counts:
+                self._saw(each, batch[-1].id)
+        return counts[projection.name]
+
+    def _apply_together(self, first: ReadModel, group: list[ReadModel],
+                        batch: Sequence[Notification], after: int) -> dict[str, int]:
+        """One batch applied to several read models in one transaction; the events each
+        applied, by name. ``first`` waits for its lock; the others come along only when their
+        lock is free (one being caught up elsewhere is left to that), so bringing company
+        never makes a caller wait longer. A read model whose position is behind ``after``
+        is left out."""
+        decoded = [(n.id, self.source.decode(n)) for n in batch]
+        counts: dict[str, int] = {}
+        with self.sql.transaction(commit=True) as cursor:
+            self.sql.lock(cursor, first.tracking_name)
+            for projection in [first, *(p for p in group if p is not first)]:
+                if projection is not first and not self.sql.try_lock(
+                        cursor, projection.tracking_name):
+                    continue
+                position = self._position_in(cursor, projection)
+                if position < after:  # reset elsewhere: it catches up alone
+                    self._seen.pop(projection.name, None)
+                    continue
+                todo = [(sequence, event) for sequence, event in decoded if sequence > position]
+                counts[projection.name] = len(todo)
+                if not todo:
+                    continue
+                projection.begin_batch()
+                if position == 0:
+                    for table in projection.table_names():
+                        self.sql.execute(cursor, f"DELETE FROM {table}")
+                for sequence, event in todo:
+                    projection.apply(self.sql, cursor, sequence, event)
+                projection.end_batch(self.sql, cursor)
+                self._track(cursor, projection, todo[-1][0])
+        return counts
 
     def _saw(self, projection: ReadModel, position: int) -> None:
         if position > self._seen.get(projection.name, -1):

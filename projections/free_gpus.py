@@ -27,16 +27,16 @@ bookings) does ``all_candidates`` read every schedulable node of the pool.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from better_compute.domain.host_share import host_share
 from better_compute.domain.ids import public_id
-from better_compute.domain.placement import Candidate, FreeGpu, gpu_attributes
-from better_compute.projections import earliest_index
+from better_compute.domain.placement import Candidate, gpu_attributes
+from better_compute.projections import earliest_index, jsontext
 from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
+from better_compute.projections.gpu_columns import parsed_booking_gpus, parsed_node_gpus
 
 FAST_PATH_NODES = 16
 # A node's device holds (``node.devices.*``, written by every binding and release) change
@@ -73,6 +73,7 @@ def node_gpus(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 class FreeGpus(ReadModel):
     name = "free_gpus"
+    together = True  # followed by every create (placing; the queue's head)
     version = 3  # 2: the earliest-start index (earliest_index.py); 3: holds not applied
 
     def __init__(self, codec: SnapshotCodec) -> None:
@@ -119,7 +120,7 @@ class FreeGpus(ReadModel):
                 "reservation_id, gpus, cpus, memory_gib, start_at, end_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (event.allocation_id, node_id, self._pool_of(sql, cursor, node_id), event.holder,
-                 event.reservation_id, json.dumps(list(event.gpus)), int(event.cpus),
+                 event.reservation_id, jsontext.dumps(list(event.gpus)), int(event.cpus),
                  int(event.memory_gib), epoch(event.start), epoch(event.end)),
             )
             self._touched[node_id] = None
@@ -165,7 +166,7 @@ class FreeGpus(ReadModel):
         schedulable = node.schedulable
         topic, state = self.codec.snapshot(node)
         params = (str(event.originator_id), node.pool_id, node.tenant_id, int(schedulable),
-                  json.dumps(gpus), healthy, share.cpus_per_gpu, share.memory_gib_per_gpu,
+                  jsontext.dumps(gpus), healthy, share.cpus_per_gpu, share.memory_gib_per_gpu,
                   node.version, topic, state, node_id)
         if exists:
             sql.execute(
@@ -195,10 +196,10 @@ class FreeGpus(ReadModel):
         row = cursor.fetchone()
         if row is None:
             return
-        healthy = {g["uuid"] for g in json.loads(row["gpus"]) if g["attributes"].get("healthy")}
+        healthy = set(parsed_node_gpus(row["gpus"]).healthy_uuids)
         sql.execute(cursor, "SELECT gpus FROM bc_fg_booking WHERE node_id = ?", (node_id,))
         for booking in cursor.fetchall():
-            healthy.difference_update(json.loads(booking["gpus"]))
+            healthy.difference_update(parsed_booking_gpus(booking["gpus"]))
         sql.execute(cursor, "UPDATE bc_fg_node SET free_now = ? WHERE node_id = ?",
                     (len(healthy), node_id))
         earliest_index.refresh_blocks(sql, cursor, node_id)
@@ -219,26 +220,23 @@ def _candidates(sql: Sql, cursor: Any, rows: list[Any], start: datetime, end: da
     taken: dict[str, set[str]] = {}
     host: dict[str, list[int]] = {}
     for b in cursor.fetchall():
-        taken.setdefault(str(b["node_id"]), set()).update(json.loads(b["gpus"]))
+        taken.setdefault(str(b["node_id"]), set()).update(parsed_booking_gpus(b["gpus"]))
         used = host.setdefault(str(b["node_id"]), [0, 0])
         used[0] += int(b["cpus"])
         used[1] += int(b["memory_gib"])
     out = []
     for row in rows:
         node_id = str(row["node_id"])
-        gpus = json.loads(row["gpus"])
-        busy = taken.get(node_id, set())
-        free = tuple(
-            FreeGpu(g["uuid"], int(g["index"]), g["attributes"])
-            for g in gpus if g["uuid"] not in busy and g["attributes"].get("healthy")
-        )
+        gpus = parsed_node_gpus(row["gpus"])
+        busy = taken.get(node_id)
+        free = tuple(g for g in gpus.healthy if g.uuid not in busy) if busy else gpus.healthy
         used_cpus, used_mem = host.get(node_id, [0, 0])
         cpus_per_gpu, mem_per_gpu = int(row["cpus_per_gpu"]), int(row["memory_gib_per_gpu"])
         out.append(Candidate(
             node_id=node_id, free_gpus=free, cpus_per_gpu=cpus_per_gpu,
             memory_gib_per_gpu=mem_per_gpu,
-            free_cpus=cpus_per_gpu * len(gpus) - used_cpus,
-            free_memory_gib=mem_per_gpu * len(gpus) - used_mem,
+            free_cpus=cpus_per_gpu * gpus.count - used_cpus,
+            free_memory_gib=mem_per_gpu * gpus.count - used_mem,
         ))
     return out
 
@@ -277,4 +275,5 @@ def node_host_share(sql: Sql, node_id: str) -> tuple[int, int, int] | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    return int(row["cpus_per_gpu"]), int(row["memory_gib_per_gpu"]), len(json.loads(row["gpus"]))
+    return (int(row["cpus_per_gpu"]), int(row["memory_gib_per_gpu"]),
+            parsed_node_gpus(row["gpus"]).count)

@@ -8,12 +8,11 @@ aggregate applies to the row without loading anything else.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from better_compute.domain.base import TenantOwned
-from better_compute.domain.pki import PkiBundle
 from better_compute.domain.pool import Pool
+from better_compute.projections import jsontext
 from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
 
 LISTED_KINDS = ("tenant", "apitoken", "site", "pool", "jointoken", "node")
@@ -32,6 +31,10 @@ def audience_of(aggregate: TenantOwned) -> str:
 
 class Listings(ReadModel):
     name = "listings"
+    # 2: only the listed kinds. Version 1 also kept a row (snapshot and document, rewritten
+    # at every event) for every reservation, node's bookings and quota, which nothing
+    # lists: about 40 % of this read model's work per reservation create.
+    version = 2
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
@@ -53,7 +56,7 @@ class Listings(ReadModel):
         uuid = str(event.originator_id)
         if event.originator_version == 1:
             aggregate = event.mutate(None)
-            if isinstance(aggregate, PkiBundle):
+            if kind_of(aggregate) not in LISTED_KINDS:  # reservations, bookings, quotas, PKI
                 return
             created_seq = sequence
         else:
@@ -69,7 +72,7 @@ class Listings(ReadModel):
         topic, state = self.codec.snapshot(aggregate)
         params = (
             kind_of(aggregate), aggregate.public_id, aggregate.tenant_id, audience_of(aggregate),
-            created_seq, aggregate.version, json.dumps(aggregate.to_doc()), topic, state, uuid,
+            created_seq, aggregate.version, jsontext.dumps(aggregate.to_doc()), topic, state, uuid,
         )
         if event.originator_version == 1:
             sql.execute(
@@ -107,7 +110,7 @@ def query_listing(
             f"SELECT doc FROM bc_listing WHERE {' AND '.join(clauses)} ORDER BY created_seq",
             params,
         )
-        docs = [json.loads(row["doc"]) for row in cursor.fetchall()]
+        docs = [jsontext.loads(row["doc"]) for row in cursor.fetchall()]
     for field, value in (where or {}).items():
         docs = [d for d in docs if d.get(field) == value]
     return docs

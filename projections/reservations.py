@@ -12,9 +12,9 @@ queued rows. The row keeps a snapshot of the aggregate, so each
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from better_compute.projections import jsontext
 from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
 
 
@@ -24,6 +24,7 @@ def _epoch(value: Any) -> float | None:
 
 class Reservations(ReadModel):
     name = "reservations"
+    together = True  # followed by every create (placing; the queue's head)
     version = 2  # 2: counts by tenant, pool and state (bc_rsv_count, read by /metrics)
 
     def __init__(self, codec: SnapshotCodec) -> None:
@@ -78,7 +79,7 @@ class Reservations(ReadModel):
             aggregate.public_id, aggregate.tenant_id, aggregate.pool_id, aggregate.node_id,
             aggregate.allocation_id, aggregate.state, _epoch(start),
             _epoch(end), _epoch(aggregate.bind_deadline), created_seq,
-            json.dumps(aggregate.to_doc()), topic, state, uuid,
+            jsontext.dumps(aggregate.to_doc()), topic, state, uuid,
         )
         if event.originator_version == 1:
             # An upsert: a new version of this projection applies the log again from 0 over
@@ -134,7 +135,7 @@ def list_reservations(sql: Sql, *, tenant_id: str | None = None, pool_id: str | 
     with sql.transaction(commit=False) as cursor:
         sql.execute(cursor, f"SELECT doc FROM bc_rsv WHERE {' AND '.join(clauses)} "
                     "ORDER BY created_seq", params)
-        return [json.loads(row["doc"]) for row in cursor.fetchall()]
+        return [jsontext.loads(row["doc"]) for row in cursor.fetchall()]
 
 
 def due_reservations(sql: Sql, now: float, limit: int = 500) -> list[dict[str, Any]]:
@@ -215,5 +216,5 @@ def held_quota(sql: Sql, pool_id: str, tenant_id: str) -> list[tuple[str, int, f
         sql.execute(cursor, "SELECT id, doc, end_at FROM bc_rsv WHERE pool_id = ? AND "
                     "tenant_id = ? AND state IN ('placed', 'binding', 'active')",
                     (pool_id, tenant_id))
-        return [(str(r["id"]), int(json.loads(r["doc"])["gpuCount"]), float(r["end_at"]))
+        return [(str(r["id"]), int(jsontext.loads(r["doc"])["gpuCount"]), float(r["end_at"]))
                 for r in cursor.fetchall()]

@@ -20,12 +20,12 @@ Times are integer microseconds since the epoch (domain/usage.py). The report
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from better_compute.domain.ids import public_id
 from better_compute.domain.usage import Usage, to_us
+from better_compute.projections import jsontext
 from better_compute.projections.framework import ReadModel, Sql
 
 
@@ -67,7 +67,7 @@ class UsageProjection(ReadModel):
         row = cursor.fetchone()
         if row is None:
             return
-        active: list[list[int | None]] = json.loads(row["active"])
+        active: list[list[int | None]] = jsontext.loads(row["active"])
         if kind == "reservation.extended":
             sql.execute(cursor, "UPDATE bc_usage SET end_us = ? WHERE uuid = ?",
                         (to_us(event.end), uuid))
@@ -84,7 +84,7 @@ class UsageProjection(ReadModel):
         else:
             return
         sql.execute(cursor, "UPDATE bc_usage SET active = ? WHERE uuid = ?",
-                    (json.dumps(active), uuid))
+                    (jsontext.dumps(active), uuid))
 
 
 def read_usage(sql: Sql, start_us: int, end_us: int, *, tenant_id: str | None = None,
@@ -107,5 +107,5 @@ def read_usage(sql: Sql, start_us: int, end_us: int, *, tenant_id: str | None = 
                   end=int(r["end_us"]),
                   ended=None if r["ended_us"] is None else int(r["ended_us"]),
                   active=tuple((int(a), None if b is None else int(b))
-                               for a, b in json.loads(r["active"])))
+                               for a, b in jsontext.loads(r["active"])))
             for r in rows]

@@ -8,11 +8,15 @@ at each commit (plus a read every second, should a notification be lost
 while that connection reconnects); on SQLite, by checking ``PRAGMA
 data_version`` on a dedicated connection every ``BETTER_COMPUTE_WATCH_POLL``
 seconds (default 0.005) while a /watch stream reads, every 50 ms otherwise. Each wake reads every new event in pages of 500 and
-hands them to the event loop in one call. The hub renders each event once
-into a bounded window of recent events (``BETTER_COMPUTE_WATCH_WINDOW``
-events, default 10,000, and ``BETTER_COMPUTE_WATCH_WINDOW_BYTES`` bytes of
-lines, default 16 MiB, whichever is reached first) and wakes the streams; it
-never waits for a stream.
+hands them to the event loop in one call. The hub keeps them, as stored, in
+a bounded window of recent events (``BETTER_COMPUTE_WATCH_WINDOW`` events,
+default 10,000, and ``BETTER_COMPUTE_WATCH_WINDOW_BYTES`` bytes, default
+16 MiB, whichever is reached first: the bytes of the lines, or of the stored
+events not rendered yet) and wakes the streams; it never waits for a stream.
+An event's public line is rendered lazily and once: when the first reader
+needs it, shared by every stream after it; a reader that filters on types
+alone (the controllers' wake-ups) renders nothing, and with no stream reading
+nothing is rendered at all.
 
 The HTTP stream that reads it is api/http/watch.py; what bounds the window and a
 stream, api/http/watch_limits.py.
@@ -25,9 +29,10 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -36,8 +41,13 @@ import anyio.to_thread
 
 from better_compute.api.http.watch_limits import MAX_WRITE_BYTES, WINDOW_BYTES, revoked_tokens
 from better_compute.api.settings import env_seconds
-from better_compute.api.store.eventlog import PAGE_SIZE, EventFilter, EventLog, LogEntry
+from better_compute.api.store.codec import event_class
+from better_compute.api.store.eventlog import PAGE_SIZE, EventFilter, EventLog, LogEntry, render
+from better_compute.api.store.outage import unavailable_on_outage
 from better_compute.api.supervise import Retry
+
+if TYPE_CHECKING:
+    from eventsourcing.persistence import Notification
 
 log = logging.getLogger("better_compute.watch")
 
@@ -47,6 +57,18 @@ PG_SAFETY_READ = 1.0  # seconds between reads when no commit was notified (Postg
 # (the controllers and the placer's followed read models wait for no stream; 200 checks a
 # second cost ~2 % of a core for nothing).
 IDLE_POLL = 0.05
+
+
+@lru_cache(maxsize=512)
+def _type_of(topic: str) -> str:
+    """An event's public type from its stored topic (what a type filter matches)."""
+    return str(event_class(topic).TOPIC)
+
+
+def _types_only(flt: EventFilter) -> bool:
+    """Whether ``flt`` looks at nothing but the type: it matches without rendering."""
+    return (flt.tenant_id is None and flt.actor is None and flt.subject is None
+            and flt.since_time is None and flt.until_time is None)
 
 
 class WatchHub:
@@ -68,7 +90,10 @@ class WatchHub:
         self.floor = 0  # the window holds every event after floor up to head
         self.stopping = False
         self._seqs: list[int] = []
-        self._entries: list[LogEntry] = []
+        self._types: list[str] = []
+        # As read from the store, each replaced by its rendered LogEntry when first needed.
+        self._entries: list[LogEntry | Notification] = []
+        self._decode = store.mapper.to_domain_event
         self._changed = anyio.Event()
         self._new_event: Callable[[], anyio.Event] = anyio.Event
         self._stop = threading.Event()
@@ -188,13 +213,16 @@ class WatchHub:
 
     def _drain(self) -> None:
         """Read every event after the last one read, and hand each page to the loop at once."""
+        recorder = self.store.recorder
         while not self._stop.is_set():
-            entries = self.log.read(self._read_pos, PAGE_SIZE)
-            if not entries or self._stop.is_set():
+            with unavailable_on_outage():  # read as stored: rendered when a reader needs it
+                notes = recorder.select_notifications(start=self._read_pos, limit=PAGE_SIZE,
+                                                      inclusive_of_start=False)
+            if not notes or self._stop.is_set():
                 return
-            self._read_pos = entries[-1].sequence
-            anyio.from_thread.run_sync(self._publish, entries)
-            if len(entries) < PAGE_SIZE:
+            self._read_pos = notes[-1].id
+            anyio.from_thread.run_sync(self._publish, notes)
+            if len(notes) < PAGE_SIZE:
                 return
 
     def _listen_postgres(self) -> None:
@@ -221,22 +249,30 @@ class WatchHub:
 
     # -------------------------------------------------------- event loop side
 
-    def _publish(self, entries: list[LogEntry]) -> None:
-        fresh = [e for e in entries if e.sequence > self.head]
+    def _publish(self, entries: Sequence[LogEntry | Notification]) -> None:
+        """Add events read from the store (or already rendered) to the window; wake streams."""
+        head = self.head
+        fresh = [e for e in entries if _sequence(e) > head]
         if not fresh:
             return
+        start = len(self._entries)
         self._entries.extend(fresh)
-        self._seqs.extend(e.sequence for e in fresh)
-        self._bytes += sum(len(e.line) for e in fresh)
-        self.revoked.update(revoked_tokens(fresh))
-        self.head = fresh[-1].sequence
+        self._seqs.extend(_sequence(e) for e in fresh)
+        self._types.extend(e.type if isinstance(e, LogEntry) else _type_of(e.topic)
+                           for e in fresh)
+        self._bytes += sum(_size(e) for e in fresh)
+        revoked = [self._entry(i) for i in range(start, len(self._entries))
+                   if self._types[i] == "token.revoked"]
+        if revoked:
+            self.revoked.update(revoked_tokens(revoked))
+        self.head = self._seqs[-1]
         excess = len(self._entries) - self.window
         if excess > self.window // 4 or (excess > 0 and self.window < 4):
             self._drop_oldest(excess)
         if self._bytes > self.window_bytes:  # down to 3/4 of the bound, so trims are rare
             target, drop, freed = self.window_bytes * 3 // 4, 0, 0
             while drop < len(self._entries) - 1 and self._bytes - freed > target:
-                freed += len(self._entries[drop].line)
+                freed += _size(self._entries[drop])
                 drop += 1
             self._drop_oldest(drop)
         self._chunks.clear()
@@ -246,9 +282,25 @@ class WatchHub:
         if count <= 0:
             return
         self.floor = self._seqs[count - 1]
-        self._bytes -= sum(len(e.line) for e in self._entries[:count])
+        self._bytes -= sum(_size(e) for e in self._entries[:count])
         del self._entries[:count]
         del self._seqs[:count]
+        del self._types[:count]
+
+    def _entry(self, i: int) -> LogEntry:
+        """The window's ``i``-th event, rendered (once: kept for every later reader)."""
+        item = self._entries[i]
+        if isinstance(item, LogEntry):
+            return item
+        entry = render(item, self._decode)
+        self._entries[i] = entry
+        self._bytes += len(entry.line) - _size(item)
+        return entry
+
+    def _matches(self, flt: EventFilter, i: int) -> bool:
+        if _types_only(flt):
+            return flt.types is None or bool(flt.types.match(self._types[i]))
+        return bool(flt.matches(self._entry(i)))
 
     def _wake_streams(self) -> None:
         changed, self._changed = self._changed, self._new_event()
@@ -271,13 +323,13 @@ class WatchHub:
         size = 0
         end = min(len(self._entries), start + 5 * max_lines)
         for i in range(start, end):
-            entry = self._entries[i]
-            if flt.matches(entry):
-                if lines and size + len(entry.line) + 1 > max_bytes:
+            if self._matches(flt, i):
+                line = self._entry(i).line
+                if lines and size + len(line) + 1 > max_bytes:
                     break  # this one starts the next write
-                lines.append(entry.line)
-                size += len(entry.line) + 1
-            position = entry.sequence
+                lines.append(line)
+                size += len(line) + 1
+            position = self._seqs[i]
             if len(lines) >= max_lines:
                 break
         return lines, position
@@ -314,11 +366,20 @@ class WatchHub:
         with anyio.move_on_after(timeout):
             while not self.stopping:
                 if self.head > position:
-                    if flt is None:
+                    if flt is None or position < self.floor:
                         return
-                    got = self.after(position, flt)
-                    if got is None or got[0]:
-                        return
-                    position = got[1]
+                    start = bisect.bisect_right(self._seqs, position)
+                    if any(self._matches(flt, i) for i in range(start, len(self._seqs))):
+                        return  # (rendering nothing when ``flt`` looks at types alone)
+                    position = self.head
                     continue
                 await self._changed.wait()
+
+
+def _sequence(item: LogEntry | Notification) -> int:
+    return item.sequence if isinstance(item, LogEntry) else int(item.id)
+
+
+def _size(item: LogEntry | Notification) -> int:
+    """What an event of the window counts for its bytes: its line, or its stored state."""
+    return len(item.line) if isinstance(item, LogEntry) else len(item.state)

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.application import project_aggregate
 from eventsourcing.persistence import IntegrityError
 
 from better_compute.api.services.tokens import TokenService, new_token_secret
 from better_compute.api.services.unit import Aggregates, Clock, utc_now
 from better_compute.api.store.actor import LOCAL, acting_as, current_actor
+from better_compute.api.store.aggregate_cache import project
 from better_compute.api.store.token_use import TokenUse
 from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.base import fingerprint, iso
@@ -149,7 +149,7 @@ class ComputeService:
         """A token read from its events alone, on every request (so a revocation anywhere
         counts at once): tokens are never snapshotted, so the repository's snapshot read
         would be one database round trip per request for nothing."""
-        token = project_aggregate(None, self.store.repository.event_store.get(uuid))
+        token = project(None, self.store.repository.event_store.get(uuid))
         return token if isinstance(token, ApiToken) else None
 
     # ------------------------------------------------------------------ system

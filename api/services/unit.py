@@ -58,7 +58,7 @@ class Aggregates:
 
     def get(self, cls: type[A], uuid: UUID) -> A | None:
         try:
-            aggregate = self.store.repository.get(uuid)
+            aggregate = self.store.load(uuid)
         except AggregateNotFoundError:
             return None
         return aggregate if isinstance(aggregate, cls) else None

@@ -18,12 +18,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from eventsourcing.application import Application
 from eventsourcing.persistence import Mapper, TrackingRecorder, Transcoder
 from eventsourcing.utils import Environment
 
 import better_compute.domain.aggregates  # noqa: F401  (registers every event topic)
+from better_compute.api.store.aggregate_cache import AggregateCache
 from better_compute.api.store.codec import EventMapper, MsgspecTranscoder
 from better_compute.api.store.outage import StoreGuard, install_guard, postgres_guard
 from better_compute.api.store.pg_recorder import TOPIC as PG_RECORDER_TOPIC
@@ -125,6 +127,10 @@ class ComputeStore(Application[Any]):
     # binding and every release load it.
     snapshotting_intervals = {NodeBookings: 100, Node: 100}
 
+    def __init__(self, env: Any = None) -> None:
+        self.cache = AggregateCache()  # before the library's set-up, which may save
+        super().__init__(env)
+
     def construct_transcoder(self) -> Transcoder:
         return MsgspecTranscoder()
 
@@ -159,6 +165,16 @@ class ComputeStore(Application[Any]):
 
     def sql(self) -> SqlRunner:
         return SqlRunner(self)
+
+    def load(self, uuid: UUID) -> Any:
+        """An aggregate as stored now, from the aggregate cache (api/store/aggregate_cache.py):
+        only the events after its cached version are read. AggregateNotFoundError if none."""
+        return self.cache.load(uuid, self.repository)
+
+    def save(self, *objs: Any, **kwargs: Any) -> Any:
+        recordings = super().save(*objs, **kwargs)
+        self.cache.saved(objs)
+        return recordings
 
 
 def private_sqlite_files(path: Path) -> None:
@@ -333,6 +349,17 @@ class SqlRunner:
                 "INSERT INTO bc_locks(name, n) VALUES (?, 1) "
                 "ON CONFLICT(name) DO UPDATE SET n = n + 1", (name,)
             )
+
+    def try_lock(self, cursor: Any, name: str) -> bool:
+        """``lock`` when no other transaction holds it; False (nothing taken) when one does.
+        SQLite has one writer at a time: its transaction holds every lock already."""
+        if not self.postgres:
+            self.lock(cursor, name)
+            return True
+        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))",
+                       (f"{self.schema or 'public'}/{name}",))
+        row = cursor.fetchone()
+        return bool(row[0] if not isinstance(row, dict) else next(iter(row.values())))
 
     def probe_write(self) -> None:
         """Commit one tiny write (SQLite: a row of the lock table); raises while the store

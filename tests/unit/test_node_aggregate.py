@@ -89,3 +89,55 @@ def test_a_node_rebuilt_from_its_stored_events_equals_the_one_that_recorded_them
         rebuilt = mapper.to_domain_event(mapper.to_stored_event(event)).mutate(rebuilt)
     assert _state(rebuilt) == _state(node)
     assert rebuilt.to_doc() == node.to_doc()
+
+
+def test_a_node_kept_by_the_aggregate_cache_comes_back_equal_and_independent() -> None:
+    """The store's aggregate cache keeps a pickled node (api/store/aggregate_cache.py) and
+    hands out a copy unpickled at each load."""
+    from better_compute.api.store.aggregate_cache import AggregateCache
+
+    node = _joined()
+    node.connect(AT, "1.1")
+    node.cordon("maintenance", AT, "tok_x")
+    node.collect_events()  # saved
+    cache = AggregateCache()
+    cache.put(node)
+
+    class Repository:  # nothing stored after the cached version
+        class event_store:
+            @staticmethod
+            def get(**kwargs: Any) -> list[Any]:
+                assert kwargs == {"originator_id": node.id, "gt": node.version}
+                return []
+
+    twin = cache.load(node.id, Repository)
+    assert twin is not node and type(twin) is Node
+    assert _state(twin) == _state(node)
+    twin.uncordon(AT, "tok_x")
+    assert twin.cordoned is False and node.cordoned is True
+    again = cache.load(node.id, Repository)
+    assert again.cordoned is True and not again.pending_events
+    again.hardware["cpus"] = 1
+    assert node.hardware["cpus"] == 64
+
+
+def test_the_aggregate_cache_keeps_the_newest_version_and_at_most_its_size() -> None:
+    from better_compute.api.store.aggregate_cache import AggregateCache
+
+    cache = AggregateCache(size=2)
+    node = _joined()
+    node.collect_events()
+    cache.put(node)
+    old = _state(node)["_version"]
+    node.connect(AT, "1.1")
+    node.collect_events()
+    cache.put(node)
+    stale = _joined()  # another object with the same id at an older version
+    object.__setattr__(stale, "_id", node.id)
+    cache.put(stale)
+    assert cache._entries[node.id][0] == node.version > old
+    for _ in range(3):
+        other = _joined()
+        other.collect_events()
+        cache.put(other)
+    assert len(cache) == 2 and node.id not in cache._entries

@@ -1,0 +1,61 @@
+"""The store's aggregate cache (api/store/aggregate_cache.py).
+
+A cached aggregate is fast-forwarded on every load, so a load sees what another process (a
+replica, another worker of ``serve --workers``) saved after it was cached; and every load
+hands out a copy, so a command that changes an aggregate and then fails leaves nothing
+behind for the next command.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from better_compute.domain.access import LOCAL_OPERATOR as OP
+from better_compute.domain.ids import parse_id
+from better_compute.domain.reservation import Reservation
+from tests.fleet import add_nodes, make_pool
+from tests.support import open_runtime
+
+
+def _reserve(runtime: Any) -> tuple[str, Any]:
+    pool = make_pool(runtime.service)
+    add_nodes(runtime.service, pool, 1)
+    doc = runtime.services.reservations.create(OP, tenant_id=None, pool_id=pool, gpus=1,
+                                               duration="1h", key="cache-test")
+    return doc["id"], parse_id("rsv", doc["id"])
+
+
+def test_a_cached_aggregate_shows_what_another_process_saved(env: dict[str, str],
+                                                               runtime: Any) -> None:
+    rsv_id, uuid = _reserve(runtime)
+    aggregates = runtime.services.aggregates
+    first = aggregates.get(Reservation, uuid)
+    assert first is not None and first.state == "placed"
+    assert runtime.store.cache._entries[uuid][0] == first.version  # it is cached
+
+    other = open_runtime(env)
+    try:
+        other.services.reservations.release(OP, rsv_id)
+    finally:
+        other.close()
+
+    again = aggregates.get(Reservation, uuid)
+    assert again is not None
+    assert again.state == "released"
+    assert again.version > first.version
+    assert runtime.services.reservations.release(OP, rsv_id)["state"] == "released"
+
+
+def test_a_change_never_saved_leaves_the_cache_as_it_was(runtime: Any) -> None:
+    _, uuid = _reserve(runtime)
+    aggregates = runtime.services.aggregates
+    loaded = aggregates.get(Reservation, uuid)
+    assert loaded is not None and loaded.state == "placed"
+    assert loaded.release(datetime.now(UTC), reason="never saved")  # a command that then fails
+    assert loaded.state == "released" and loaded.pending_events
+
+    fresh = aggregates.get(Reservation, uuid)
+    assert fresh is not None and fresh is not loaded
+    assert fresh.state == "placed" and not fresh.pending_events
+    assert fresh.version == loaded.version - 1
