@@ -6,7 +6,9 @@ until more than one worker holds one (which worker accepted a connection is read
 connections, then every connection (so every worker) and the loopback listener (worker 0)
 are scraped: each scrape counts every call. A worker killed with SIGKILL stops the server
 (status 1) and its counters go with that run: the next run starts from zero (prometheus-
-client's multiprocess files live in a directory of the run, removed when it ends).
+client's multiprocess files live in a directory of the run, removed when it ends). With no
+--workers, serve starts one per core; systemd hears READY=1 from the main process; workers
+die with a parent killed with SIGKILL.
 """
 
 from __future__ import annotations
@@ -252,3 +254,23 @@ def _notification(sock: socket.socket) -> tuple[bytes, int]:
             pid, _uid, _gid = struct.unpack("iii", payload[:12])
             return data, pid
     raise AssertionError(f"no sender credentials with {data!r}")
+
+
+def test_the_workers_die_with_a_parent_killed_with_sigkill(tmp_path: Path) -> None:
+    """kill -9 of the server leaves no worker serving on its socket (PR_SET_PDEATHSIG)."""
+    env = store_env("sqlite", tmp_path)
+    initialize(env)
+    with serve(env, "--workers", "2") as server:
+        workers = _children(server.process.pid)
+        assert len(workers) == 2
+        server.kill(signal.SIGKILL)
+        for pid in workers:
+            eventually(lambda pid=pid: _gone(pid), f"worker {pid} ended")  # type: ignore[misc]
+
+
+def _gone(pid: int) -> bool:
+    """``pid`` has exited (a zombie not yet reaped by whoever adopted it counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
