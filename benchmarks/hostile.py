@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             tokens, pool = populate(env)
             tokens["root"] = done.stdout.strip().splitlines()[-1]
             port = free_port()
-            with serving(env, port) as server:
+            # one process: the memory bound is a worker's (serve --workers N: each its own)
+            with serving(env, port, "--workers", "1") as server:
                 target = Target(f"https://127.0.0.1:{port}", server.pid,
                                 str(Path(tmp) / "serving-ca.pem"), tokens, pool)
                 load = load_average()

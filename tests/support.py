@@ -146,15 +146,20 @@ def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float = 
 @contextlib.contextmanager
 def serve(env: Mapping[str, str], *extra: str, port: int | None = None,
           tls: bool = True, wrap: Sequence[str] = (),
-          log_file: Path | None = None) -> Iterator[Server]:
+          log_file: Path | None = None, workers: str | None = "1") -> Iterator[Server]:
     """A real `better-compute serve` process on loopback, TLS by default.
+
+    ``workers``: ``--workers`` unless ``extra`` names it; one process unless a test is about
+    workers (a worker per core made the end-to-end tests ~20 % slower on 2 cores:
+    docs/performance.md); None runs what ships, the core count (the tutorial as written).
 
     ``wrap``: a command that runs it (``unshare … sh -c '…; exec "$@"' sh``), so that the
     process is the server itself. Its standard error (the logs) goes to ``log_file`` when
     given (a pipe nobody reads fills up).
     """
     port = port or free_port()
-    argv = [*wrap, CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra]
+    argv = [*wrap, CLI, "serve", "--listen", f"127.0.0.1:{port}", *extra,
+            *(("--workers", workers) if workers and "--workers" not in extra else ())]
     if not tls:
         argv.append("--insecure-loopback")
     log = open(log_file, "a") if log_file is not None else None  # noqa: SIM115

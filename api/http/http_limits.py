@@ -20,6 +20,11 @@
   everybody else, and holds a bounded amount of memory while it waits. A
   quarter, not a half: with 10 parallel maximal selectors from one token,
   root's whoami p99 went from 326 to 146 ms (docs/performance.md).
+  Under ``serve --workers N`` each worker process admits on its own (decided,
+  docs/performance.md): the bound protects that process's threads and GIL, which are
+  its own, so one token holds at most a quarter of each worker's threads, a quarter
+  of the server's in all (N x 2 running and N x 16 waiting at most). A kept-alive
+  connection stays with its worker, so one connection meets the per-worker bound.
 
 The table of every bound is in docs/security.md ("Bounds").
 """
@@ -47,10 +52,12 @@ JSON_TYPES = ("application/json",)
 
 def _rpc_error(status: int, message: str, *, rpc_code: int = -32600,
                code: str = "invalid_request", request_id: Any = None,
-               headers: dict[str, str] | None = None) -> Response:
+               headers: dict[str, str] | None = None,
+               data: dict[str, Any] | None = None) -> Response:
     return JSONResponse(
         {"jsonrpc": "2.0", "id": request_id,
-         "error": {"code": rpc_code, "message": message, "data": {"code": code}}},
+         "error": {"code": rpc_code, "message": message, "data": {**(data or {}),
+                                                                  "code": code}}},
         status_code=status, headers=headers,
     )
 
@@ -115,7 +122,7 @@ def rate_limited(exc: RateLimited, body: bytes) -> Response:
     except Exception:  # a body too broken to name its id: answered with id null
         request_id = None
     return _rpc_error(429, exc.message, rpc_code=exc.rpc_code, code=exc.code,
-                      request_id=request_id, headers={"retry-after": "1"})
+                      request_id=request_id, headers={"retry-after": "1"}, data=exc.data)
 
 
 @dataclass
@@ -144,10 +151,11 @@ class Admission:
             gate = self._gates[key] = _Gate(anyio.Semaphore(self.per_caller))
         if gate.users >= self.per_caller + self.queue:
             raise RateLimited(
-                f"this token already has {gate.users} calls running or waiting (at most "
-                f"{self.per_caller} run at once and {self.queue} wait): wait for them, then "
-                "retry",
-                data={"running": self.per_caller, "waiting": gate.users - self.per_caller},
+                f"this token already has {gate.users} calls running or waiting on this "
+                f"server process (at most {self.per_caller} run at once and {self.queue} "
+                "wait, per worker process): wait for them, then retry",
+                data={"running": self.per_caller, "waiting": gate.users - self.per_caller,
+                      "per": "worker"},
             )
         gate.users += 1
         try:

@@ -16,19 +16,39 @@ Two kinds of metric:
   not ready, the reservation counts the projection keeps): its output grows with pools
   and with the nodes that need attention, never with the fleet, the events or the
   reservations (one series per node cost about 0.1 ms each to write: too much at 10,000).
+
+Under ``serve --workers N`` (api/http/workers.py) the parent gives its workers a directory
+of its own in ``PROMETHEUS_MULTIPROC_DIR`` (created empty, removed when the server ends):
+the counted instruments are prometheus-client's multiprocess values there, and a scrape on
+any worker sums every worker's files (``MultiProcessCollector``), so it shows the server's
+totals. The gauges of a process's state are set where they change (open /watch streams) or
+published each second by every worker (gateway sessions, controller leadership: worker 0's,
+read where they live) and summed over the live workers. The collector of the read models
+runs in the scraping worker only, once per scrape, and ``process_*`` describe the whole
+server: the parent and its workers, summed (``_ServerProcesses``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+import anyio
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from better_compute.api.http.request_log import RequestRecord
@@ -42,6 +62,15 @@ from better_compute.projections.reservations import count_reservations
 log = logging.getLogger("better_compute.metrics")
 disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series: a counter's start is not worth a series each
 NS = "better_compute"
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set by serve --workers' parent only
+PUBLISH_EVERY = 1.0  # seconds between a worker's writes of its state gauges (--workers)
+_WORKER_OF: dict[str, int] = {}  # {"parent": pid} in a worker of --workers (as_worker_of)
+
+
+def as_worker_of(parent: int) -> None:
+    """This process is a worker of ``serve --workers`` whose parent is ``parent``: its
+    metrics go to the run's ``PROMETHEUS_MULTIPROC_DIR`` (api/http/workers.py)."""
+    _WORKER_OF["parent"] = parent
 RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _RESOURCE_METRICS = {"gpu": ("pool_gpus", "GPUs of a pool by capacity state"),
                      "cpu": ("pool_cpus", "CPUs of a pool by capacity state"),
@@ -53,26 +82,48 @@ class ServerMetrics:
     """The instruments of one server process and the registry its /metrics renders."""
 
     def __init__(self) -> None:
+        # A worker's only: elsewhere the variable is not ours to follow (docs/metrics.md).
+        shared = os.environ.get(MULTIPROCESS_DIR) if _WORKER_OF else None
         self.registry = CollectorRegistry(auto_describe=False)
         # First: a scrape that fails counts in store_errors, collected after it.
         self.registry.register(_Collector(self))
+        # Counted here, or (--workers) in this worker's files, which the scrape sums.
+        own = None if shared else self.registry
+        if shared:
+            MultiProcessCollector(self.registry, path=shared)  # type: ignore[no-untyped-call]
         self.requests = Counter(f"{NS}_rpc_requests", "JSON-RPC requests answered, by method "
                                 "and error code (ok for a result)", ["method", "code"],
-                                registry=self.registry)
+                                registry=own)
         self.latency = Histogram(f"{NS}_rpc_duration_seconds", "time to answer a JSON-RPC "
                                  "request, by method and error code", ["method", "code"],
-                                 buckets=RPC_BUCKETS, registry=self.registry)
+                                 buckets=RPC_BUCKETS, registry=own)
         self.store_errors = Counter(f"{NS}_store_errors", "errors of the event store seen by "
                                     "API requests (rpc) and by scrapes (scrape)", ["where"],
-                                    registry=self.registry)
-        ProcessCollector(registry=self.registry)
-        self.open_streams = 0
+                                    registry=own)
+        self.watch_streams = Gauge(f"{NS}_watch_streams", "open /watch streams of the server",
+                                   multiprocess_mode="livesum", registry=own)
+        self.gateway_sessions = Gauge(f"{NS}_gateway_sessions", "agent sessions open on the "
+                                      "server's gateway", multiprocess_mode="livesum",
+                                      registry=own)
+        self.leader = Gauge(f"{NS}_controllers_leader", "1 while the server runs the "
+                            "controllers", multiprocess_mode="livemax", registry=own)
+        if shared:
+            self.registry.register(_ServerProcesses(_WORKER_OF["parent"]))
+        else:
+            ProcessCollector(registry=self.registry)
         self.state: Any = None
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def bind(self, state: Any) -> None:
         """The server's state (runtime, watch hub, gateway), once the lifespan starts."""
         self.state = state
+
+    def publish(self) -> None:
+        """Set the gauges of this process's state: its gateway's sessions, leadership."""
+        extra: dict[str, Any] = self.state.extra if self.state is not None else {}
+        gateway = extra.get("gateway")
+        self.gateway_sessions.set(len(gateway.sessions) if gateway is not None else 0)
+        self.leader.set(1 if extra.get("controllers_leader") else 0)
 
     def observe(self, record: RequestRecord, seconds: float) -> None:
         key = (record.method, record.code)
@@ -87,16 +138,62 @@ class ServerMetrics:
 
     async def stream(self, lines: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """A /watch stream, counted while it is open."""
-        self.open_streams += 1
+        self.watch_streams.inc()
         try:
             async for chunk in lines:
                 yield chunk
         finally:
-            self.open_streams -= 1
+            self.watch_streams.dec()
 
     def render(self) -> bytes:
         """The exposition text (runs queries: call it in a worker thread)."""
         return generate_latest(self.registry)
+
+
+async def publish_state(state: Any, *,
+                        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                        ) -> None:
+    """A worker's lifespan task under --workers: its state gauges, written each second, so
+    a scrape answered by another worker sums them (a scrape refreshes its own first)."""
+    metrics: ServerMetrics = state.extra["metrics"]
+    task_status.started()
+    while True:
+        metrics.publish()
+        await anyio.sleep(PUBLISH_EVERY)
+
+
+class _ServerProcesses:
+    """``process_*`` of the whole server under --workers: the parent and each worker read
+    by prometheus-client's ProcessCollector; CPU time, memory and open files summed, the
+    start time and the descriptor limit the parent's."""
+
+    SUMMED = frozenset({"process_cpu_seconds", "process_resident_memory_bytes",
+                        "process_virtual_memory_bytes", "process_open_fds"})
+
+    def __init__(self, parent: int) -> None:
+        self.parent = parent
+        self._pid = parent
+        self._process = ProcessCollector(pid=lambda: self._pid, registry=None)
+
+    def _pids(self) -> list[int]:
+        try:
+            path = Path(f"/proc/{self.parent}/task/{self.parent}/children")
+            return [self.parent, *(int(pid) for pid in path.read_text().split())]
+        except (OSError, ValueError):  # no /proc (ProcessCollector reads nothing either)
+            return [os.getpid()]
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for pid in self._pids():
+            self._pid = pid
+            for family in self._process.collect():
+                seen = merged.get(family.name)
+                if seen is None:
+                    merged[family.name] = family
+                elif family.name in self.SUMMED and family.samples and seen.samples:
+                    first = seen.samples[0]
+                    seen.samples[0] = first._replace(value=first.value + family.samples[0].value)
+        yield from merged.values()
 
 
 def _gauge(name: str, documentation: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -111,15 +208,7 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         state = self.metrics.state
-        extra: dict[str, Any] = state.extra if state is not None else {}
-        streams = _gauge("watch_streams", "open /watch streams of this process")
-        streams.add_metric([], self.metrics.open_streams)
-        gateway = extra.get("gateway")
-        sessions = _gauge("gateway_sessions", "agent sessions open on this process's gateway")
-        sessions.add_metric([], len(gateway.sessions) if gateway is not None else 0)
-        leader = _gauge("controllers_leader", "1 while this process runs the controllers")
-        leader.add_metric([], 1 if extra.get("controllers_leader") else 0)
-        yield from (streams, sessions, leader)
+        self.metrics.publish()  # this process's state gauges, fresh for its own scrape
         if state is not None:
             yield from self._read_models(state.runtime)
 

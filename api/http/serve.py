@@ -18,6 +18,7 @@ from better_compute.api import pki
 from better_compute.api.controllers.runner import run_controllers
 from better_compute.api.http import http_limits
 from better_compute.api.http.app import LifespanTask, build_app
+from better_compute.api.http.metrics import publish_state
 from better_compute.api.http.request_log import RequestFields
 from better_compute.api.http.server_config import with_file
 from better_compute.api.http.watch import stop_streams
@@ -150,15 +151,9 @@ def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
     """The loopback /metrics listener's lifespan task and its URL (docs/metrics.md); its
     socket is bound here, so a port in use stops the server at once with one line."""
     from better_compute.api.wire.daemon import bind_scrape, serve_scrape
-    from better_compute.api.wire.daemon import parse_listen as parse_address
 
+    host, port = _metrics_address(text)
     try:
-        host, port = parse_address(text, "--metrics-listen")
-        if not is_loopback(host):
-            raise ValueError(
-                f"--metrics-listen serves /metrics without a token, so on loopback only; {host} "
-                "is not a loopback address: use 127.0.0.1:PORT for a Prometheus on this host, "
-                "or scrape GET /metrics on the API with a root-tenant token")
         sock = bind_scrape(host, port, "--metrics-listen")
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
@@ -172,6 +167,22 @@ def _metrics_listener(text: str) -> tuple[str, LifespanTask]:
         await serve_scrape(sock, render, task_status=task_status)
 
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics", run
+
+
+def _metrics_address(text: str) -> tuple[str, int]:
+    """``--metrics-listen``'s HOST:PORT, refused unless it is a loopback address."""
+    from better_compute.api.wire.daemon import parse_listen as parse_address
+
+    try:
+        host, port = parse_address(text, "--metrics-listen")
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    if not is_loopback(host):
+        raise InvalidInput(
+            f"--metrics-listen serves /metrics without a token, so on loopback only; {host} "
+            "is not a loopback address: use 127.0.0.1:PORT for a Prometheus on this host, "
+            "or scrape GET /metrics on the API with a root-tenant token")
+    return host, port
 
 
 def _tls(options: ServeOptions, runtime: Runtime, host: str
@@ -196,11 +207,13 @@ def _tls(options: ServeOptions, runtime: Runtime, host: str
 
 
 def _lifespan_tasks(primary: bool, gateway: tuple[str, LifespanTask] | None,
-                    gateway_url: str | None, metrics: tuple[str, LifespanTask] | None
-                    ) -> tuple[list[LifespanTask], str]:
+                    gateway_url: str | None, metrics: tuple[str, LifespanTask] | None,
+                    worker: bool = False) -> tuple[list[LifespanTask], str]:
     """The app's lifespan tasks for this worker, and what the ready line says of them."""
     tasks: list[LifespanTask] = [run_controllers, flush_token_use] if primary \
         else [flush_token_use]
+    if worker:  # one of --workers: its state gauges, for scrapes other workers answer
+        tasks.append(publish_state)
     notes = ""
     if gateway is not None and primary:  # the other workers publish its URL only
         tasks.append(gateway[1])
@@ -222,6 +235,10 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     if options.workers > 1 and fd is None:
         from better_compute.api.http.workers import supervise
 
+        if options.metrics_listen:  # refused here once, not by a worker after the others start
+            _metrics_address(options.metrics_listen)
+        if options.gateway_listen:
+            _gateway(options, None)
         supervise(options, env, host, port)
         return
     primary = worker_index == 0
@@ -235,7 +252,7 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     runtime = Runtime.open(env, gateway_url=gateway_url)
     runtime.service.pki()  # refuses early, with the fix, when `init` has not run
     scheme, names, ssl = _tls(options, runtime, host)
-    tasks, notes = _lifespan_tasks(primary, gateway, gateway_url, metrics)
+    tasks, notes = _lifespan_tasks(primary, gateway, gateway_url, metrics, fd is not None)
     app = build_app(runtime, tasks=tasks)
     shown = f"[{host}]" if ":" in host else host
     ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"

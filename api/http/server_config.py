@@ -67,9 +67,9 @@ SETTINGS: tuple[Setting, ...] = (
             fallback="text"),
     Setting("metrics.listen", "--metrics-listen", None, "(none)", "text",
             "also serve GET /metrics without a token on this loopback HOST:PORT"),
-    Setting("workers", "--workers", None, "1", "number",
+    Setting("workers", "--workers", None, "the core count", "number",
             "processes serving the API on one socket; the first also runs the controllers, "
-            "the gateway and /metrics", fallback=1),
+            "the gateway and the loopback /metrics"),
     Setting("store.data_dir", None, "BETTER_COMPUTE_DATA_DIR",
             "$XDG_DATA_HOME/better-compute", "text",
             "the data dir: the SQLite store, the master key, run files"),

@@ -10,9 +10,20 @@ Correctness never rested on one process: a placement's save is refused when anot
 process booked the same GPUs or used the same quota (the aggregates), and the placer
 then reads again.
 
-The parent prints one ready line once every worker serves, forwards SIGTERM and SIGINT
-to them, and if one ends on its own stops the others and exits with status 1, so a
-service manager starts the server again.
+The parent prints one ready line once every worker serves (and tells systemd READY=1:
+the unit's NotifyAccess=main hears the main process only, so the workers' environment has
+no NOTIFY_SOCKET), forwards SIGTERM and SIGINT to them, and if one ends on its own stops
+the others and exits with status 1, so a service manager starts the server again (one that
+cannot start: with its status, 2 for a bad setting, after its one line on stderr). A
+worker dies with its parent (PR_SET_PDEATHSIG), so a parent killed with SIGKILL leaves no
+worker serving on.
+
+Metrics: the parent creates an empty directory for this run and names it to the workers in
+``PROMETHEUS_MULTIPROC_DIR``; prometheus-client keeps each worker's counters in files
+there and a scrape on any worker sums them (api/http/metrics.py). The directory is
+removed when the server ends, so a next run never counts a previous run's files.
+
+The default number of workers is the cores this process may run on (``default_workers``).
 """
 
 from __future__ import annotations
@@ -21,14 +32,24 @@ import dataclasses
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 READY_TIMEOUT = 120.0  # seconds a worker has to open the store and serve
+
+
+def default_workers() -> int:
+    """The cores this process may run on (its CPU affinity; the machine's where unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity on this platform
+        return os.cpu_count() or 1
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -43,7 +64,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) -> None:
     """Run ``options.workers`` workers on one socket until a signal or a worker's end."""
-    from better_compute.domain.errors import InvalidInput
+    from better_compute.api.wire.daemon import notify
+    from better_compute.domain.errors import InvalidInput, error_from_code
 
     try:
         sock = bind(host, port)
@@ -51,10 +73,15 @@ def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) ->
         raise InvalidInput(f"--listen {host}:{port}: cannot listen there ({exc.strerror}): "
                            "pick a free port") from None
     base = dict(os.environ if env is None else env)
+    notify_env = {k: base.pop(k) for k in ("NOTIFY_SOCKET",) if k in base}
+    metrics_dir = tempfile.mkdtemp(prefix="better-compute-metrics-")
+    base["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     workers: list[subprocess.Popen[str]] = []
     stopping = {"signal": 0}
 
     def stop(signum: int, _frame: Any) -> None:
+        if signum and not stopping["signal"]:
+            notify("STOPPING=1", notify_env)
         stopping["signal"] = signum
         for w in workers:
             if w.poll() is None:
@@ -63,25 +90,28 @@ def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) ->
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         for index in range(options.workers):
-            doc = {"fd": sock.fileno(), "index": index,
+            doc = {"fd": sock.fileno(), "index": index, "parent": os.getpid(),
                    "options": dataclasses.asdict(options)}
             workers.append(subprocess.Popen(
                 [sys.executable, "-m", "better_compute.api.http.workers", json.dumps(doc)],
                 env=base, pass_fds=(sock.fileno(),),
                 stdout=subprocess.PIPE, text=True))
-        first = _await_ready(workers)
-        if first is None:
-            stop(signal.SIGTERM, None)
+        first, error = _await_ready(workers)
+        if first is None:  # a worker could not start
+            stop(0, None)
             _reap(workers)
-            sys.exit(1)
+            if error is not None:  # ours: the CLI says it once, with its exit status
+                raise error_from_code(error["code"], error["message"])
+            sys.exit(1)  # anything else: the worker's stderr said it
         print(f"{first.rstrip()} ({options.workers} workers)", flush=True)
+        notify("READY=1", notify_env)
         while not stopping["signal"]:
             ended = [w for w in workers if w.poll() is not None]
             if ended:
                 print(f"better-compute serve: worker pid {ended[0].pid} ended (status "
                       f"{ended[0].returncode}); stopping the others", file=sys.stderr,
                       flush=True)
-                stop(signal.SIGTERM, None)
+                stop(0, None)
                 _reap(workers)
                 sys.exit(1)
             time.sleep(0.2)  # a child's end has no event to wait on across processes here
@@ -90,26 +120,41 @@ def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) ->
         for s, handler in previous.items():
             signal.signal(s, handler)
         sock.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _await_ready(workers: list[subprocess.Popen[str]]) -> str | None:
-    """Each worker's ready line; worker 0's, or None when one ended or took too long."""
+def _await_ready(workers: list[subprocess.Popen[str]]
+                 ) -> tuple[str | None, dict[str, str] | None]:
+    """Worker 0's ready line once every worker serves; None when one ended or took too long,
+    with the error it reported when it was one of ours (``error {code, message}``): worker
+    0's when it has one, as it checks what the others check and more, in the order a single
+    process does (so the error is the one ``--workers 1`` would give)."""
     lines: dict[int, str] = {}
+    errors: dict[int, dict[str, str]] = {}
+    ended: set[int] = set()
     deadline = time.monotonic() + READY_TIMEOUT
-    while len(lines) < len(workers):
-        pending = [w for i, w in enumerate(workers) if i not in lines]
-        if any(w.poll() is not None for w in pending) or time.monotonic() > deadline:
-            return None
-        streams = [w.stdout for w in pending if w.stdout is not None]
-        ready, _, _ = select.select(streams, [], [], 1.0)
+    while True:
+        if errors and (0 in errors or 0 in lines or 0 in ended):
+            return None, errors.get(0, next(iter(errors.values())))
+        if ended and not errors:
+            return None, None
+        if len(lines) == len(workers):
+            return lines[0], None
+        if time.monotonic() > deadline:
+            return None, None
+        waiting = {w.stdout: i for i, w in enumerate(workers)
+                   if w.stdout is not None and i not in lines and i not in errors
+                   and i not in ended}
+        ready, _, _ = select.select(list(waiting), [], [], 1.0)
         for stream in ready:
-            index = next(i for i, w in enumerate(workers) if w.stdout is stream)
+            index = waiting[stream]
             line = stream.readline()
-            if not line:
-                return None
-            if "serving" in line:
+            if line.startswith("error "):
+                errors[index] = json.loads(line[len("error "):])
+            elif not line:
+                ended.add(index)
+            elif "serving" in line:
                 lines[index] = line
-    return lines[0]
 
 
 def _reap(workers: list[subprocess.Popen[str]]) -> None:
@@ -123,11 +168,33 @@ def _reap(workers: list[subprocess.Popen[str]]) -> None:
 
 def worker_main() -> None:
     """A worker: ``serve`` on the inherited socket (see the module docstring)."""
-    from better_compute.api.http.serve import ServeOptions, serve
-
     doc = json.loads(sys.argv[1])
+    _die_with_parent(int(doc["parent"]))
+    from better_compute.api.http.metrics import as_worker_of
+    from better_compute.api.http.serve import ServeOptions, serve
+    from better_compute.domain.errors import BetterComputeError
+
+    as_worker_of(int(doc["parent"]))
+
     options = ServeOptions(**{**doc["options"], "workers": 1})
-    serve(options, dict(os.environ), fd=int(doc["fd"]), worker_index=int(doc["index"]))
+    try:
+        serve(options, dict(os.environ), fd=int(doc["fd"]), worker_index=int(doc["index"]))
+    except BetterComputeError as exc:  # for the parent to raise (_await_ready)
+        print("error " + json.dumps({"code": exc.code, "message": exc.message}), flush=True)
+        sys.exit(1)
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this worker when its parent ends (Linux; elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent ended before the call: nobody to serve for
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def serve(ctx: Context, args: argparse.Namespace) -> int:
     from better_compute.api.http.serve import ServeOptions
     from better_compute.api.http.serve import serve as run_server
     from better_compute.api.http.server_config import resolve
+    from better_compute.api.http.workers import default_workers
 
     config = resolve(vars(args), ctx.env, args.config)
     v = config.values
@@ -66,7 +67,9 @@ def serve(ctx: Context, args: argparse.Namespace) -> int:
                      insecure_loopback=bool(v["insecure_loopback"]),
                      gateway_url=v["gateway.url"], log_level=v["log.level"],
                      gateway_listen=v["gateway.listen"], log_format=v["log.format"],
-                     metrics_listen=v["metrics.listen"], workers=int(v["workers"])),
+                     metrics_listen=v["metrics.listen"],
+                     workers=default_workers() if v["workers"] is None
+                     else int(v["workers"])),
         config.env,
     )
     return 0
@@ -120,8 +123,8 @@ def register(sub: Any) -> None:
                    help="also serve GET /metrics without a token on this loopback address "
                    "(for a Prometheus on this host; docs/metrics.md)")
     p.add_argument("--workers", type=int, metavar="N",
-                   help="processes serving the API on one socket (default 1; "
-                   "docs/performance.md)")
+                   help="processes serving the API on one socket (default: the cores it may "
+                   "run on; 1 serves in one process; docs/performance.md)")
     add_verb(sub, "server-unit", server_unit,
              "Print the systemd unit that runs `better-compute serve --config "
              "/etc/better-compute/server.toml` (Type=notify) under its own user.",

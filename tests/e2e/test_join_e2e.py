@@ -80,7 +80,7 @@ class Tutorial:
 @pytest.fixture
 def tutorial(env: dict[str, str], tmp_path: Path) -> Iterator[Tutorial]:
     token = initialize(env)
-    with serve(env, "--gateway-url", GATEWAY) as server:
+    with serve(env, "--gateway-url", GATEWAY, workers=None) as server:  # as shipped
         operator = client_env(env, server, token)
         work = tmp_path / "work"
         work.mkdir()

@@ -118,7 +118,7 @@ def test_tutorial_against_serve_over_tls(env: dict[str, str], tmp_path: Path) ->
     token = initialize(env)
     work = tmp_path / "operator"
     work.mkdir()
-    with serve(env) as server:
+    with serve(env, workers=None) as server:  # as the tutorial runs it: a worker per core
         assert server.url.startswith("https://127.0.0.1:")
         shell_env = client_env(env, server, token)
         steps = _shell(shell_env, work)

@@ -43,6 +43,8 @@ def test_one_caller_runs_half_the_workers_and_queues_a_bounded_number() -> None:
                 async with admission.slot("token:a"):
                     pass
             assert err.value.code == "rate_limited" and "retry" in err.value.message
+            # the bound is each worker process's (serve --workers N: N x 2 and N x 16)
+            assert err.value.data == {"running": 2, "waiting": 3, "per": "worker"}
             with anyio.fail_after(1):  # another token is not held up
                 async with admission.slot("token:b"):
                     pass
