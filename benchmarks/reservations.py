@@ -372,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--live-clients", type=int, default=16)
     parser.add_argument("--workers", type=int, default=0,
-                        help="passed to serve as --workers (default: serve's own default)")
+                        help="passed to serve as --workers (default: serve's own, the core count; "
+                        "--compare: 1 on both sides unless given)")
     parser.add_argument("--client-procs", type=int, default=4)
     parser.add_argument("--statements", type=int, default=0, help="on PostgreSQL, first "
                         "count the SQL statements of this many creates and their releases "

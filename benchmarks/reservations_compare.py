@@ -26,7 +26,9 @@ def _serving(backend: str, args: argparse.Namespace, code: str | None, tmp: Path
 
     env = _store_env(backend, args.pg_url, tmp)
     tokens, ca_pem, pool = _set_up(env, args.nodes, max(int(c) for c in args.clients.split(",")))
-    extra = ["--workers", str(args.workers)] if args.workers else []
+    # Both sides get the same count, given or 1: serve's default (the core count) differs
+    # between versions of the code.
+    extra = ["--workers", str(args.workers or 1)]
     server = Server(env, extra, code)
     return env, server, Bench(server, tokens, ca_pem, pool, args.client_procs, 0.0)
 
