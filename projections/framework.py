@@ -221,12 +221,12 @@ class ReadModels:
     def _with_company(self, projection: ReadModel, batch: Sequence[Notification], start: int
                       ) -> int | None:
         """``batch`` applied to ``projection`` together with every other ``together`` read
-        model this process saw at the same position ``start``: decoded once, applied to each in ONE transaction (each
-        under its own lock, its position re-read there), instead of one read, one decoding and
-        one transaction per read model. None when there is no such company or the shared
-        batch failed: then ``projection`` takes the batch alone, and the others, whose hints
-        are dropped, catch up alone too, so a read model that cannot apply an event holds back
-        only itself. Returns the events applied to ``projection``."""
+        model this process saw at the same position ``start``: decoded once, applied to each
+        in ONE transaction (each under its own lock, its position re-read there), instead of
+        one read, one decoding and one transaction per read model. None when there is no such
+        company or the shared batch failed: then ``projection`` takes the batch alone, and the
+        others, whose hints are dropped, catch up alone too, so a read model that cannot apply
+        an event holds back only itself. Returns the events applied to ``projection``."""
         if not projection.together or self._seen.get(projection.name) != start:
             return None
         group = sorted((p for p in self.projections.values()
