@@ -46,7 +46,13 @@ from better_compute.benchmarks.harness import (
     machine,
     pg_version,
 )
-from better_compute.benchmarks.watch_traffic import pct, rpc_writer, store_writer, watchers_main
+from better_compute.benchmarks.watch_traffic import (
+    paced_writes,
+    pct,
+    rpc_writer,
+    store_writer,
+    watchers_main,
+)
 
 CLI = str(Path(sys.executable).parent / "better-compute")
 
@@ -133,41 +139,11 @@ class Bench:
         """``total`` writes of one event each, the i-th due at start + i/rate, from the writer
         threads: ``sites.create`` through the server (``--writer rpc``), or saves straight
         into the store from this process (``--writer store``: another replica's writes)."""
-        import threading
-
-        start = time.perf_counter() + 0.05
-        counter = iter(range(total))
-        lock = threading.Lock()
-        failures: list[str] = []
-        calls: list[float] = []
         runtime = self.runtime() if self.args.writer == "store" else None
-
-        def writer() -> None:
-            write, close = (store_writer(runtime) if runtime is not None
-                            else rpc_writer(url, token))
-            try:
-                while True:
-                    with lock:
-                        i = next(counter, None)
-                    if i is None:
-                        return
-                    delay = start + i / rate - time.perf_counter()
-                    if delay > 0:
-                        time.sleep(delay)
-                    sent = time.perf_counter()
-                    failure = write(i)
-                    calls.append(time.perf_counter() - sent)
-                    if failure:
-                        failures.append(failure)
-            finally:
-                close()
-
-        threads = [threading.Thread(target=writer) for _ in range(self.args.writers)]
         try:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            start, calls, failures = paced_writes(
+                lambda: (store_writer(runtime) if runtime is not None
+                         else rpc_writer(url, token)), total, rate, self.args.writers)
         finally:
             if runtime is not None:
                 runtime.close()

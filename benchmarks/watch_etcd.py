@@ -35,7 +35,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -56,7 +55,7 @@ from better_compute.benchmarks.harness import (
 )
 from better_compute.benchmarks.reservations import _cpu_seconds as tree_cpu_seconds
 from better_compute.benchmarks.watch_etcd_traffic import watchers_main, writer
-from better_compute.benchmarks.watch_traffic import pct
+from better_compute.benchmarks.watch_traffic import paced_writes, pct
 
 REPO = Path(__file__).resolve().parents[1]
 INSTALL_ETCD = ("etcd is not on PATH: this benchmark runs etcd 3.4 beside better-compute. "
@@ -157,39 +156,11 @@ def etcd() -> Iterator[Target]:
 # ------------------------------------------------------------- one measurement
 
 def write_at_rate(target: Target, total: int, rate: float, threads: int) -> list[float]:
-    """``total`` writes, the i-th due at start + i/rate, from ``threads`` client threads
-    (many clients, so that one slow answer does not hold the schedule back); each write's
-    own time, in seconds."""
-    start = time.perf_counter() + 0.05
-    counter = iter(range(total))
-    lock = threading.Lock()
-    failures: list[str] = []
-    times: list[float] = []
-
-    def run() -> None:
-        write, close = writer(target.kind, target.host, target.port, target.token)
-        try:
-            while True:
-                with lock:
-                    i = next(counter, None)
-                if i is None:
-                    return
-                delay = start + i / rate - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                sent = time.perf_counter()
-                failure = write(i)
-                times.append(time.perf_counter() - sent)
-                if failure:
-                    failures.append(failure)
-        finally:
-            close()
-
-    workers = [threading.Thread(target=run) for _ in range(threads)]
-    for thread in workers:
-        thread.start()
-    for thread in workers:
-        thread.join()
+    """``total`` writes, the i-th due at start + i/rate, from ``threads`` client threads;
+    each write's own time, in seconds."""
+    _, times, failures = paced_writes(
+        lambda: writer(target.kind, target.host, target.port, target.token), total, rate,
+        threads)
     if failures:
         raise SystemExit(f"{target.name}: {len(failures)} writes failed, e.g. {failures[0]}")
     return times

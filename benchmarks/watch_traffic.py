@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
 
@@ -117,6 +118,46 @@ async def watchers_main(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------ the writers
 
 Writer = tuple[Any, Any]  # (write(i) -> failure or None, close())
+
+
+def paced_writes(make_writer: Callable[[], Writer], total: int, rate: float, threads: int
+                 ) -> tuple[float, list[float], list[str]]:
+    """``total`` writes, the i-th due at start + i/rate, from ``threads`` client threads, each
+    with its own writer from ``make_writer`` (many clients, so that one slow answer does not
+    hold the schedule back): the start, each write's own time in seconds, the failures."""
+    import threading
+
+    start = time.perf_counter() + 0.05
+    counter = iter(range(total))
+    lock = threading.Lock()
+    failures: list[str] = []
+    times: list[float] = []
+
+    def run() -> None:
+        write, close = make_writer()
+        try:
+            while True:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return
+                delay = start + i / rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                sent = time.perf_counter()
+                failure = write(i)
+                times.append(time.perf_counter() - sent)
+                if failure:
+                    failures.append(failure)
+        finally:
+            close()
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    return start, times, failures
 
 
 def rpc_writer(url: str, token: str) -> Writer:
