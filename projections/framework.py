@@ -267,7 +267,6 @@ class ReadModels:
                     self._seen.pop(projection.name, None)
                     continue
                 positions.append((projection, position))
-                counts[projection.name] = 0
             if not positions:
                 return counts
             # Decoded once, and only what one of them still needs: when several threads catch
@@ -277,16 +276,8 @@ class ReadModels:
             for projection, position in positions:
                 todo = [(sequence, event) for sequence, event in decoded if sequence > position]
                 counts[projection.name] = len(todo)
-                if not todo:
-                    continue
-                projection.begin_batch()
-                if position == 0:
-                    for table in projection.table_names():
-                        self.sql.execute(cursor, f"DELETE FROM {table}")
-                for sequence, event in todo:
-                    projection.apply(self.sql, cursor, sequence, event)
-                projection.end_batch(self.sql, cursor)
-                self._track(cursor, projection, todo[-1][0])
+                if todo:
+                    self._apply_in(cursor, projection, position, todo)
         return counts
 
     def _saw(self, projection: ReadModel, position: int) -> None:
@@ -300,18 +291,23 @@ class ReadModels:
             position = self._position_in(cursor, projection)
             if after is not None and position < after:
                 raise _Behind(position)  # events up to ``after`` were never applied
-            todo = [n for n in batch if n.id > position]
-            if not todo:
-                return 0
-            projection.begin_batch()
-            if position == 0:  # a new version: rows an older version wrote are rebuilt
-                for table in projection.table_names():
-                    self.sql.execute(cursor, f"DELETE FROM {table}")
-            for notification in todo:
-                projection.apply(self.sql, cursor, notification.id, self.source.decode(notification))
-            projection.end_batch(self.sql, cursor)
-            self._track(cursor, projection, todo[-1].id)
+            todo = [(n.id, self.source.decode(n)) for n in batch if n.id > position]
+            if todo:
+                self._apply_in(cursor, projection, position, todo)
             return len(todo)
+
+    def _apply_in(self, cursor: Any, projection: ReadModel, position: int,
+                  todo: list[tuple[int, Any]]) -> None:
+        """``todo`` (sequence, decoded event) applied to ``projection``, which is at
+        ``position``, and its new position tracked, in the transaction of ``cursor``."""
+        projection.begin_batch()
+        if position == 0:  # a new version: rows an older version wrote are rebuilt
+            for table in projection.table_names():
+                self.sql.execute(cursor, f"DELETE FROM {table}")
+        for sequence, event in todo:
+            projection.apply(self.sql, cursor, sequence, event)
+        projection.end_batch(self.sql, cursor)
+        self._track(cursor, projection, todo[-1][0])
 
     def _position_in(self, cursor: Any, projection: ReadModel) -> int:
         return self.tracking._max_tracking_id(projection.tracking_name, cursor) or 0  # type: ignore[attr-defined]

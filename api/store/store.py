@@ -356,10 +356,9 @@ class SqlRunner:
         if not self.postgres:
             self.lock(cursor, name)
             return True
-        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))",
+        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s)) AS locked",
                        (f"{self.schema or 'public'}/{name}",))
-        row = cursor.fetchone()
-        return bool(row[0] if not isinstance(row, dict) else next(iter(row.values())))
+        return bool(cursor.fetchone()["locked"])  # rows are dicts (api/store/pg_factory.py)
 
     def probe_write(self) -> None:
         """Commit one tiny write (SQLite: a row of the lock table); raises while the store
