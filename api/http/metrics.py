@@ -66,16 +66,17 @@ MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set by serve --workers' parent 
 PUBLISH_EVERY = 1.0  # seconds between a worker's writes of its state gauges (--workers)
 _WORKER_OF: dict[str, int] = {}  # {"parent": pid} in a worker of --workers (as_worker_of)
 
-
-def as_worker_of(parent: int) -> None:
-    """This process is a worker of ``serve --workers`` whose parent is ``parent``: its
-    metrics go to the run's ``PROMETHEUS_MULTIPROC_DIR`` (api/http/workers.py)."""
-    _WORKER_OF["parent"] = parent
 RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _RESOURCE_METRICS = {"gpu": ("pool_gpus", "GPUs of a pool by capacity state"),
                      "cpu": ("pool_cpus", "CPUs of a pool by capacity state"),
                      "memory": ("pool_memory_gibibytes", "memory of a pool (GiB) by capacity "
                                 "state")}
+
+
+def as_worker_of(parent: int) -> None:
+    """This process is a worker of ``serve --workers`` whose parent is ``parent``: its
+    metrics go to the run's ``PROMETHEUS_MULTIPROC_DIR`` (api/http/workers.py)."""
+    _WORKER_OF["parent"] = parent
 
 
 class ServerMetrics:
