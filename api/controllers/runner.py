@@ -4,9 +4,10 @@
 every ``retry`` seconds; once it leads, it runs three loops side by side, each
 woken by the events it acts on and at least every ``tick`` seconds: the
 NodeLifecycle and tokens passes (node sessions and acceptance, pool.* events), the
-reservation timers (reservation.* events) and the queue dispatcher (the node.*, reservation.*,
-bookings.*, quota.* and pool.* events that can free capacity or add to a line), so a burst of
-creates wakes neither the NodeLifecycle pass, the tokens pass nor the dispatcher. Each loop checks it still holds the lock
+reservation timers (what another hand made due: reservation.dequeued, .replaced and
+.rescheduled; a create that starts now binds in its own save) and the queue dispatcher (the
+node.*, reservation.*, bookings.*, quota.* and pool.* events that can free capacity or add to
+a line), so a burst of creates wakes none of them. Each loop checks it still holds the lock
 before each pass. A loop woken by an event runs at once when its last pass began
 ``settle`` seconds ago or more (BETTER_COMPUTE_CONTROLLER_SETTLE, default 0.2 s),
 else waits until then: under a stream of creates a pass handles many at once
@@ -87,7 +88,11 @@ _WAKE_ON = _wakes_but(["node.*", "reservation.*", "bookings.*", "quota.*", "pool
 _WAKE_NODES = EventFilter(types=compile_type_filter([
     "node.joined", "node.rejoined", "node.connected", "node.disconnected", "node.unreachable",
     "node.acceptance.*", "node.adopted", "node.removed", "pool.*"]))
-_WAKE_TIMERS = EventFilter(types=compile_type_filter(["reservation.*"]))
+# The timers bind what became due by another's hand (the queue placed it, a failed hold was
+# placed again, it was moved earlier); a create that starts now binds in its own save, and a
+# later start or an end time is the tick's.
+_WAKE_TIMERS = EventFilter(types=compile_type_filter([
+    "reservation.dequeued", "reservation.replaced", "reservation.rescheduled"]))
 SETTLE = 0.2  # seconds: the least time between the starts of two passes woken by events
 
 

@@ -54,6 +54,9 @@ def test_every_event_type_is_sorted_into_waking_or_not() -> None:
     assert wakes(_WAKE_ON, "node.something.new") and not wakes(_WAKE_ON, "site.created")
 
 
-def test_the_timers_wake_on_reservations_only() -> None:
-    assert wakes(_WAKE_TIMERS, "reservation.placed")
-    assert not wakes(_WAKE_TIMERS, "bookings.booked")
+def test_the_timers_wake_on_what_another_hand_made_due() -> None:
+    """A create that starts now binds in its own save (no pass needed); the queue's
+    placement, a failed hold placed again and a move earlier are bound by the timers."""
+    assert [t for t in CREATE_AND_BIND if wakes(_WAKE_TIMERS, t)] == []
+    assert all(wakes(_WAKE_TIMERS, t) for t in
+               ("reservation.dequeued", "reservation.replaced", "reservation.rescheduled"))
