@@ -33,7 +33,7 @@ def parse_gpu_model(text: str, flag: str = "--gpu-model") -> str:
         )
     if _UNKNOWN_NAME.fullmatch(shown) is None:
         raise InvalidInput(
-            f"{flag} {shown!r} names no GPU model this control plane knows: use one such as "
+            f"{flag} {shown!r} names no GPU family this control plane knows: use one such as "
             f"H100 (known: {', '.join(model_names())}); for a GPU not listed, pass the name its "
             f"driver reports, as in {flag} 'NVIDIA B40' (nvidia-smi --query-gpu=name "
             "--format=csv,noheader prints it)"

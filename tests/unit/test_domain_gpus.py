@@ -63,7 +63,7 @@ def test_an_unknown_short_name_is_refused_with_the_known_ones_and_the_way_out(te
     with pytest.raises(InvalidInput) as err:
         parse_gpu_model(text)
     message = str(err.value)
-    assert "names no GPU model" in message and "H100" in message and "RTX 6000 Ada" in message
+    assert "names no GPU family" in message and "H100" in message and "RTX 6000 Ada" in message
     assert "the name its driver reports" in message
 
 
