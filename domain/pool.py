@@ -7,7 +7,7 @@ from uuid import UUID
 
 from eventsourcing.domain import event
 
-from better_compute.domain.base import TenantOwned, iso
+from better_compute.domain.base import TenantOwned, fingerprint, iso
 from better_compute.domain.errors import InvalidInput
 from better_compute.domain.gpu_models import stored_model
 from better_compute.domain.ids import keyed_uuid, new_uuid
@@ -127,10 +127,28 @@ class Pool(TenantOwned):
         }
 
 
+def create_params(site_id: str, node_class: str, gpu_model: str, policy: dict[str, Any],
+                  name: str) -> dict[str, Any]:
+    """What a pool's idempotency key compares (its ``fingerprint``)."""
+    return {"site": site_id, "class": node_class, "gpuModel": gpu_model, "policy": policy,
+            "name": name}
+
+
 def _upcast_created_v1_v2(state: dict[str, Any]) -> None:
     """``pool.created`` v1 stored the model as earlier versions spelled it (``RTX6000``); v2
-    holds today's name (domain/gpu_models.py ``LEGACY``, docs/gpu-models.md)."""
-    state["gpu_model"] = stored_model(state.get("gpu_model")) or state.get("gpu_model")
+    holds today's name (domain/gpu_models.py ``LEGACY``, docs/gpu-models.md), and the
+    fingerprint of the same parameters spelled so, so that retrying the create with the same
+    key still returns the pool."""
+    old = state.get("gpu_model")
+    new = stored_model(old)
+    if not new or new == old:
+        return
+    state["gpu_model"] = new
+    params = [state.get(f) for f in ("site_id", "node_class", "gpu_model", "policy", "name")]
+    params[2] = old
+    if state.get("fingerprint") == fingerprint(create_params(*params)):
+        params[2] = new
+        state["fingerprint"] = fingerprint(create_params(*params))
 
 
 # The event class the @event decorator made: its version and upcast, read by the store's codec.

@@ -5,17 +5,19 @@ older spelling still loads (docs/gpu-models.md)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from better_compute.api.runtime import Runtime
 from better_compute.domain.access import LOCAL_OPERATOR as OP
-from better_compute.domain.errors import InvalidInput, NoCapacity
-from better_compute.domain.ids import new_uuid
+from better_compute.api.services import compute
+from better_compute.domain.errors import Conflict, InvalidInput, NoCapacity
+from better_compute.domain.ids import parse_id
 from better_compute.domain.pool import Pool
 from tests.fleet import add_nodes
-from tests.support import open_runtime
+from tests.support import cli_inprocess, open_runtime
 
 ADA = "NVIDIA RTX 6000 Ada Generation"  # what NVML reports for the card
 POLICY = {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 4}}
@@ -83,22 +85,29 @@ def test_an_unknown_gpu_is_never_read_as_a_known_one(runtime: Any) -> None:
 def test_a_pool_stored_with_the_old_compact_name_still_loads(
         env: dict[str, str], runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before one table, ``--gpu-model "RTX 6000 Ada"`` was stored as ``RTX6000``: such a
-    ``pool.created`` (class version 1) reads as the RTX 6000 Ada."""
+    ``pool.created`` (class version 1) reads as the RTX 6000 Ada, and the same create retried
+    with its key returns that pool."""
     at = site(runtime)
-    legacy = Pool.with_id(new_uuid(), tenant_id="root", site_id=at, node_class="metal-host",
-                          gpu_model="RTX6000", policy=POLICY, name="", key=None,
-                          fingerprint=None)
     with monkeypatch.context() as patch:  # written the way the older code wrote it
+        patch.setattr(compute, "parse_gpu_model", lambda text: "RTX6000")
         patch.setattr(Pool.Created, "class_version", 1, raising=False)
-        runtime.store.save(legacy)
+        legacy = pool(runtime, at, "RTX 6000 Ada", "old-ada")
+    [stored] = runtime.store.recorder.select_events(parse_id("pool", legacy["id"]))
+    assert b'"RTX6000"' in stored.state and b"class_version" not in stored.state
     fresh: Runtime = open_runtime(env)
     try:
-        doc = fresh.service.pools_get(OP, legacy.public_id)
+        doc = fresh.service.pools_get(OP, legacy["id"])
         assert doc["gpuModel"] == "RTX 6000 Ada"
-        add_nodes(fresh.service, legacy.public_id, 1, gpus=4, gpu_name=ADA)
-        placed = reserve(fresh, legacy.public_id, 2, model="RTX 6000 Ada")
+        assert pool(fresh, at, "RTX 6000 Ada", "old-ada")["id"] == legacy["id"]  # a retry
+        with pytest.raises(Conflict):  # the key still guards its parameters
+            pool(fresh, at, "RTX A6000", "old-ada")
+        add_nodes(fresh.service, legacy["id"], 1, gpus=4, gpu_name=ADA)
+        placed = reserve(fresh, legacy["id"], 2, model="RTX 6000 Ada")
         assert placed["state"] in ("placed", "active")
-        listed = [p for p in fresh.service.pools_list(OP, None) if p["id"] == legacy.public_id]
+        listed = [p for p in fresh.service.pools_list(OP, None) if p["id"] == legacy["id"]]
         assert [p["gpuModel"] for p in listed] == ["RTX 6000 Ada"]
     finally:
         fresh.close()
+    code, out, err = cli_inprocess(["events", "list", "--subject", legacy["id"], "-o", "json"], env)
+    created = [json.loads(line) for line in out.splitlines() if '"pool.created"' in line]
+    assert code == 0 and [e["data"]["gpuModel"] for e in created] == ["RTX 6000 Ada"], err
