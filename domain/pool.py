@@ -141,14 +141,16 @@ def _upcast_created_v1_v2(state: dict[str, Any]) -> None:
     key still returns the pool."""
     old = state.get("gpu_model")
     new = stored_model(old)
-    if not new or new == old:
+    if not old or not new or new == old:
         return
     state["gpu_model"] = new
-    params = [state.get(f) for f in ("site_id", "node_class", "gpu_model", "policy", "name")]
-    params[2] = old
-    if state.get("fingerprint") == fingerprint(create_params(*params)):
-        params[2] = new
-        state["fingerprint"] = fingerprint(create_params(*params))
+
+    def fp(model: str) -> str:
+        return fingerprint(create_params(state.get("site_id", ""), state.get("node_class", ""),
+                                         model, state.get("policy") or {}, state.get("name", "")))
+
+    if state.get("fingerprint") == fp(old):
+        state["fingerprint"] = fp(new)
 
 
 # The event class the @event decorator made: its version and upcast, read by the store's codec.

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from better_compute.api.runtime import Runtime
-from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.api.services import compute
+from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.errors import Conflict, InvalidInput, NoCapacity
 from better_compute.domain.ids import parse_id
 from better_compute.domain.pool import Pool
