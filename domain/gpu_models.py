@@ -117,6 +117,9 @@ AMBIGUOUS: dict[str, tuple[str, ...]] = {
 LEGACY: dict[str, str] = {"RTX6000": "RTX 6000 Ada"}
 
 VENDOR_WORDS = ("NVIDIA", "AMD")
+# The words a driver's name for a GPU starts with: how a GPU the table does not know is given.
+DRIVER_WORDS = ("NVIDIA", "AMD", "Tesla", "Quadro", "GeForce", "Intel")
+MAX_NAME = 128  # a longer text names no GPU (and is never cached)
 _TOKEN = re.compile(r"[A-Z0-9]+")
 
 
@@ -144,14 +147,19 @@ def _index() -> tuple[dict[str, GpuModel], int]:
     return index, longest
 
 
-@lru_cache(maxsize=4096)
 def known_model(text: str | None) -> GpuModel | None:
-    """The table's model a name or spelling names, or None (unknown, or two models in it).
+    """The table's model a name or spelling names, or None (unknown, too long, or two models
+    in it).
 
     >>> known_model("NVIDIA RTX 6000 Ada Generation").name, known_model("h100-sxm5-80gb").name
     ('RTX 6000 Ada', 'H100')
     """
-    tokens = _tokens(text or "")
+    return _known(text) if text and len(text) <= MAX_NAME else None
+
+
+@lru_cache(maxsize=4096)
+def _known(text: str) -> GpuModel | None:
+    tokens = _tokens(text)
     index, longest = _index()
     best: GpuModel | None = None
     best_length, tie = 0, False
@@ -181,16 +189,24 @@ def clean(text: str | None) -> str:
     return " ".join((text or "").split())
 
 
-@lru_cache(maxsize=4096)
 def card_model(name: str | None, family: str | None = None) -> str | None:
     """A GPU's model from what bcd reported: the table's model in its name, else in its
     reported ``family``; else that family or, without one, the name itself (an unknown GPU is
     its own model); None when it reported neither."""
+    if len(name or "") > MAX_NAME or len(family or "") > MAX_NAME:
+        return _card_model(name, family)
+    return _cached_card_model(name, family)
+
+
+def _card_model(name: str | None, family: str | None) -> str | None:
     for text in (name, family):
         found = known_model(text)
         if found is not None:
             return found.name
     return clean(family) or clean(name) or None
+
+
+_cached_card_model = lru_cache(maxsize=4096)(_card_model)
 
 
 def stored_model(text: str | None) -> str | None:
@@ -200,11 +216,19 @@ def stored_model(text: str | None) -> str | None:
     return LEGACY.get(_compact(text), text)
 
 
-@lru_cache(maxsize=4096)
 def model_key(text: str | None) -> str:
     """What every spelling of one model shares: compare models by this."""
     found = known_model(text)
     return _compact(found.name) if found is not None else _compact(text or "")
+
+
+def is_driver_name(text: str) -> bool:
+    """Could ``text`` be the name a driver reports for a GPU: a word of ``DRIVER_WORDS``,
+    then letters, digits, spaces and ``. _ - / + ( )``, at most ``MAX_NAME`` characters?"""
+    return len(text) <= MAX_NAME and _DRIVER_NAME.fullmatch(text) is not None
+
+
+_DRIVER_NAME = re.compile(rf"(?i)({'|'.join(DRIVER_WORDS)})[ ._-]+[A-Za-z0-9][A-Za-z0-9 ._/+()-]*")
 
 
 def same_model(a: str | None, b: str | None) -> bool:

@@ -3,18 +3,20 @@ and the GPU model a pool holds, read from a user's spelling (the table: domain/g
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from better_compute.domain.errors import InvalidInput
-from better_compute.domain.gpu_models import ambiguous, card_model, clean, known_model, model_names
-
-# A model the table does not know is taken as the name its driver reports: letters, digits,
-# spaces and . _ - / + ( ), after a vendor word (docs/gpu-models.md, "A GPU the table does not
-# know").
-_UNKNOWN_NAME = re.compile(r"(?i)(NVIDIA|AMD)[ ._-]+[A-Za-z0-9][A-Za-z0-9 ._/+()-]{0,99}")
+from better_compute.domain.gpu_models import (
+    MAX_NAME,
+    ambiguous,
+    card_model,
+    clean,
+    is_driver_name,
+    known_model,
+    model_names,
+)
 
 
 def parse_gpu_model(text: str, flag: str = "--gpu-model") -> str:
@@ -22,6 +24,9 @@ def parse_gpu_model(text: str, flag: str = "--gpu-model") -> str:
     ``rtx-6000-ada``, ``H100`` for ``H100-SXM5-80GB``); a GPU the table does not know is
     given by the name its driver reports (``NVIDIA B40``) and kept as written."""
     shown = clean(text)
+    if len(shown) > MAX_NAME:
+        raise InvalidInput(f"{flag} is {len(shown):,} characters long: a GPU model is at most "
+                           f"{MAX_NAME}, such as H100 or 'RTX 6000 Ada'")
     found = known_model(shown)
     if found is not None:
         return found.name
@@ -31,7 +36,7 @@ def parse_gpu_model(text: str, flag: str = "--gpu-model") -> str:
             f"{flag} {shown!r} could be any of {', '.join(choices)}: these are different GPUs, "
             f"so name one, as in {flag} {choices[0]!r} (docs/gpu-models.md)"
         )
-    if _UNKNOWN_NAME.fullmatch(shown) is None:
+    if not is_driver_name(shown):
         raise InvalidInput(
             f"{flag} {shown!r} names no GPU family this control plane knows: use one such as "
             f"H100 (known: {', '.join(model_names())}); for a GPU not listed, pass the name its "

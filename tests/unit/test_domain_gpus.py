@@ -57,7 +57,7 @@ def test_a_spelling_several_gpus_share_is_refused_with_the_choice(text: str) -> 
     assert "RTX PRO" in message
 
 
-@pytest.mark.parametrize("text", ["H10", "A2000", "GeForce GTX 1080", "", "RTX9999", "H1000",
+@pytest.mark.parametrize("text", ["H10", "A2000", "GTX 1080", "", "RTX9999", "H1000",
                                   "NVIDIA", "nvidia ;drop", "B40"])
 def test_an_unknown_short_name_is_refused_with_the_known_ones_and_the_way_out(text: str) -> None:
     with pytest.raises(InvalidInput) as err:
@@ -71,6 +71,8 @@ def test_an_unknown_short_name_is_refused_with_the_known_ones_and_the_way_out(te
     ("NVIDIA B40", "NVIDIA B40"),
     ("nvidia  H1000 Ultra", "nvidia H1000 Ultra"),
     ("AMD Instinct MI355X", "AMD Instinct MI355X"),
+    ("Tesla M60", "Tesla M60"),
+    ("GeForce GTX 1080", "GeForce GTX 1080"),
 ])
 def test_an_unknown_gpu_given_by_its_drivers_name_is_kept_as_written(text: str, kept: str
                                                                       ) -> None:
@@ -85,6 +87,12 @@ def test_a_gpus_model_comes_from_its_name_then_its_reported_family() -> None:
     assert Gpu(uuid="g", name="fake", family="h100").model == "H100"
     assert Gpu(uuid="g", name="NVIDIA B40").model == "NVIDIA B40"
     assert Gpu(uuid="g").model is None
+
+
+def test_a_text_too_long_for_a_gpu_name_is_refused_before_it_is_read() -> None:
+    with pytest.raises(InvalidInput) as err:
+        parse_gpu_model("NVIDIA " + "H100 " * 100, "--model")
+    assert "--model is 506 characters long: a GPU model is at most 128" in str(err.value)
 
 
 def test_the_error_lists_every_model() -> None:

@@ -19,6 +19,7 @@ from better_compute.domain.gpu_models import (
     AMBIGUOUS,
     LEGACY,
     MODELS,
+    _known,
     card_model,
     known_model,
     same_model,
@@ -80,6 +81,14 @@ def test_unknown_names_match_by_case_spacing_and_the_vendor_word_only() -> None:
     assert same_model("NVIDIA B40", "B40") and same_model("NVIDIA B40", "b-40")
     assert not same_model("NVIDIA B40", "NVIDIA B40 Max-Q")
     assert not same_model("NVIDIA B40", None) and not same_model(None, None)
+
+
+def test_long_names_are_read_but_never_cached() -> None:
+    long_name = "NVIDIA H100 " + "x" * 200
+    before = _known.cache_info().currsize
+    assert known_model(long_name) is None and card_model(long_name) == long_name
+    assert not same_model(long_name, "H100")
+    assert _known.cache_info().currsize == before
 
 
 def test_two_models_in_one_name_are_no_model() -> None:
