@@ -28,6 +28,7 @@ from better_compute.domain.gpu_models import (
 from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.node_rules import acceptance_checks, diag_nvml
 from better_compute.domain.placement import FreeGpu, PlacementRequest, gpu_attributes
+from better_compute.domain.selectors import parse_selector
 
 SIX_THOUSANDS = {"NVIDIA RTX 6000 Ada Generation": "RTX 6000 Ada",
                  "NVIDIA RTX PRO 6000 Blackwell Server Edition": "RTX PRO 6000",
@@ -165,3 +166,16 @@ def test_the_placer_matches_a_request_by_the_tables_model() -> None:
     # a free-GPU row written before one table ("RTX6000" for the Quadro) is read by its name
     assert not wanted.qualifies(free(quadro, model="RTX6000"))
     assert PlacementRequest(gpus=1, model="Quadro RTX 6000").qualifies(free(quadro, "RTX6000"))
+
+
+@pytest.mark.parametrize("selector,matches", [
+    ("model == 'RTX 6000 Ada'", True), ("model == 'rtx-6000-ada'", True),
+    ("model in ['h100', 'RTX 6000 Ada Generation']", True), ("model != 'RTX A6000'", True),
+    ("model == 'RTX A6000'", False), ("model == 'RTX 6000'", False),
+    ("name == 'NVIDIA RTX 6000 Ada Generation'", True), ("name == 'nvidia rtx 6000 ada generation'",
+                                                         False),
+])
+def test_a_selectors_model_literal_is_read_by_the_table(selector: str, matches: bool) -> None:
+    """Only ``model`` literals are read by the table; other strings compare as written."""
+    attributes = gpu_attributes(gpus("NVIDIA RTX 6000 Ada Generation", 1)[0])
+    assert parse_selector(selector).matches(attributes) is matches
