@@ -10,9 +10,9 @@ Rules:
 
 - A name is read token by token (letters and digits; case, spaces, hyphens, underscores and
   any other punctuation do not matter), and a model's spelling must cover whole tokens: "GH200"
-  is not "H200", "H20" is not in "H200", "L40S" is not "L40", "A10G" is not "A10". The longest
-  spelling found wins ("RTX 6000 Ada" over "RTX 6000"); two different models found in one name
-  are no model.
+  is not "H200", "H20" is not in "H200", "L40S" is not "L40", "A10G" is not "A10". A name in
+  which two different models are found names none (no name in the table has another model's
+  spelling in it: tests/unit/test_domain_gpus.py reads each as its own model).
 - Distinct GPUs stay distinct: RTX 6000 Ada, RTX PRO 6000, RTX A6000 and Quadro RTX 6000 are
   four models, and "RTX 6000" alone names none of them (``AMBIGUOUS``).
 - A name the table does not know is its own model: the card's name as its driver reports it.
@@ -161,20 +161,14 @@ def known_model(text: str | None) -> GpuModel | None:
 def _known(text: str) -> GpuModel | None:
     tokens = _tokens(text)
     index, longest = _index()
-    best: GpuModel | None = None
-    best_length, tie = 0, False
+    found: set[GpuModel] = set()
     for start in range(len(tokens)):
         joined = ""
         for token in tokens[start:start + longest]:
             joined += token
-            model = index.get(joined)
-            if model is None or len(joined) < best_length:
-                continue
-            if len(joined) > best_length:
-                best, best_length, tie = model, len(joined), False
-            elif model is not best:
-                tie = True
-    return None if tie else best
+            if joined in index:
+                found.add(index[joined])
+    return found.pop() if len(found) == 1 else None
 
 
 def ambiguous(text: str) -> tuple[str, ...]:
