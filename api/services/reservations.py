@@ -44,6 +44,7 @@ from better_compute.domain.errors import (
     NotFound,
     QuotaExceeded,
 )
+from better_compute.domain.gpu_models import same_model
 from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.ids import check_key, parse_id, public_id
 from better_compute.domain.placement import PlacementRequest
@@ -154,8 +155,8 @@ class ReservationService:
         check_gpu_count(gpus)
         family = None
         if model:
-            family = parse_gpu_model(model)
-            if family != pool.gpu_model:
+            family = parse_gpu_model(model, "--model")
+            if not same_model(family, pool.gpu_model):
                 raise InvalidInput(
                     f"--model {model} does not match pool {pool.public_id}, which holds "
                     f"{pool.gpu_model} GPUs: drop --model or pick a pool of {family}"
