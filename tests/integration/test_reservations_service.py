@@ -14,6 +14,8 @@ import better_compute.api.services.reservation_journal  # noqa: F401  (registers
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.gateway.journal import journal_handlers
 from better_compute.api.services.reservations import ReservationService
+from better_compute.api.store.actor import CONTROLLER_RESERVATIONS, as_actor
+from better_compute.api.store.eventlog import EventLog
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
@@ -205,7 +207,11 @@ def test_a_reservation_that_starts_now_binds_in_its_create_s_one_save(runtime: A
     assert not timers.tick().changed
     journal(runtime, a["nodeId"], bound_entry(a))  # the first one's node holds it
     clock.advance(hours=1)
-    assert timers.tick().binding == [later["id"]]
+    assert as_actor(CONTROLLER_RESERVATIONS, timers.tick)().binding == [later["id"]]
+    # Who recorded each binding (docs/events.md): the creator's hand, then the controller's.
+    bindings = {e.subject: e.actor for e in EventLog(runtime.store).read(0, 10_000)
+                if e.type == "reservation.binding"}
+    assert bindings == {a["id"]: None, later["id"]: CONTROLLER_RESERVATIONS}  # None: no actor set
 
 
 def test_binding_makes_the_reservation_active_with_exactly_the_booked_gpus(runtime: Any) -> None:
