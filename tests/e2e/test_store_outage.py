@@ -329,6 +329,10 @@ def test_two_workers_ride_out_a_5s_then_a_20s_postgresql_outage(tmp_path: Path) 
                              reads_work=False, workers=workers)
             except AssertionError as exc:
                 raise AssertionError(f"{exc}\nserve's log: {_log_tail(log)}") from exc
+            # An outage is logged as one line per activity that fails and one when it
+            # works again, never a traceback (those are for bugs): a long outage does not
+            # fill the log, nor a pipe nobody drains (which stalls the server).
+            assert "Traceback" not in log.read_text(), _log_tail(log)
             took = _sigterm_stops_all(c.server.process, workers, log)
             print(f"SIGTERM after the outages: stopped in {took:.1f}s")
 
