@@ -14,12 +14,9 @@ import os
 import signal
 from pathlib import Path
 
+from tests.e2e.test_serve_workers import _children, _gone
 from tests.e2e.test_serve_workers_metrics import _multiprocess_dir
 from tests.support import eventually, initialize, serve, store_env
-
-
-def _children(pid: int) -> list[int]:
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def test_a_sigkilled_servers_metrics_directory_is_removed_at_the_next_start(
@@ -37,8 +34,7 @@ def test_a_sigkilled_servers_metrics_directory_is_removed_at_the_next_start(
         assert a_dir is not None and b_dir is not None and a_dir != b_dir
         assert a_dir.parent == temp and b_dir.parent == temp
         a.kill(signal.SIGKILL)
-        eventually(lambda: not any(Path(f"/proc/{w}").exists() for w in a_workers),
-                   "A's workers died with their parent")
+        eventually(lambda: all(_gone(w) for w in a_workers), "A's workers died with their parent")
         assert a_dir.is_dir()  # left behind: nothing ran to remove it
         log = tmp_path / "c.log"
         with serve(env, workers="2", log_file=log):

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.cluster import Cluster, Machine, Operator, running_cluster
+from tests.e2e.test_serve_workers import _children, _gone
 from tests.e2e.test_serve_workers_metrics import Connection, on_every_worker
 from tests.outage import Load, Postgres, probe, throwaway_postgres
 from tests.support import (
@@ -271,18 +272,6 @@ def _run_outages(c: Cluster, outages: list[tuple[float, Callable[[], None], Call
         _check_after(rig, since)
     finally:
         watcher.stop(signal.SIGTERM)
-
-
-def _children(pid: int) -> list[int]:
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def _gone(pid: int) -> bool:
-    """``pid`` has exited (a zombie not yet reaped by whoever adopted it counts)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
 
 
 def _log_tail(log: Path) -> str:
