@@ -16,7 +16,9 @@ no NOTIFY_SOCKET), forwards SIGTERM and SIGINT to them, and if one ends on its o
 the others and exits with status 1, so a service manager starts the server again (one that
 cannot start: with its status, 2 for a bad setting, after its one line on stderr). A
 worker dies with its parent (PR_SET_PDEATHSIG), so a parent killed with SIGKILL leaves no
-worker serving on.
+worker serving on. After SIGTERM the workers have ``STOP_TIMEOUT`` seconds together to end;
+those left are killed. ``kill -USR1 WORKER_PID`` writes every thread's stack of that worker
+to stderr (faulthandler), for one that seems stuck.
 
 Metrics: the parent creates an empty directory for this run and names it to the workers in
 ``PROMETHEUS_MULTIPROC_DIR``; prometheus-client keeps each worker's counters in files
@@ -33,6 +35,7 @@ The default number of workers is the cores this process may run on (``default_wo
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import fcntl
 import json
 import logging
@@ -103,7 +106,11 @@ def sweep_stale_metrics_dirs(root: str | None = None) -> list[str]:
 
 def _metrics_dir() -> tuple[str, int]:
     """A new directory for this run's metrics, and the descriptor holding its owner lock
-    (taken before the file has its name, so a sweep never sees it unlocked)."""
+    (taken before the file has its name, so a sweep never sees it unlocked); stale ones
+    removed first."""
+    for stale in sweep_stale_metrics_dirs():
+        log.warning("removed %s, the metrics directory of a server that ended without "
+                    "removing it", stale)
     folder = tempfile.mkdtemp(prefix=METRICS_PREFIX)
     fd = os.open(os.path.join(folder, f".{OWNER_LOCK}"), os.O_WRONLY | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -123,9 +130,6 @@ def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) ->
                            "pick a free port") from None
     base = dict(os.environ if env is None else env)
     notify_env = {k: base.pop(k) for k in ("NOTIFY_SOCKET",) if k in base}
-    for stale in sweep_stale_metrics_dirs():
-        log.warning("removed %s, the metrics directory of a server that ended without "
-                    "removing it", stale)
     metrics_dir, owner_lock = _metrics_dir()
     base["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     workers: list[subprocess.Popen[str]] = []
@@ -228,6 +232,8 @@ def worker_main() -> None:
     """A worker: ``serve`` on the inherited socket (see the module docstring)."""
     doc = json.loads(sys.argv[1])
     _die_with_parent(int(doc["parent"]))
+    # ``kill -USR1 PID``: every thread's stack on stderr, for a worker that seems stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from better_compute.api.http.metrics import as_worker_of
     from better_compute.api.http.serve import ServeOptions, serve
     from better_compute.domain.errors import BetterComputeError
