@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ServeOptions:
     listen: str
     hostnames: list[str]
@@ -51,6 +51,7 @@ class ServeOptions:
     log_format: str = "text"
     metrics_listen: str | None = None  # loopback HOST:PORT for GET /metrics without a token
     workers: int = 1  # processes serving the API on one socket (api/http/workers.py)
+    workers_from_default: bool = False  # ``workers`` is the core count, not --workers
 
 
 class _Server(uvicorn.Server):
@@ -224,6 +225,19 @@ def _lifespan_tasks(primary: bool, gateway: tuple[str, LifespanTask] | None,
     return tasks, notes
 
 
+def _workers_that_fit(options: ServeOptions, env: dict[str, str] | None) -> ServeOptions:
+    """On PostgreSQL: as many workers as its max_connections holds (api/store/pg_capacity.py)."""
+    from better_compute.api.store.store import StoreConfig
+
+    config = StoreConfig.from_env(with_file(os.environ if env is None else env))
+    if config.backend != "postgres":
+        return options
+    from better_compute.api.store.pg_capacity import check_workers
+
+    workers = check_workers(config, options.workers, from_default=options.workers_from_default)
+    return dataclasses.replace(options, workers=workers)
+
+
 def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int | None = None,
           worker_index: int = 0) -> None:
     """Serve until a signal. ``fd``: a worker of ``--workers`` on its parent's socket; only
@@ -232,6 +246,8 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     host, port = parse_listen(options.listen)
     if options.workers < 1:
         raise InvalidInput(f"--workers {options.workers}: use 1 or more processes")
+    if fd is None:  # the server's process, not a worker of it
+        options = _workers_that_fit(options, env)
     if options.workers > 1 and fd is None:
         from better_compute.api.http.workers import supervise
 

@@ -16,12 +16,18 @@ no NOTIFY_SOCKET), forwards SIGTERM and SIGINT to them, and if one ends on its o
 the others and exits with status 1, so a service manager starts the server again (one that
 cannot start: with its status, 2 for a bad setting, after its one line on stderr). A
 worker dies with its parent (PR_SET_PDEATHSIG), so a parent killed with SIGKILL leaves no
-worker serving on.
+worker serving on. After SIGTERM the workers have ``STOP_TIMEOUT`` seconds together to end;
+those left are killed. ``kill -USR1 WORKER_PID`` writes every thread's stack of that worker
+to stderr (faulthandler), for one that seems stuck.
 
 Metrics: the parent creates an empty directory for this run and names it to the workers in
 ``PROMETHEUS_MULTIPROC_DIR``; prometheus-client keeps each worker's counters in files
 there and a scrape on any worker sums them (api/http/metrics.py). The directory is
-removed when the server ends, so a next run never counts a previous run's files.
+removed when the server ends, so a next run never counts a previous run's files. A parent
+killed with SIGKILL cannot remove it: the parent holds a lock on the directory's
+``owner.lock`` for its life (the kernel lets go of it however the process ends), and each
+start removes the directories whose lock nobody holds (``sweep_stale_metrics_dirs``);
+never a live server's, nor one without the file (being made, or not ours to judge).
 
 The default number of workers is the cores this process may run on (``default_workers``).
 """
@@ -29,19 +35,30 @@ The default number of workers is the cores this process may run on (``default_wo
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
+import fcntl
 import json
+import logging
 import os
 import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 READY_TIMEOUT = 120.0  # seconds a worker has to open the store and serve
+STOP_TIMEOUT = 50.0  # seconds the workers have to end after SIGTERM, together
+METRICS_PREFIX = "better-compute-metrics-"  # the run's metrics directory, in the temp dir
+OWNER_LOCK = "owner.lock"  # in it: locked by the parent for its life
+
+
+log = logging.getLogger("better_compute.serve")
 
 
 def default_workers() -> int:
@@ -62,6 +79,45 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def sweep_stale_metrics_dirs(root: str | None = None) -> list[str]:
+    """Remove the metrics directories (of this user, in ``root``, the temp dir by default)
+    whose owner lock no process holds: their server ended without removing them."""
+    removed = []
+    for path in sorted(Path(root or tempfile.gettempdir()).glob(f"{METRICS_PREFIX}*")):
+        try:
+            info = path.lstat()
+            fd = os.open(path / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # gone meanwhile, or no lock file: not ours to judge
+            continue
+        try:
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() \
+                    or os.fstat(fd).st_uid != os.geteuid():
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its server runs
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _metrics_dir() -> tuple[str, int]:
+    """A new directory for this run's metrics, and the descriptor holding its owner lock
+    (taken before the file has its name, so a sweep never sees it unlocked); stale ones
+    removed first."""
+    for stale in sweep_stale_metrics_dirs():
+        log.warning("removed %s, the metrics directory of a server that ended without "
+                    "removing it", stale)
+    folder = tempfile.mkdtemp(prefix=METRICS_PREFIX)
+    fd = os.open(os.path.join(folder, f".{OWNER_LOCK}"), os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(os.path.join(folder, f".{OWNER_LOCK}"), os.path.join(folder, OWNER_LOCK))
+    return folder, fd
+
+
 def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) -> None:
     """Run ``options.workers`` workers on one socket until a signal or a worker's end."""
     from better_compute.api.wire.daemon import notify
@@ -74,7 +130,7 @@ def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) ->
                            "pick a free port") from None
     base = dict(os.environ if env is None else env)
     notify_env = {k: base.pop(k) for k in ("NOTIFY_SOCKET",) if k in base}
-    metrics_dir = tempfile.mkdtemp(prefix="better-compute-metrics-")
+    metrics_dir, owner_lock = _metrics_dir()
     base["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     workers: list[subprocess.Popen[str]] = []
     stopping = {"signal": 0}
@@ -121,6 +177,7 @@ def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) ->
             signal.signal(s, handler)
         sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        os.close(owner_lock)
 
 
 def _await_ready(workers: list[subprocess.Popen[str]]
@@ -158,10 +215,15 @@ def _await_ready(workers: list[subprocess.Popen[str]]
 
 
 def _reap(workers: list[subprocess.Popen[str]]) -> None:
+    """Wait for the workers to end, STOP_TIMEOUT seconds for all of them together; then
+    SIGKILL those left (within the service unit's TimeoutStopSec, 60 s)."""
+    deadline = time.monotonic() + STOP_TIMEOUT
     for w in workers:
         try:
-            w.wait(timeout=60)
+            w.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            log.warning("worker pid %d did not end within %.0fs of SIGTERM; killing it",
+                        w.pid, STOP_TIMEOUT)
             w.kill()
             w.wait()
 
@@ -170,6 +232,8 @@ def worker_main() -> None:
     """A worker: ``serve`` on the inherited socket (see the module docstring)."""
     doc = json.loads(sys.argv[1])
     _die_with_parent(int(doc["parent"]))
+    # ``kill -USR1 PID``: every thread's stack on stderr, for a worker that seems stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from better_compute.api.http.metrics import as_worker_of
     from better_compute.api.http.serve import ServeOptions, serve
     from better_compute.domain.errors import BetterComputeError

@@ -213,10 +213,10 @@ class StoreGuard:
                 return
             if self._recheck is not None:
                 self._recheck()
-            if self.down_reason is not None:
-                log.warning("the event store answers again after %.1fs",
-                            now - (self.down_since or now))
-            self.down_reason = self.down_since = None
+            was_down, since = self.down_reason is not None, self.down_since
+            self.down_reason = self.down_since = None  # calls go through before the log line
+            if was_down:
+                log.warning("the event store answers again after %.1fs", now - (since or now))
         finally:
             self._probing.release()
 

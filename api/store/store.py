@@ -38,6 +38,8 @@ from better_compute.domain.node import Node
 APP_NAME = "bc"
 PG_FACTORY_TOPIC = "better_compute.api.store.pg_factory:ConninfoPostgresFactory"
 POOL_WAIT = 5  # seconds a call waits for a pooled PostgreSQL connection
+POOL_SIZE = 5  # PostgreSQL connections a process's pool keeps open
+POOL_MAX = 15  # … and opens at most, under load (api/store/pg_capacity.py counts them)
 # The pool retries a lost connection with a growing delay (1, 2, 4 … s) for this long, then
 # forgets it and connects afresh when a call needs one: so once PostgreSQL is back, a
 # connection is made at once, not at the end of a backoff grown long during the outage.
@@ -94,8 +96,8 @@ class StoreConfig:
             # The library's factory, handing libpq the whole URL (api/store/pg_factory.py).
             "PERSISTENCE_MODULE": PG_FACTORY_TOPIC,
             "CREATE_TABLE": "y",
-            "POSTGRES_POOL_SIZE": "5",
-            "POSTGRES_MAX_OVERFLOW": "10",
+            "POSTGRES_POOL_SIZE": str(POOL_SIZE),
+            "POSTGRES_MAX_OVERFLOW": str(POOL_MAX - POOL_SIZE),
             # The library passes this to the pool as its wait for a free connection.
             "POSTGRES_CONNECT_TIMEOUT": str(POOL_WAIT),
             "POSTGRES_LOCK_TIMEOUT": "10",

@@ -25,6 +25,7 @@ import anyio
 import anyio.abc
 
 from better_compute.api.settings import env_seconds
+from better_compute.api.supervise import Retry
 from better_compute.projections.framework import Sql
 
 log = logging.getLogger("better_compute.tokens")
@@ -97,14 +98,19 @@ class TokenUse:
 async def flush_token_use(state: Any, *,
                           task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                           ) -> None:
-    """``serve``'s lifespan task: flush the noted token uses every few seconds."""
+    """``serve``'s lifespan task: flush the noted token uses every few seconds. A store
+    outage is logged once (one line) and once more when a flush works again, as every
+    retrying loop does (api/supervise.py ``Retry``): never a traceback every interval."""
     runtime = state.runtime
     interval = env_seconds(runtime.env, "BETTER_COMPUTE_TOKEN_USE_FLUSH", FLUSH_INTERVAL_S)
     use: TokenUse = runtime.service.token_use
+    retry = Retry("recording the tokens' last use", log)
     task_status.started()
     while True:
         await anyio.sleep(interval)
         try:
             await anyio.to_thread.run_sync(use.flush)
-        except Exception:
-            log.exception("recording the tokens' last use failed; retrying in %.0fs", interval)
+        except Exception as exc:
+            retry.failed(exc)  # the next try is the next interval's
+        else:
+            retry.succeeded()

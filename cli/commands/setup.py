@@ -69,7 +69,8 @@ def serve(ctx: Context, args: argparse.Namespace) -> int:
                      gateway_listen=v["gateway.listen"], log_format=v["log.format"],
                      metrics_listen=v["metrics.listen"],
                      workers=default_workers() if v["workers"] is None
-                     else int(v["workers"])),
+                     else int(v["workers"]),
+                     workers_from_default=v["workers"] is None),
         config.env,
     )
     return 0
