@@ -277,10 +277,17 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
                             log_config=None,  # our handler and format (logs.configure)
                             access_log=False, lifespan="on", http=http_limits.protocol_class(),
-                            fd=fd, **ssl)  # type: ignore[arg-type]
+                            **ssl)  # type: ignore[arg-type]
     server = _Server(config, ready)
     try:
-        server.run()
+        # A worker serves on its parent's socket, as the TCP socket it is (not uvicorn's
+        # ``fd=``, which reads it as a Unix socket and leaves Nagle on: workers.py).
+        if fd is None:
+            server.run()
+        else:
+            from better_compute.api.http.workers import listening_socket
+
+            server.run(sockets=[listening_socket(fd)])
     finally:
         for path in ssl.values():
             Path(path).unlink(missing_ok=True)

@@ -79,6 +79,14 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listening_socket(fd: int) -> socket.socket:
+    """A worker's own object for its parent's listening socket (``bind``), read from the
+    descriptor as what it is: a TCP socket. uvicorn's ``Config(fd=...)`` wraps a descriptor
+    as a Unix socket, and asyncio then leaves Nagle on for every connection it accepts: an
+    answer written in two parts waited ~40 ms for the client's delayed ACK."""
+    return socket.socket(fileno=os.dup(fd))
+
+
 def sweep_stale_metrics_dirs(root: str | None = None) -> list[str]:
     """Remove the metrics directories (of this user, in ``root``, the temp dir by default)
     whose owner lock no process holds: their server ended without removing them."""
