@@ -29,6 +29,7 @@ from better_compute.api.store.aggregate_cache import AggregateCache
 from better_compute.api.store.codec import EventMapper, MsgspecTranscoder
 from better_compute.api.store.outage import StoreGuard, install_guard, postgres_guard
 from better_compute.api.store.pg_recorder import TOPIC as PG_RECORDER_TOPIC
+from better_compute.api.store.sqlite_writers import WriterLock, serialise_writers
 from better_compute.api.store.store_url import connect_kwargs, parse_database_url
 from better_compute.api.store.store_url import describe as describe_pg
 from better_compute.domain.bookings import NodeBookings
@@ -46,6 +47,7 @@ POOL_MAX = 15  # … and opens at most, under load (api/store/pg_capacity.py cou
 POOL_RECONNECT_TIMEOUT = 3.0
 CONNECT_TIMEOUT = 5  # seconds libpq waits for a new connection (default: for ever)
 TCP_USER_TIMEOUT_MS = 15_000  # a peer that acknowledges nothing for this long is gone
+SQLITE_LOCK_TIMEOUT_S = 30  # seconds a SQLite write waits for another (sqlite_writers.py too)
 
 
 def default_data_dir(env: Mapping[str, str]) -> Path:
@@ -88,7 +90,7 @@ class StoreConfig:
             return {
                 "PERSISTENCE_MODULE": "eventsourcing.sqlite",
                 "SQLITE_DBNAME": str(self.sqlite_path),
-                "SQLITE_LOCK_TIMEOUT": "30",
+                "SQLITE_LOCK_TIMEOUT": str(SQLITE_LOCK_TIMEOUT_S),
                 "CREATE_TABLE": "y",
             }
         assert self.pg is not None
@@ -220,6 +222,8 @@ def open_store(config: StoreConfig) -> ComputeStore:
         _tune_pool(datastore.pool)
         store.guard = postgres_guard(datastore)
     else:
+        assert config.sqlite_path is not None
+        serialise_writers(datastore, WriterLock(config.sqlite_path, SQLITE_LOCK_TIMEOUT_S))
         store.guard = StoreGuard()
     install_guard(datastore, store.guard)
     return store
