@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ordering import pytest_collection_modifyitems  # noqa: F401  (the run's order)
 from tests.support import drop_schema, open_runtime, quick_init, store_env
 
 BACKENDS = [b for b in os.environ.get("BC_TEST_BACKENDS", "sqlite,postgres").split(",") if b]
