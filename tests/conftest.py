@@ -32,6 +32,17 @@ def env(backend: str, tmp_path: Path) -> Iterator[dict[str, str]]:
     drop_schema(e)
 
 
+@pytest.fixture(scope="module", params=BACKENDS)
+def shared_env(request: pytest.FixtureRequest,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Like ``env``, one store on each backend shared by a module's tests: only for tests
+    that leave it as they found it (refusals that assert the event log did not move, reads),
+    so that none depends on another or on the order they run in."""
+    e = store_env(str(request.param), tmp_path_factory.mktemp("shared"))
+    yield e
+    drop_schema(e)
+
+
 @pytest.fixture
 def runtime(env: dict[str, str]) -> Iterator[object]:
     """An initialized Runtime on a fresh store (root tenant, PKI)."""
