@@ -10,23 +10,28 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from better_compute.api.wire.inventory import Gpu
 from better_compute.domain.access import LOCAL_OPERATOR, Principal
 from better_compute.domain.ids import new_uuid, public_id
 from better_compute.domain.node import NODE_ROLE, Node
 
 H100_MIB = 81559
+H100_NAME = "NVIDIA H100 80GB HBM3"
 
 
 def gpu_docs(count: int, host: str, *, domains: Sequence[int] | None = None,
-             memory_mib: int = H100_MIB, name: str = "NVIDIA H100 80GB HBM3") -> list[dict[str, Any]]:
-    """``count`` GPUs as bcd reports them; ``domains[i]`` puts GPU i in NVLink domain i."""
+             memory_mib: int = H100_MIB, name: str = H100_NAME) -> list[dict[str, Any]]:
+    """``count`` GPUs as bcd reports them; ``domains[i]`` puts GPU i in NVLink domain i. A card
+    other than the H100 gets the product and family bcd derives from its name."""
+    card = Gpu(index=0, uuid="GPU-x", name=name)
+    product, family = ("H100-SXM5-80GB", "H100") if name == H100_NAME else (card.product, card.family)
     out = []
     for i in range(count):
         domain = f"{host}/nvlink-{domains[i]}" if domains is not None else f"{host}/nvswitch"
         out.append({
             "index": i, "uuid": f"GPU-{host}-{i:02d}", "name": name, "memoryMiB": memory_mib,
             "nvlinkDomain": domain, "healthy": True, "healthReasons": [],
-            "product": "H100-SXM5-80GB", "family": "H100",
+            "product": product, "family": family,
         })
     return out
 
@@ -43,10 +48,11 @@ def make_pool(service: Any, principal: Principal = LOCAL_OPERATOR, key: str = "p
 
 def build_node(pool_id: str, owner: str = "root", *, gpus: int = 8, cpus: int = 224,
                memory_gib: float = 2015.56, domains: Sequence[int] | None = None,
-               adopted: bool = True, at: datetime | None = None) -> Node:
+               adopted: bool = True, at: datetime | None = None, gpu_name: str = H100_NAME
+               ) -> Node:
     uuid = new_uuid()
     host = public_id("node", uuid)[5:13]
-    docs = gpu_docs(gpus, host, domains=domains)
+    docs = gpu_docs(gpus, host, domains=domains, name=gpu_name)
     at = at or datetime.now(UTC)
     node = Node(
         id=uuid, tenant_id=owner, pool_id=pool_id, site_id="site_x", join_token_id="jt_x",

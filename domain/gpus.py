@@ -1,41 +1,49 @@
 """GPUs as the control plane holds them: the ``Gpu`` value (its health rule, defined once)
-and GPU families (the model a pool holds, derived from a card's name)."""
+and the GPU model a pool holds, read from a user's spelling (the table: domain/gpu_models.py)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from better_compute.domain.errors import InvalidInput
-
-# Longest names first so that H100 is not read as H10, L40S not as L40 or L4.
-FAMILIES = (
-    "GB300", "GB200", "B300", "B200", "B100", "H200", "H800", "H100", "H20", "GH200",
-    "A800", "A100", "A40", "A30", "A16", "A10G", "A10", "A2", "L40S", "L40", "L20", "L4",
-    "V100", "T4", "RTX6000", "MI300X", "MI250X",
+from better_compute.domain.gpu_models import (
+    MAX_NAME,
+    ambiguous,
+    card_model,
+    clean,
+    is_driver_name,
+    known_model,
+    model_names,
 )
-_FAMILY_RE = re.compile(
-    r"(?<![A-Z0-9])(" + "|".join(sorted(FAMILIES, key=len, reverse=True)) + r")(?![0-9])"
-)
 
 
-def gpu_family(name: str) -> str | None:
-    """The family in a card's name: H100 for "NVIDIA H100 80GB HBM3" and "H100-SXM5-80GB"."""
-    compact = name.upper().replace("RTX 6000", "RTX6000")
-    match = _FAMILY_RE.search(compact)
-    return match.group(1) if match else None
-
-
-def parse_gpu_model(text: str) -> str:
-    family = gpu_family(text)
-    if family is None:
+def parse_gpu_model(text: str, flag: str = "--gpu-model") -> str:
+    """A user's spelling of a GPU model as the product spells it (``RTX 6000 Ada`` for
+    ``rtx-6000-ada``, ``H100`` for ``H100-SXM5-80GB``); a GPU the table does not know is
+    given by the name its driver reports (``NVIDIA B40``) and kept as written."""
+    shown = clean(text)
+    if len(shown) > MAX_NAME:
+        raise InvalidInput(f"{flag} is {len(shown):,} characters long: a GPU model is at most "
+                           f"{MAX_NAME}, such as H100 or 'RTX 6000 Ada'")
+    found = known_model(shown)
+    if found is not None:
+        return found.name
+    choices = ambiguous(shown)
+    if choices:
         raise InvalidInput(
-            f"--gpu-model {text!r} names no GPU family this control plane knows: use a family "
-            f"such as H100 (known: {', '.join(sorted(FAMILIES))})"
+            f"{flag} {shown!r} could be any of {', '.join(choices)}: these are different GPUs, "
+            f"so name one, as in {flag} {choices[0]!r} (docs/gpu-models.md)"
         )
-    return family
+    if not is_driver_name(shown):
+        raise InvalidInput(
+            f"{flag} {shown!r} names no GPU family this control plane knows: use one such as "
+            f"H100 (known: {', '.join(model_names())}); for a GPU not listed, pass the name its "
+            f"driver reports, as in {flag} 'NVIDIA B40' (nvidia-smi --query-gpu=name "
+            "--format=csv,noheader prints it)"
+        )
+    return shown
 
 
 @dataclass(frozen=True)
@@ -85,8 +93,9 @@ class Gpu:
 
     @property
     def model(self) -> str | None:
-        """The family it reported, else the one its name says (H100, L40S, ...)."""
-        return self.family or gpu_family(self.name)
+        """Its model (domain/gpu_models.py ``card_model``): the table's model its name (else
+        its reported family) names, else the name itself."""
+        return card_model(self.name, self.family)
 
     @property
     def why_unhealthy(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from better_compute.domain.gpu_models import same_model
 from better_compute.domain.gpus import gpus_of
 
 # Session states of a node (docs/nodes.md).
@@ -71,7 +72,7 @@ def diag_nvml(expect: dict[str, Any], gpus: list[dict[str, Any]]) -> tuple[bool,
     """``diag.nvml``: at least ``gpuCount`` healthy GPUs of the pool's model."""
     count = int(expect.get("gpuCount") or 0)
     model = str(expect.get("gpuModel") or "")
-    fitting = [g for g in gpus_of(gpus) if g.model == model]
+    fitting = [g for g in gpus_of(gpus) if same_model(g.model, model)]
     healthy = [g for g in fitting if g.healthy]
     if len(healthy) >= count:
         return True, f"{len(healthy)} healthy {model} GPUs (expected {count})"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from better_compute.domain.errors import NoCapacity
+from better_compute.domain.gpu_models import card_model, same_model, stored_model
 from better_compute.domain.gpus import Gpu
 from better_compute.domain.selectors import Selector
 
@@ -87,11 +88,15 @@ class PlacementRequest:
     nvlink: bool = False
     exclude_nodes: frozenset[str] = frozenset()
 
+    def __post_init__(self) -> None:  # a stored reservation's model, read with today's names
+        object.__setattr__(self, "model", stored_model(self.model))
+
     def qualifies(self, gpu: FreeGpu) -> bool:
         attrs = gpu.attributes
         if not gpu.healthy:
             return False
-        if self.model is not None and str(attrs.get("model") or "").upper() != self.model.upper():
+        if self.model is not None and not same_model(
+                card_model(attrs.get("name"), attrs.get("model")), self.model):
             return False
         if self.product is not None and attrs.get("product") != self.product:
             return False

@@ -7,8 +7,9 @@ from uuid import UUID
 
 from eventsourcing.domain import event
 
-from better_compute.domain.base import TenantOwned, iso
+from better_compute.domain.base import TenantOwned, fingerprint, iso
 from better_compute.domain.errors import InvalidInput
+from better_compute.domain.gpu_models import stored_model
 from better_compute.domain.ids import keyed_uuid, new_uuid
 
 NODE_CLASSES = ("metal-host",)
@@ -116,7 +117,7 @@ class Pool(TenantOwned):
             "tenantId": self.tenant_id,
             "siteId": self.site_id,
             "class": self.node_class,
-            "gpuModel": self.gpu_model,
+            "gpuModel": stored_model(self.gpu_model),  # a listing row's older snapshot too
             "policy": self.policy,
             "name": self.name,
             "key": self.key,
@@ -124,3 +125,34 @@ class Pool(TenantOwned):
             "offerings": offerings,
             "createdAt": iso(self.created_on),
         }
+
+
+def create_params(site_id: str, node_class: str, gpu_model: str, policy: dict[str, Any],
+                  name: str) -> dict[str, Any]:
+    """What a pool's idempotency key compares (its ``fingerprint``)."""
+    return {"site": site_id, "class": node_class, "gpuModel": gpu_model, "policy": policy,
+            "name": name}
+
+
+def _upcast_created_v1_v2(state: dict[str, Any]) -> None:
+    """``pool.created`` v1 stored the model as earlier versions spelled it (``RTX6000``); v2
+    holds today's name (domain/gpu_models.py ``LEGACY``, docs/gpu-models.md), and the
+    fingerprint of the same parameters spelled so, so that retrying the create with the same
+    key still returns the pool."""
+    old = state.get("gpu_model")
+    new = stored_model(old)
+    if not old or not new or new == old:
+        return
+    state["gpu_model"] = new
+
+    def fp(model: str) -> str:
+        return fingerprint(create_params(state.get("site_id", ""), state.get("node_class", ""),
+                                         model, state.get("policy") or {}, state.get("name", "")))
+
+    if state.get("fingerprint") == fp(old):
+        state["fingerprint"] = fp(new)
+
+
+# The event class the @event decorator made: its version and upcast, read by the store's codec.
+Pool.Created.class_version = 2  # type: ignore[attr-defined]
+Pool.Created.upcast_v1_v2 = staticmethod(_upcast_created_v1_v2)  # type: ignore[attr-defined]

@@ -16,7 +16,8 @@ Attributes (``ATTRIBUTES``): ``vramGiB`` (number, the card's memory in GiB),
 ``model`` (the family, H100), ``product`` (the board's product name),
 ``name`` (the name the driver reports), ``nvlinkDomain`` (string, or null when
 the GPU has no NVLink peers), ``index`` (number), ``healthy`` (true/false).
-Strings compare case-sensitively with ``==``/``!=``; ``<`` and friends take
+Strings compare case-sensitively with ``==``/``!=``, but a ``model`` literal is
+first read by the table of GPU models (``'h100'`` is ``H100``); ``<`` and friends take
 numbers only. A comparison with an attribute the GPU does not report is false.
 Parse errors name the position and say how to fix the expression.
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from better_compute.domain.errors import InvalidInput
+from better_compute.domain.gpu_models import known_model
 
 ATTRIBUTES: dict[str, str] = {
     "vramGiB": "number",
@@ -237,7 +239,7 @@ class _Parser:
         if not (self.tok.kind == "punct" and self.tok.text == "]"):
             raise _error(self.text, self.tok.pos, "expected ']'", "close the list with ]")
         self.take()
-        allowed = tuple(values)
+        allowed = tuple(_literal(attribute, v) for v in values)
         return lambda attrs: attrs.get(attribute) is not None and attrs.get(attribute) in allowed
 
     def parse_literal(self) -> Any:
@@ -249,7 +251,15 @@ class _Parser:
                      "write a number (80), a quoted string ('H100') or true/false")
 
 
+def _literal(attribute: str, value: Any) -> Any:
+    """A ``model`` literal as the table of GPU models spells it (``'h100'`` is ``H100``,
+    ``'rtx-6000-ada'`` is ``RTX 6000 Ada``: docs/gpu-models.md); any other value as written."""
+    found = known_model(value) if attribute == "model" and isinstance(value, str) else None
+    return found.name if found is not None else value
+
+
 def _compare(text: str, op: _Token, attribute: str, value: Any) -> Predicate:
+    value = _literal(attribute, value)
     kind = ATTRIBUTES[attribute]
     ordered = op.text in ("<", "<=", ">", ">=")
     is_number = isinstance(value, int | float) and not isinstance(value, bool)

@@ -8,6 +8,7 @@ aggregate applies to the row without loading anything else.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from better_compute.domain.base import TenantOwned
@@ -38,6 +39,7 @@ class Listings(ReadModel):
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
+        self.begin_batch()
 
     def table_names(self) -> list[str]:
         return ["bc_listing"]
@@ -52,43 +54,85 @@ class Listings(ReadModel):
             "CREATE INDEX IF NOT EXISTS bc_listing_kind ON bc_listing (kind, created_seq)",
         ]
 
+    def begin_batch(self) -> None:
+        # A batch's events, grouped by aggregate: each listed aggregate is read (its row's
+        # snapshot) and written (its document and snapshot) once per batch, however many of
+        # its events the batch holds: a node takes one event per reservation bound on it and
+        # one per release, and its document was rendered again at each.
+        self._pending: dict[str, _Pending] = {}
+        self._absent: set[str] = set()  # aggregates this read model has no row of
+
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
+        if _owner(event) in _UNLISTED:  # a reservation's, bookings' or quota's event
+            return
         uuid = str(event.originator_id)
+        pending = self._pending.get(uuid)
+        if pending is not None:
+            pending.aggregate = event.mutate(pending.aggregate)
+            return
+        if uuid in self._absent:
+            return
         if event.originator_version == 1:
             aggregate = event.mutate(None)
-            if kind_of(aggregate) not in LISTED_KINDS:  # reservations, bookings, quotas, PKI
+            if kind_of(aggregate) not in LISTED_KINDS:  # PKI, and any kind not listed
+                self._absent.add(uuid)
                 return
-            created_seq = sequence
-        else:
-            sql.execute(
-                cursor, "SELECT snapshot_topic, snapshot, created_seq FROM bc_listing WHERE uuid = ?",
-                (uuid,),
-            )
-            row = cursor.fetchone()
-            if row is None:  # an aggregate this read model does not list
-                return
-            aggregate = after_event(self.codec, row, event)
-            created_seq = row["created_seq"]
-        topic, state = self.codec.snapshot(aggregate)
-        params = (
-            kind_of(aggregate), aggregate.public_id, aggregate.tenant_id, audience_of(aggregate),
-            created_seq, aggregate.version, jsontext.dumps(aggregate.to_doc()), topic, state, uuid,
+            self._pending[uuid] = _Pending(aggregate, sequence, True)
+            return
+        sql.execute(
+            cursor, "SELECT snapshot_topic, snapshot, created_seq FROM bc_listing WHERE uuid = ?",
+            (uuid,),
         )
-        if event.originator_version == 1:
-            sql.execute(
-                cursor,
-                "INSERT INTO bc_listing (kind, id, tenant_id, audience, created_seq, version, doc, "
-                "snapshot_topic, snapshot, uuid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                params,
+        row = cursor.fetchone()
+        if row is None:  # an aggregate this read model does not list
+            self._absent.add(uuid)
+            return
+        self._pending[uuid] = _Pending(after_event(self.codec, row, event), row["created_seq"],
+                                       False)
+
+    def end_batch(self, sql: Sql, cursor: Any) -> None:
+        for uuid, pending in self._pending.items():
+            aggregate = pending.aggregate
+            topic, state = self.codec.snapshot(aggregate)
+            params = (
+                kind_of(aggregate), aggregate.public_id, aggregate.tenant_id,
+                audience_of(aggregate), pending.created_seq, aggregate.version,
+                jsontext.dumps(aggregate.to_doc()), topic, state, uuid,
             )
-        else:
-            sql.execute(
-                cursor,
-                "UPDATE bc_listing SET kind = ?, id = ?, tenant_id = ?, audience = ?, "
-                "created_seq = ?, version = ?, doc = ?, snapshot_topic = ?, snapshot = ? "
-                "WHERE uuid = ?",
-                params,
-            )
+            if pending.new:
+                sql.execute(
+                    cursor,
+                    "INSERT INTO bc_listing (kind, id, tenant_id, audience, created_seq, version, "
+                    "doc, snapshot_topic, snapshot, uuid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    params,
+                )
+            else:
+                sql.execute(
+                    cursor,
+                    "UPDATE bc_listing SET kind = ?, id = ?, tenant_id = ?, audience = ?, "
+                    "created_seq = ?, version = ?, doc = ?, snapshot_topic = ?, snapshot = ? "
+                    "WHERE uuid = ?",
+                    params,
+                )
+        self._pending = {}
+
+
+@dataclass
+class _Pending:
+    """A listed aggregate as of the batch's events so far, and whether its row is new."""
+
+    aggregate: Any
+    created_seq: int
+    new: bool
+
+
+# Aggregates whose events never reach a row: their event classes are defined on them
+# (``Reservation.Placed``), so the class tells without reading the table.
+_UNLISTED = frozenset({"reservation", "nodebookings", "quotause", "pkibundle"})
+
+
+def _owner(event: Any) -> str:
+    return type(event).__qualname__.split(".", 1)[0].lower()
 
 
 def query_listing(

@@ -1,8 +1,9 @@
 """Acceptance checks bcd runs for the control plane before a node is adopted.
 
 ``diag.nvml``: passes when the GPU source (NVML, nvidia-smi or the fake file) shows
-exactly ``expect.gpuCount`` healthy GPUs of the family ``expect.gpuModel`` (the pool's
-``--gpu-model``; the family is derived from each card's name, agent/gpu/family.py),
+exactly ``expect.gpuCount`` healthy GPUs of the model ``expect.gpuModel`` (the pool's
+``--gpu-model``; each card's model is read from its name by the one table of GPU models,
+domain/gpu_models.py, through agent/gpu/family.py),
 and no GPU of another family. Without ``gpuCount`` any number of at least one passes;
 without ``gpuModel`` any family does. The message says which GPUs fell short and why.
 """
@@ -17,6 +18,7 @@ import msgspec
 from better_compute.api.wire.sections import Check, SectionInvalid, read
 
 from ..gpu import Gpu, Inventory
+from ..gpu.family import card_model, same_model
 
 
 class NvmlExpect(msgspec.Struct, rename="camel", kw_only=True):
@@ -48,10 +50,9 @@ def diag_nvml(expect: Mapping[str, Any], inventory: Inventory | None,
         return CheckResult(kind=kind, passed=False, message=f"{exc}: the pool's policy is "
                            "not one this bcd reads; upgrade bcd")
     model, count = wants.gpu_model, wants.gpu_count
-    wanted = model.lower() if model else None
 
-    def of_model(gpu: Gpu) -> bool:
-        return wanted is None or (gpu.family or "").lower() == wanted
+    def of_model(gpu: Gpu) -> bool:  # the one table's rule (domain/gpu_models.py)
+        return not model or same_model(card_model(gpu.name, gpu.family), model)
 
     healthy = [gpu for gpu in inventory.gpus if gpu.is_healthy and of_model(gpu)]
     problems = [_describe(gpu) for gpu in inventory.gpus if not gpu.is_healthy]

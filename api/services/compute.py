@@ -34,7 +34,7 @@ from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.ids import NAMESPACE, check_key, check_tenant_id, keyed_or_new, parse_id
 from better_compute.domain.pki import PKI_ID, PkiBundle
 from better_compute.domain.policy import parse_policy, policy_to_dict
-from better_compute.domain.pool import Pool, check_node_class, parse_quota
+from better_compute.domain.pool import Pool, check_node_class, create_params, parse_quota
 from better_compute.domain.site import Site, check_new_site
 from better_compute.domain.tenant import Tenant, tenant_uuid
 from better_compute.domain.text import check_name
@@ -266,9 +266,7 @@ class ComputeService:
         checked = policy_to_dict(parse_policy(policy, source="the pool policy"))
         if key:
             check_key(key)
-        params = {"site": site.public_id, "class": node_class, "gpuModel": family,
-                  "policy": checked, "name": name or ""}
-        fp = fingerprint(params)
+        fp = fingerprint(create_params(site.public_id, node_class, family, checked, name or ""))
         uuid = self.new_id(principal.tenant_id, "pool", key)
         pool = self.aggregates.create_once(
             Pool,

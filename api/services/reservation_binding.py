@@ -71,6 +71,19 @@ class ReservationBinding:
         self.core.retrying(change)
         return done["changed"]
 
+    def bind_at_create(self, rsv: Reservation, now: datetime) -> list[TenantOwned]:
+        """A reservation that starts now binds in its create's own save: ``reservation.binding``
+        and the node's device assignment are recorded with ``reservation.placed``, so no
+        timers' pass loads and saves it again. Returns the node to save with it (none when
+        it starts later: the timers bind it at its start)."""
+        if rsv.start > now:
+            return []
+        rsv.begin_binding(now)
+        node = self.core.get(Node, parse_id("node", rsv.node_id))
+        if node is not None and node.assign_devices(rsv.assignment(), now):
+            return [node]
+        return []
+
     def begin_bindings(self, uuids: list[UUID], now: datetime) -> list[UUID]:
         """``begin_binding`` for many reservations in ONE save (the timers' pass under a
         stream of creates); on a conflict each one again on its own. Returns those bound."""

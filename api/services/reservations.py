@@ -44,6 +44,7 @@ from better_compute.domain.errors import (
     NotFound,
     QuotaExceeded,
 )
+from better_compute.domain.gpu_models import same_model
 from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.ids import check_key, parse_id, public_id
 from better_compute.domain.placement import PlacementRequest
@@ -154,8 +155,8 @@ class ReservationService:
         check_gpu_count(gpus)
         family = None
         if model:
-            family = parse_gpu_model(model)
-            if family != pool.gpu_model:
+            family = parse_gpu_model(model, "--model")
+            if not same_model(family, pool.gpu_model):
                 raise InvalidInput(
                     f"--model {model} does not match pool {pool.public_id}, which holds "
                     f"{pool.gpu_model} GPUs: drop --model or pick a pool of {family}"
@@ -248,7 +249,7 @@ class ReservationService:
                 done = self._book_and_save(principal, uuid=uuid, tenant=tenant, pool=pool,
                                            gpus=gpus, fields=fields, key=key, fp=fp,
                                            placement=placement, begin=begin, end=end,
-                                           quota=quota, give_up=give_up)
+                                           quota=quota, give_up=give_up, now=now)
             finally:
                 self.core.unclaim(pool.public_id, placement.node_id)
             if done is not None:
@@ -259,9 +260,10 @@ class ReservationService:
     def _book_and_save(self, principal: Principal, *, uuid: Any, tenant: str, pool: Pool,
                        gpus: int, fields: dict[str, Any], key: str | None, fp: str,
                        placement: Any, begin: datetime, end: datetime, quota: Any,
-                       give_up: float) -> dict[str, Any] | None:
-        """Book ``placement`` and save reservation, bookings and quota in ONE write; None
-        when another writer got there first (place again)."""
+                       give_up: float, now: datetime) -> dict[str, Any] | None:
+        """Book ``placement`` and save reservation, bookings and quota in ONE write (with its
+        binding and the node's assignment when it starts now); None when another writer got
+        there first (place again)."""
         rsv_id = public_id("rsv", uuid)
         bookings = self.core.bookings_of(placement.node_id, pool)
         allocation_id = new_allocation_id()
@@ -279,8 +281,10 @@ class ReservationService:
             node_id=placement.node_id, gpus=list(placement.gpus), cpus=placement.cpus,
             memory_gib=placement.memory_gib,
         )
+        answer = rsv.to_doc()  # placed: what the placer did (docs/reservations.md)
+        node = self.binding.bind_at_create(rsv, now)
         try:
-            self.store.save(rsv, bookings, *([quota] if quota is not None else []))
+            self.store.save(rsv, bookings, *([quota] if quota is not None else []), *node)
         except IntegrityError:
             existing = self.core.get(Reservation, uuid)
             if existing is not None:  # the same key won a race: that is our answer
@@ -293,7 +297,7 @@ class ReservationService:
                     "command again with the same --key"
                 ) from None
             return None
-        return rsv.to_doc()
+        return answer
 
     def preview(self, principal: Principal, *, tenant_id: str | None, pool_id: str, gpus: int,
                 duration: str, model: str | None = None, product: str | None = None,

@@ -210,7 +210,9 @@ def _register_pools(sub: Any) -> None:
     p.add_argument("--site", required=True, metavar="SITE", help="the site (site_…) of the pool")
     p.add_argument("--class", dest="node_class", required=True, metavar="CLASS",
                    help="metal-host: joining machines become host nodes whose GPUs are held")
-    p.add_argument("--gpu-model", required=True, help="the GPU family, for example H100")
+    p.add_argument("--gpu-model", required=True,
+                   help="the GPU model (family), for example H100 or 'RTX 6000 Ada' "
+                   "(docs/gpu-models.md)")
     p.add_argument("--policy-file", required=True, metavar="FILE",
                    help='JSON: {"acceptance": [{"kind": "diag.nvml"}], "expect": {"gpuCount": 8}}')
     p.add_argument("--name", help="a display name")

@@ -31,7 +31,7 @@ def test_a_cached_aggregate_shows_what_another_process_saved(env: dict[str, str]
     rsv_id, uuid = _reserve(runtime)
     aggregates = runtime.services.aggregates
     first = aggregates.get(Reservation, uuid)
-    assert first is not None and first.state == "placed"
+    assert first is not None and first.state == "binding"  # it started: bound in its save
     assert runtime.store.cache._entries[uuid][0] == first.version  # it is cached
 
     other = open_runtime(env)
@@ -51,11 +51,11 @@ def test_a_change_never_saved_leaves_the_cache_as_it_was(runtime: Any) -> None:
     _, uuid = _reserve(runtime)
     aggregates = runtime.services.aggregates
     loaded = aggregates.get(Reservation, uuid)
-    assert loaded is not None and loaded.state == "placed"
+    assert loaded is not None and loaded.state == "binding"
     assert loaded.release(datetime.now(UTC), reason="never saved")  # a command that then fails
     assert loaded.state == "released" and loaded.pending_events
 
     fresh = aggregates.get(Reservation, uuid)
     assert fresh is not None and fresh is not loaded
-    assert fresh.state == "placed" and not fresh.pending_events
+    assert fresh.state == "binding" and not fresh.pending_events
     assert fresh.version == loaded.version - 1

@@ -682,7 +682,7 @@ def _nodes_remove(w: World) -> None:
     w.refused("root", "nodes.remove", "conflict", nodeId=holding)  # held: needs --force
     for node in ("node_acme", "node_both", "node_root"):
         assert node_state(w, node)["provisionState"] == "adopted"
-    assert rsv(w, "rsv_acme")["state"] == "placed"
+    assert rsv(w, "rsv_acme")["state"] == "binding"  # as it was
     removed = w.ok("acme-admin", "nodes.remove", nodeId=w.ids["node_acme"], reason="retired")
     assert removed["provisionState"] == "removed"
 

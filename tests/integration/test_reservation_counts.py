@@ -31,7 +31,8 @@ def test_counts_follow_every_state_and_survive_an_upgrade(runtime: Any) -> None:
     clock.advance(minutes=1)
     counted = _counted(runtime)
     assert counted == _listed(runtime)
-    assert counted[("acme", pool, kept["state"])] == 1
+    assert kept["state"] == "placed"  # the answer; it started, so it is binding now
+    assert counted[("acme", pool, "binding")] == 1
     assert counted[("root", pool, "released")] == 1
 
     # Version 1 knew no counts: its rows stay, its position is 0 for version 2.

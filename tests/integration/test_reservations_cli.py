@@ -44,7 +44,7 @@ def test_reserve_get_extend_release(env: dict[str, str]) -> None:
     assert "idempotency key" not in err  # a given key is not new: nothing to print
 
     code, out, _ = cli(env, "reservations", "get", first["id"], "--query", "state")
-    assert (code, out.strip()) == (0, "placed")
+    assert (code, out.strip()) == (0, "binding")  # it started: its node has the hold to make
     code, out, _ = cli(env, "reservations", "get", first["id"], "--query", "binding")
     assert (code, out.strip()) == (0, "null")
     code, out, _ = cli(env, "reservations", "list", "--query", "[].id")

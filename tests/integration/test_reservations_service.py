@@ -14,6 +14,8 @@ import better_compute.api.services.reservation_journal  # noqa: F401  (registers
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.gateway.journal import journal_handlers
 from better_compute.api.services.reservations import ReservationService
+from better_compute.api.store.actor import CONTROLLER_RESERVATIONS, as_actor
+from better_compute.api.store.eventlog import EventLog
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
@@ -89,7 +91,7 @@ def test_reserve_packs_books_and_retries_with_the_same_key(runtime: Any) -> None
     assert set(second["gpus"]).isdisjoint(first["gpus"])
     assert len(bookings(runtime, first["nodeId"]).bookings) == 2
     assert [r["id"] for r in rs.list(OP, None, None, None)] == [first["id"], second["id"]]
-    assert rs.get_doc(OP, first["id"])["state"] == "placed"
+    assert rs.get_doc(OP, first["id"])["state"] == "binding"  # it started: bound in its save
 
 
 def test_quota_and_capacity_errors_say_which_and_what_is_available(runtime: Any) -> None:
@@ -143,7 +145,7 @@ def test_cancel_before_start_and_refused_after(runtime: Any) -> None:
     with pytest.raises(Conflict) as started:
         rs.release(OP, now["id"], cancel=True)
     assert "only withdraws a reservation before its start" in started.value.message
-    assert rs.get_doc(OP, now["id"])["state"] == "placed"
+    assert rs.get_doc(OP, now["id"])["state"] == "binding"  # as it was
 
 
 def test_future_bookings_are_intervals(runtime: Any) -> None:
@@ -170,6 +172,7 @@ def test_extend_when_free_and_refused_into_another_booking(runtime: Any) -> None
 def test_reservations_end_on_their_own(runtime: Any) -> None:
     rs, clock, pool, _ = setup(runtime, nodes=1, quota=8)
     a = reserve(rs, pool, 8, who=ACME, duration="1h")
+    journal(runtime, a["nodeId"], bound_entry(a))  # its node holds it: active
     timers = ReservationTimers(rs)
     clock.advance(minutes=59)
     assert timers.tick().expired == []
@@ -180,11 +183,46 @@ def test_reservations_end_on_their_own(runtime: Any) -> None:
     assert reserve(rs, pool, 8, who=ACME)["state"] == "placed"  # quota refunded, GPUs free
 
 
+def test_a_reservation_that_starts_now_binds_in_its_create_s_one_save(runtime: Any,
+                                                                   monkeypatch: Any) -> None:
+    """No timers' pass has to load and save it again: placed, binding and the node's hold are
+    one write; a later start stays placed until the timers reach its start."""
+    rs, clock, pool, _ = setup(runtime)
+    saves: list[list[str]] = []
+    real = runtime.store.save
+    monkeypatch.setattr(runtime.store, "save", lambda *aggs: saves.append(
+        [type(a).__name__ for a in aggs]) or real(*aggs))
+    a = reserve(rs, pool, 4, who=ACME)
+    assert a["state"] == "placed"  # the answer: what the placer did
+    assert saves == [["Reservation", "NodeBookings", "QuotaUse", "Node"]]
+    doc = rs.get_doc(ACME, a["id"])
+    assert doc["state"] == "binding" and doc["nodeId"] == a["nodeId"]
+    [hold] = node(runtime, a["nodeId"]).desired_sections()["devices"]["assignments"]
+    assert hold["allocationId"] == a["allocationId"] and hold["gpus"] == a["gpus"]
+
+    later = reserve(rs, pool, 2, who=ACME, start="+1h")
+    assert len(saves) == 2 and "Node" not in saves[-1]
+    assert rs.get_doc(ACME, later["id"])["state"] == "placed"
+    timers = ReservationTimers(rs)
+    assert not timers.tick().changed
+    journal(runtime, a["nodeId"], bound_entry(a))  # the first one's node holds it
+    clock.advance(hours=1)
+    assert as_actor(CONTROLLER_RESERVATIONS, timers.tick)().binding == [later["id"]]
+    # Who recorded each binding (docs/events.md): the creator's hand, then the controller's.
+    bindings = {e.subject: e.actor for e in EventLog(runtime.store).read(0, 10_000)
+                if e.type == "reservation.binding"}
+    assert bindings == {a["id"]: None, later["id"]: CONTROLLER_RESERVATIONS}  # None: no actor set
+
+
 def test_binding_makes_the_reservation_active_with_exactly_the_booked_gpus(runtime: Any) -> None:
     rs, clock, pool, _ = setup(runtime)
     a = reserve(rs, pool, 4)
+    assert a["state"] == "placed"  # the answer: what the placer did
+    # It starts now, so its create's own save began the binding and gave the node its hold:
+    # nothing is left for the timers.
+    assert rs.get_doc(OP, a["id"])["state"] == "binding"
     timers = ReservationTimers(rs)
-    assert timers.tick().binding == [a["id"]]
+    assert not timers.tick().changed
     n = node(runtime, a["nodeId"])
     [assignment] = n.desired_sections()["devices"]["assignments"]
     assert assignment == {"allocationId": a["allocationId"], "reservationId": a["id"],

@@ -19,7 +19,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
-BCD_CODE = [ROOT / "agent", ROOT / "api" / "wire", ROOT / "api" / "__init__.py"]
+BCD_CODE = [ROOT / "agent", ROOT / "api" / "wire", ROOT / "api" / "__init__.py",
+            ROOT / "domain" / "gpu_models.py"]
 LOCK = ROOT / "scripts" / "bcd.lock"
 # Modules a library imports on bcd's behalf, when bcd's code uses one of its parts.
 INDIRECT = {"msgspec.toml": "tomli_w"}

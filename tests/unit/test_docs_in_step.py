@@ -121,3 +121,20 @@ def test_every_environment_variable_is_documented() -> None:
     stale = sorted(v for v in PENDING_VARIABLES if v in docs or v not in used)
     assert not stale, f"remove from PENDING_VARIABLES (documented, or no longer read): {stale}"
     assert not missing, f"environment variables read by the code but not in docs/: {missing}"
+
+
+def test_the_gpu_models_table_is_the_codes() -> None:
+    """docs/gpu-models.md lists exactly domain/gpu_models.py's MODELS, in order."""
+    from better_compute.domain.gpu_models import MODELS
+
+    text = (DOCS / "gpu-models.md").read_text()
+    table = text.split("<!-- gpu-models:", 1)[1].split("<!-- /gpu-models -->", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in table.splitlines()[3:] if line.startswith("|")]
+
+    def names(cell: str) -> list[str]:
+        return re.findall(r"`([^`]+)`", cell)
+
+    documented = [(names(r[0])[0], r[1], r[2], names(r[3]), names(r[4])) for r in rows]
+    assert documented == [(m.name, m.vendor, m.architecture, list(m.reports), list(m.aliases))
+                          for m in MODELS]

@@ -3,7 +3,9 @@
 - domain/ does no I/O and imports nothing of ours but domain/;
 - projections/ import only domain/ (and themselves);
 - agent/ imports only api/wire/ (and itself): the single-file bcd ships exactly those;
-- api/ never imports cli/ or agent/; api/wire/ imports nothing of ours but itself;
+- api/ never imports cli/ or agent/; api/wire/ imports nothing of ours but itself and the one
+  table of GPU models (domain/gpu_models.py), which imports the standard library only, so bcd
+  ships it beside the wire schemas (scripts/build-bcd);
 - cli/ reaches the server only through its client (cli/client.py), except the commands that
   ARE the server's local tools and say so below.
 """
@@ -11,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,8 +99,22 @@ def test_agent_imports_only_the_wire_schemas() -> None:
     assert violations("agent", (f"{PACKAGE}.agent", f"{PACKAGE}.api.wire")) == []
 
 
+# The domain's modules that api/wire/ (and so bcd) may import: each imports the standard
+# library only, and scripts/build-bcd copies it into the single-file bcd.
+WIRE_FROM_DOMAIN = (f"{PACKAGE}.domain.gpu_models",)
+
+
 def test_wire_schemas_import_nothing_else_of_ours() -> None:
-    assert violations("api/wire", (f"{PACKAGE}.api.wire",)) == []
+    assert violations("api/wire", (f"{PACKAGE}.api.wire", *WIRE_FROM_DOMAIN)) == []
+
+
+@pytest.mark.parametrize("module", WIRE_FROM_DOMAIN)
+def test_the_domain_modules_bcd_ships_import_only_the_standard_library(module: str) -> None:
+    path = ROOT / Path(*module.split(".")[1:]).with_suffix(".py")
+    found = {name.split(".")[0] for _, name in imports(path)} - {"__future__"}
+    assert found <= set(sys.stdlib_module_names), found
+    build = (ROOT / "scripts" / "build-bcd").read_text()
+    assert f"cp {path.relative_to(ROOT)} " in build  # shipped in the single file
 
 
 def test_api_never_imports_the_cli_or_the_agent() -> None:
