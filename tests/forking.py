@@ -10,11 +10,13 @@ really run at the same moment.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tests.support import wait_for_line
@@ -80,12 +82,12 @@ class Forker:
         return [Child(*answer) for answer in json.loads(line)]
 
 
-@contextmanager
+@contextlib.contextmanager
 def forker(env: Mapping[str, str], *modules: str) -> Iterator[Forker]:
     """A forker with ``env`` as its (and its children's) environment, ``modules`` imported."""
     process = subprocess.Popen([sys.executable, "-c", _FORKER, *modules], env=dict(env),
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         wait_for_line(process, "ready", timeout=120)
         yield Forker(process)
@@ -97,3 +99,5 @@ def forker(env: Mapping[str, str], *modules: str) -> Iterator[Forker]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        with contextlib.suppress(ProcessLookupError):  # a child left behind by a failure
+            os.killpg(process.pid, signal.SIGKILL)
