@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ordering import pytest_collection_modifyitems  # noqa: F401  (the run's order)
 from tests.support import drop_schema, open_runtime, quick_init, store_env
 
 BACKENDS = [b for b in os.environ.get("BC_TEST_BACKENDS", "sqlite,postgres").split(",") if b]
@@ -27,6 +28,17 @@ def backend(request: pytest.FixtureRequest) -> str:
 def env(backend: str, tmp_path: Path) -> Iterator[dict[str, str]]:
     """The environment of a fresh, empty store on ``backend``."""
     e = store_env(backend, tmp_path)
+    yield e
+    drop_schema(e)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def shared_env(request: pytest.FixtureRequest,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Like ``env``, one store on each backend shared by a module's tests: only for tests
+    that leave it as they found it (refusals that assert the event log did not move, reads),
+    so that none depends on another or on the order they run in."""
+    e = store_env(str(request.param), tmp_path_factory.mktemp("shared"))
     yield e
     drop_schema(e)
 

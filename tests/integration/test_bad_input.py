@@ -4,7 +4,8 @@ Each case runs the CLI in-process (the same code path as the installed
 command, without a process start) against an initialized store that already
 holds a site, a pool offered to ``acme`` and an ``acme`` admin token. After the
 command, the head of the event log must not have moved, and the error must
-name the problem and the fix.
+name the problem and the fix. That is why the tests share one such store (a module's, on
+each backend): none of them changes it.
 """
 
 from __future__ import annotations
@@ -52,8 +53,12 @@ class Store:
         return err
 
 
-@pytest.fixture
-def store(env: dict[str, str], tmp_path: Path) -> Iterator[Store]:
+@pytest.fixture(scope="module")
+def store(shared_env: dict[str, str],
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """One such store a module and backend: every test that uses it is refused, and each
+    refusal asserts that the event log did not move, so none sees another's traces."""
+    env, tmp_path = shared_env, tmp_path_factory.mktemp("bad-input")
     initialize(env)
     rt = open_runtime(env)
     s = Store(env, rt, tmp_path)

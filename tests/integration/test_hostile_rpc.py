@@ -6,6 +6,7 @@ never an HTTP 500 in text/plain) and leaves the event log where it was.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 from collections.abc import Iterator
@@ -20,8 +21,8 @@ from tests.hostile import App, World, build_world, code_of, raw_post
 MiB = 1 << 20
 
 
-@pytest.fixture
-def world(env: dict[str, str]) -> Iterator[World]:
+@contextlib.contextmanager
+def _world(env: dict[str, str]) -> Iterator[World]:
     w = build_world(env)
     try:
         yield w
@@ -29,9 +30,30 @@ def world(env: dict[str, str]) -> Iterator[World]:
         w.rt.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def world(shared_env: dict[str, str]) -> Iterator[World]:
+    """One world a module and backend: the tests that use it are refused or only read, and
+    each refusal asserts that the event log did not move, so none sees another's traces."""
+    with _world(shared_env) as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
 def app(world: World) -> Iterator[App]:
     with App(world.rt) as a:
+        yield a
+
+
+@pytest.fixture
+def fresh_world(env: dict[str, str]) -> Iterator[World]:
+    """A world of its own, for a test that writes or lists everything."""
+    with _world(env) as w:
+        yield w
+
+
+@pytest.fixture
+def fresh_app(fresh_world: World) -> Iterator[App]:
+    with App(fresh_world.rt) as a:
         yield a
 
 
@@ -181,7 +203,8 @@ def test_deep_params_are_refused(app: App, world: World, params: dict[str, Any])
 
 
 def test_a_token_with_too_many_calls_is_rate_limited_and_others_are_not(
-        app: App, world: World) -> None:
+        fresh_app: App, fresh_world: World) -> None:
+    app, world = fresh_app, fresh_world  # the admission gates are the app's: its own
     admission = app.app.state.bc.admission
     key = http_limits.caller_key(None, world.tokens["reader"])
     release = app.portal.call(anyio.Event)
@@ -232,8 +255,9 @@ def test_trailing_newlines_are_refused(app: App, world: World, method: str,
     refused(app, world, method, "root", params)
 
 
-def test_a_tenant_with_a_trailing_newline_is_not_a_second_tenant(app: App,
-                                                                 world: World) -> None:
+def test_a_tenant_with_a_trailing_newline_is_not_a_second_tenant(fresh_app: App,
+                                                                 fresh_world: World) -> None:
+    app, world = fresh_app, fresh_world  # lists every tenant: a store of its own
     refused(app, world, "tenants.create", "root", {"tenantId": "acme\n", "name": "Acme"})
     listed = app.call("tenants.list", world.tokens["root"])["result"]
     assert sorted(t["id"] for t in listed) == ["acme", "root"]
@@ -261,7 +285,8 @@ def test_a_notification_gets_no_answer(app: App, world: World) -> None:
     assert answered.status_code == 200 and answered.json()["id"] is None
 
 
-def test_a_notification_still_runs(app: App, world: World) -> None:
+def test_a_notification_still_runs(fresh_app: App, fresh_world: World) -> None:
+    app, world = fresh_app, fresh_world  # it writes: a store of its own
     before = world.head()
     body = json.dumps({"jsonrpc": "2.0", "method": "sites.create",
                        "params": {"kind": "shared", "region": "eu-9"}}).encode()

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
 from better_compute.api.runtime import Runtime
 from better_compute.domain.token import ApiToken, token_hash
+from tests.forking import forker
 from tests.support import open_runtime, quick_init
 from tests.watching import write_sites
 
@@ -54,6 +53,9 @@ runtime.projections.batch_size = 100
 runtime.projections.catch_up("listings")
 print("caught up", flush=True)
 """
+# What every child imports: the forker imports it once, before forking them.
+PRELOAD = ("better_compute.api.runtime", "better_compute.projections.framework",
+           "better_compute.projections.listings")
 
 
 def _backlog(runtime: Runtime) -> None:
@@ -123,17 +125,17 @@ def test_killed_catch_ups_leave_a_read_model_equal_to_a_rebuild(env: dict[str, s
         head = runtime.projections.source.head()
         positions = [_position(runtime)]
         kills = 0
-        while positions[-1] < head and kills < 20:
-            mode = rng.choice(["apply", "apply", "batch"])
-            n = rng.randint(1, 250) if mode == "apply" else rng.randint(1, 2)
-            child = subprocess.run([sys.executable, "-c", CHILD, mode, str(n)], env=env,
-                                   capture_output=True, text=True, timeout=120)
-            if child.returncode == 0:
-                assert "caught up" in child.stdout
-            else:
-                assert child.returncode == -9, child.stderr
-                kills += 1
-            positions.append(_check(runtime, rng))
+        with forker(env, *PRELOAD) as children:  # each child a process of its own, forked
+            while positions[-1] < head and kills < 20:
+                mode = rng.choice(["apply", "apply", "batch"])
+                n = rng.randint(1, 250) if mode == "apply" else rng.randint(1, 2)
+                child, = children.run(CHILD, [mode, str(n)])
+                if child.returncode == 0:
+                    assert "caught up" in child.stdout
+                else:
+                    assert child.returncode == -9, child.stderr
+                    kills += 1
+                positions.append(_check(runtime, rng))
         assert kills >= 8, f"only {kills} kills: the backlog is too small to test anything"
         assert positions == sorted(positions)  # progress is never lost
         runtime.projections.catch_up("listings")

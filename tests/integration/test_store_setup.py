@@ -10,40 +10,23 @@ them insert the same row (IntegrityError, seen under load). api/store/store.py's
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
+from tests.forking import forker
 from tests.support import initialize
 
 OPENERS = 6
 
-# Imports first, then wait for the go line on stdin, so that every process opens at once.
 _OPEN = """
-import sys
 from better_compute.api.runtime import Runtime
-sys.stdin.readline()
 Runtime.open().close()
 print("opened")
 """
 
 
 def _open_all_at_once(env: dict[str, str]) -> list[tuple[int, str, str]]:
-    processes = [subprocess.Popen([sys.executable, "-c", _OPEN], env=env, text=True,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE) for _ in range(OPENERS)]
-    results = []
-    try:
-        for process in processes:
-            assert process.stdin is not None
-            process.stdin.write("go\n")
-            process.stdin.flush()
-        for process in processes:
-            out, err = process.communicate(timeout=120)
-            results.append((process.returncode, out, err))
-    finally:
-        for process in processes:
-            process.kill()
-    return results
+    """OPENERS processes, forked at the same moment from one that imported the product."""
+    with forker(env, "better_compute.api.runtime") as processes:
+        children = processes.run(_OPEN, *([[]] * OPENERS))
+    return [(c.returncode, c.stdout, c.stderr) for c in children]
 
 
 def test_processes_opening_a_new_store_together_all_succeed(env: dict[str, str]) -> None:
