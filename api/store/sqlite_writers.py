@@ -35,7 +35,7 @@ class WriterLock:
 
     @contextmanager
     def held(self) -> Iterator[None]:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             self._acquire(fd)
             yield

@@ -194,7 +194,8 @@ def private_sqlite_files(path: Path) -> None:
     _tighten(folder, 0o700)
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.name}-journal"):
+    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.name}-journal",
+                 f"{path.name}-writer.lock"):
         _tighten(folder / name, 0o600)
 
 
