@@ -31,11 +31,17 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             ) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp(f"console-{request.param}")
     env = store_env(str(request.param), tmp)
+    log = tmp / "serve.log"  # a file: a pipe nobody reads fills up over the module's tests
     try:
-        with running_cluster(env, tmp, FAST) as c:
+        with running_cluster(env, tmp, FAST, log_file=log) as c:
             c.join()
             c.start_agent(epoch=1)
-            eventually(lambda: c.provision_state(c.node) == "adopted", "the node is adopted")
+            try:
+                eventually(lambda: c.provision_state(c.node) == "adopted",
+                           "the node is adopted")
+            except AssertionError as slow:  # say why (it failed once, at the suite's start)
+                raise AssertionError(f"{slow}: it is {c.provision_state(c.node)!r}; serve's "
+                                     f"log ends {log.read_text()[-4000:]!r}") from None
             yield c
     finally:
         drop_schema(env)
