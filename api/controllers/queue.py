@@ -21,6 +21,7 @@ from datetime import datetime
 
 from better_compute.api.services.reservation_queue import DispatchReport
 from better_compute.api.services.reservations import ReservationService
+from better_compute.domain.errors import Unavailable
 from better_compute.projections.earliest_index import changed_pools
 from better_compute.projections.reservations import queued_pools
 
@@ -65,6 +66,8 @@ class QueueDispatcher:
             try:
                 report.pools[pool_id] = service.dispatch(pool_id, now)
                 undecided = report.pools[pool_id].undecided
+            except Unavailable:  # the store is away: the pass ends, its loop logs it once
+                raise
             except Exception:  # one pool's trouble never stops the others
                 log.exception("dispatching pool %s failed; it is looked at again next pass",
                               pool_id)

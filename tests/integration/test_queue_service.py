@@ -276,3 +276,22 @@ def test_a_draining_node_takes_no_new_work() -> None:
     assert node_.schedulable
     node_.draining = True  # what nodes drain records (the day-2 issue): no new work
     assert not node_.schedulable
+
+
+def test_a_store_outage_ends_the_dispatch_pass_without_a_traceback_per_pool(
+        runtime: Any, monkeypatch: Any, caplog: Any) -> None:
+    """The pass fails as a whole and its loop logs the outage once (api/supervise.py Retry);
+    a traceback per pool and pass filled serve's log during an outage."""
+    from better_compute.domain.errors import Unavailable
+
+    rs, _, pool, _ = setup(runtime, nodes=1, quota=2)
+    reserve(rs, pool, 2, who=ACME, duration="3h")
+    reserve(rs, pool, 2, who=ACME, duration="1h", queue=True)  # a line to look at
+
+    def away(*_: Any, **__: Any) -> Any:
+        raise Unavailable("the event store is unavailable: PostgreSQL is unreachable")
+
+    monkeypatch.setattr(rs, "dispatch", away)
+    with pytest.raises(Unavailable):
+        QueueDispatcher(rs).run()
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
