@@ -61,12 +61,8 @@ class ReservationBinding:
             rsv = self.core.get(Reservation, uuid)
             if rsv is None or rsv.state != "placed" or rsv.start > now:
                 return []
-            rsv.begin_binding(now)
             done["changed"] = True
-            node = self.core.get(Node, parse_id("node", rsv.node_id))
-            if node is not None and node.assign_devices(rsv.assignment(), now):
-                return [rsv, node]
-            return [rsv]
+            return [rsv, *self.bind_at_create(rsv, now)]
 
         self.core.retrying(change)
         return done["changed"]
@@ -74,8 +70,8 @@ class ReservationBinding:
     def bind_at_create(self, rsv: Reservation, now: datetime) -> list[TenantOwned]:
         """A reservation that starts now binds in its create's own save: ``reservation.binding``
         and the node's device assignment are recorded with ``reservation.placed``, so no
-        timers' pass loads and saves it again. Returns the node to save with it (none when
-        it starts later: the timers bind it at its start)."""
+        timers' pass loads and saves it again (``begin_binding`` binds the same way). Returns
+        the node to save with it (none when it starts later: the timers bind it then)."""
         if rsv.start > now:
             return []
         rsv.begin_binding(now)
