@@ -6,8 +6,10 @@ line it needs with a deadline instead of sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
+import socket
 import ssl
 import subprocess
 import threading
@@ -67,6 +69,7 @@ class Reader:
         self._headers = {"authorization": f"Bearer {token}"}
         self._params = {k: v for k, v in params.items() if v is not None}
         self._closed = False
+        self._socket: Any = None  # the stream's socket, shut down by close
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         if not self.ready.wait(30):
@@ -77,6 +80,7 @@ class Reader:
             with self._client.stream("GET", self._url, params=self._params,
                                      headers=self._headers) as response:
                 self.status = response.status_code
+                self._socket = response.extensions["network_stream"].get_extra_info("socket")
                 self.ready.set()
                 for line in response.iter_lines():
                     if line.strip():
@@ -118,7 +122,16 @@ class Reader:
                 return seen
 
     def close(self) -> None:
+        """Stop the stream and its thread, then close. The thread sits in OpenSSL's read,
+        which holds the socket's descriptor number: closing the socket under it let its
+        next read take bytes of whichever connection got that number next. A shutdown
+        wakes the read and keeps the number until the thread has let go."""
         self._closed = True
+        if self._socket is not None:
+            with contextlib.suppress(OSError):  # the server may have closed it already
+                self._socket.shutdown(socket.SHUT_RDWR)
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the watch reader's thread did not stop"
         self._client.close()
 
 
