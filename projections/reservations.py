@@ -12,6 +12,7 @@ queued rows. The row keeps a snapshot of the aggregate, so each
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from better_compute.projections import jsontext
@@ -29,6 +30,7 @@ class Reservations(ReadModel):
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
+        self.begin_batch()
 
     def table_names(self) -> list[str]:
         return ["bc_rsv", "bc_rsv_count"]
@@ -51,26 +53,43 @@ class Reservations(ReadModel):
             "CREATE INDEX IF NOT EXISTS bc_rsv_line ON bc_rsv (pool_id, state, created_seq)",
         ]
 
+    def begin_batch(self) -> None:
+        # A batch's events, grouped by reservation: each is read (its row's snapshot) and
+        # written (its document, snapshot and counts) once per batch, however many of its
+        # events the batch holds. A create that starts now records `reservation.placed` and
+        # `.binding` in one save; each was a snapshot restored, taken and written.
+        self._pending: dict[str, _Pending] = {}
+
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         if not str(type(event).TOPIC).startswith("reservation."):
             return
         uuid = str(event.originator_id)
-        before: tuple[str, str, str] | None = None
+        pending = self._pending.get(uuid)
+        if pending is not None:
+            pending.aggregate = event.mutate(pending.aggregate)
+            return
         if event.originator_version == 1:
-            aggregate = event.mutate(None)
-            created_seq = sequence
-        else:
-            sql.execute(cursor, "SELECT snapshot_topic, snapshot, created_seq, tenant_id, "
-                        "pool_id, state FROM bc_rsv WHERE uuid = ?", (uuid,))
-            row = cursor.fetchone()
-            if row is None:
-                return
-            aggregate = after_event(self.codec, row, event)
-            created_seq = int(row["created_seq"])
-            before = (str(row["tenant_id"]), str(row["pool_id"]), str(row["state"]))
+            self._pending[uuid] = _Pending(event.mutate(None), sequence, None, True)
+            return
+        sql.execute(cursor, "SELECT snapshot_topic, snapshot, created_seq, tenant_id, "
+                    "pool_id, state FROM bc_rsv WHERE uuid = ?", (uuid,))
+        row = cursor.fetchone()
+        if row is None:
+            return
+        self._pending[uuid] = _Pending(
+            after_event(self.codec, row, event), int(row["created_seq"]),
+            (str(row["tenant_id"]), str(row["pool_id"]), str(row["state"])), False)
+
+    def end_batch(self, sql: Sql, cursor: Any) -> None:
+        pending_rows, self._pending = self._pending, {}
+        for uuid, pending in pending_rows.items():
+            self._write(sql, cursor, uuid, pending)
+
+    def _write(self, sql: Sql, cursor: Any, uuid: str, pending: _Pending) -> None:
+        aggregate = pending.aggregate
         after = (aggregate.tenant_id, aggregate.pool_id, aggregate.state)
-        if after != before:
-            _count(sql, cursor, before, -1)
+        if after != pending.before:
+            _count(sql, cursor, pending.before, -1)
             _count(sql, cursor, after, 1)
         topic, state = self.codec.snapshot(aggregate)
         start = aggregate.start or getattr(aggregate, "queued_at", None)
@@ -78,10 +97,10 @@ class Reservations(ReadModel):
         params = (
             aggregate.public_id, aggregate.tenant_id, aggregate.pool_id, aggregate.node_id,
             aggregate.allocation_id, aggregate.state, _epoch(start),
-            _epoch(end), _epoch(aggregate.bind_deadline), created_seq,
+            _epoch(end), _epoch(aggregate.bind_deadline), pending.created_seq,
             jsontext.dumps(aggregate.to_doc()), topic, state, uuid,
         )
-        if event.originator_version == 1:
+        if pending.new:
             # An upsert: a new version of this projection applies the log again from 0 over
             # the rows the previous version left, and each reservation starts afresh here.
             columns = ("id", "tenant_id", "pool_id", "node_id", "allocation_id", "state",
@@ -102,6 +121,18 @@ class Reservations(ReadModel):
                 "created_seq = ?, doc = ?, snapshot_topic = ?, snapshot = ? WHERE uuid = ?",
                 params,
             )
+
+
+@dataclass
+class _Pending:
+    """A reservation as of the batch's events so far: the sequence that created it, its
+    (tenant, pool, state) as the table counts it now (None: not counted yet), and whether
+    its row is new."""
+
+    aggregate: Any
+    created_seq: int
+    before: tuple[str, str, str] | None
+    new: bool
 
 
 def _count(sql: Sql, cursor: Any, key: tuple[str, str, str] | None, change: int) -> None:
