@@ -34,7 +34,7 @@ class Sql(Protocol):
     postgres: bool
 
     def q(self, statement: str) -> str: ...
-    def transaction(self, *, commit: bool) -> Any: ...
+    def transaction(self, *, commit: bool, durable: bool = True) -> Any: ...
     def execute(self, cursor: Any, statement: str, params: Sequence[Any] = ()) -> None: ...
     def lock(self, cursor: Any, name: str) -> None: ...
     def try_lock(self, cursor: Any, name: str) -> bool: ...
@@ -255,7 +255,7 @@ class ReadModels:
         never makes a caller wait longer. A read model whose position is behind ``after``
         is left out."""
         counts: dict[str, int] = {}
-        with self.sql.transaction(commit=True) as cursor:
+        with self.sql.transaction(commit=True, durable=False) as cursor:
             self.sql.lock(cursor, first.tracking_name)
             positions: list[tuple[ReadModel, int]] = []
             for projection in [first, *(p for p in group if p is not first)]:
@@ -286,7 +286,7 @@ class ReadModels:
 
     def _apply_batch(self, projection: ReadModel, batch: Sequence[Notification],
                      after: int | None = None) -> int:
-        with self.sql.transaction(commit=True) as cursor:
+        with self.sql.transaction(commit=True, durable=False) as cursor:
             self.sql.lock(cursor, projection.tracking_name)
             position = self._position_in(cursor, projection)
             if after is not None and position < after:
@@ -323,7 +323,7 @@ class ReadModels:
         total = 0
         for each in names:
             projection = self.get(each)
-            with self.sql.transaction(commit=True) as cursor:
+            with self.sql.transaction(commit=True, durable=False) as cursor:
                 self.sql.lock(cursor, projection.tracking_name)
                 for table in projection.table_names():
                     self.sql.execute(cursor, f"DELETE FROM {table}")
@@ -342,7 +342,7 @@ class ReadModels:
         """A read model's rows, table by table, and the position they belong to (read under
         the projection's lock, so no batch commits in between)."""
         projection = self.get(name)
-        with self.sql.transaction(commit=True) as cursor:
+        with self.sql.transaction(commit=True, durable=False) as cursor:
             self.sql.lock(cursor, projection.tracking_name)
             position = self._position_in(cursor, projection)
             tables: dict[str, list[dict[str, Any]]] = {}

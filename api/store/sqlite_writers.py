@@ -55,7 +55,8 @@ class WriterLock:
 
 
 def serialise_writers(datastore: Any, lock: WriterLock) -> None:
-    """Hold ``lock`` around every writing connection ``datastore`` hands out."""
+    """Hold ``lock`` around every writing connection ``datastore`` hands out, each at
+    ``synchronous = FULL``: its commit is on disk before it returns."""
     original = datastore.get_connection
 
     @contextmanager
@@ -65,6 +66,9 @@ def serialise_writers(datastore: Any, lock: WriterLock) -> None:
                 yield conn
             return
         with original(*args, **kwargs) as conn, lock.held():
+            # Durable unless the caller says otherwise for this transaction: a connection a
+            # read model's commit left at NORMAL (SqlRunner.transaction) is FULL again here.
+            conn.cursor().execute("PRAGMA synchronous = FULL")
             yield conn
 
     datastore.get_connection = get_connection

@@ -334,11 +334,26 @@ class SqlRunner:
         return statement.replace("?", "%s") if self.postgres else statement
 
     @contextmanager
-    def transaction(self, *, commit: bool) -> Iterator[Any]:
+    def transaction(self, *, commit: bool, durable: bool = True) -> Iterator[Any]:
+        """A transaction on one of the store's connections. ``durable=False`` is for what is
+        derived from the events (the read models, applied again from their tracked position):
+        its commit does not wait for the disk. It stays atomic, with its tracking position,
+        and the next durable commit (a save of events) flushes it too; a power cut may lose
+        it, never the events it came from (docs/architecture.md, "Durability")."""
+        if commit and not durable and not self.postgres:
+            # SQLite's safety level is per connection and set outside a transaction: every
+            # writing connection is handed out at FULL (sqlite_writers.serialise_writers).
+            with self.datastore.get_connection(commit=True) as conn:
+                conn.cursor().execute("PRAGMA synchronous = NORMAL")
+                with conn.transaction(commit=True) as cursor:
+                    yield cursor
+            return
         with self.datastore.transaction(commit=commit) as cursor:
             if self.postgres and self.schema and \
                     getattr(self.datastore, "search_path_set", None) != self.schema:
                 cursor.execute(f'SET LOCAL search_path TO "{self.schema}"')
+            if commit and not durable:
+                cursor.execute("SET LOCAL synchronous_commit TO off")
             yield cursor
 
     def execute(self, cursor: Any, statement: str, params: Sequence[Any] = ()) -> None:

@@ -36,9 +36,9 @@ def test_one_catch_up_brings_the_other_followed_read_model_along(runtime: Any) -
     transactions = []
     original = runtime.projections.sql.transaction
 
-    def counting(*, commit: bool) -> Any:
+    def counting(*, commit: bool, durable: bool = True) -> Any:
         transactions.append(commit)
-        return original(commit=commit)
+        return original(commit=commit, durable=durable)
 
     pool = make_pool(runtime.service)
     add_nodes(runtime.service, pool, 2)

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from better_compute.api.store.sqlite_writers import WriterLock, serialise_writers
@@ -62,9 +63,18 @@ def test_a_lock_held_past_the_timeout_lets_the_write_go_on_to_sqlite(tmp_path: P
         os.close(fd)
 
 
+class _Connection:
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def cursor(self) -> Any:
+        return SimpleNamespace(execute=self.statements.append)
+
+
 class _Datastore:
     def __init__(self) -> None:
         self.calls: list[bool] = []
+        self.connections: list[_Connection] = []
 
     def get_connection(self, *, commit: bool) -> Any:
         from contextlib import contextmanager
@@ -72,7 +82,8 @@ class _Datastore:
         @contextmanager
         def connection() -> Any:
             self.calls.append(commit)
-            yield "conn"
+            self.connections.append(_Connection())
+            yield self.connections[-1]
 
         return connection()
 
@@ -95,6 +106,8 @@ def test_only_writing_connections_take_the_lock(tmp_path: Path) -> None:
     finally:
         os.close(other)
     assert datastore.calls == [True, False]
+    # a writer is handed out durable (a read model's commit may lower it for its own)
+    assert [c.statements for c in datastore.connections] == [["PRAGMA synchronous = FULL"], []]
 
 
 def test_the_sqlite_store_s_writes_wait_for_the_lock_and_its_reads_do_not(tmp_path: Path) -> None:
