@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.application import Application
+from eventsourcing.application import Application, ProcessingEvent
+from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import Mapper, TrackingRecorder, Transcoder
 from eventsourcing.utils import Environment
 
@@ -176,7 +177,21 @@ class ComputeStore(Application[Any]):
         return self.cache.load(uuid, self.repository)
 
     def save(self, *objs: Any, **kwargs: Any) -> Any:
-        recordings = super().save(*objs, **kwargs)
+        """The library's ``Application.save``, collecting each aggregate's events without its
+        ``isinstance`` checks against two runtime Protocols (typing's slow path: 0.35 ms of a
+        reservation create's 10 ms in-process); anything not one of our aggregates goes the
+        library's way. Then this process's aggregate cache keeps what was saved."""
+        processing: ProcessingEvent[Any] = ProcessingEvent()
+        for obj in objs:
+            if isinstance(obj, Aggregate):
+                processing.events.extend(obj.collect_events())
+                processing.aggregates[obj.id] = obj
+            elif obj is not None:
+                processing.collect_events(obj)
+        processing.saved_kwargs.update(kwargs)
+        recordings = self._record(processing)
+        self._take_snapshots(processing)
+        self._notify(recordings)
         self.cache.saved(objs)
         return recordings
 

@@ -59,3 +59,25 @@ def test_a_change_never_saved_leaves_the_cache_as_it_was(runtime: Any) -> None:
     assert fresh is not None and fresh is not loaded
     assert fresh.state == "binding" and not fresh.pending_events
     assert fresh.version == loaded.version - 1
+
+
+def test_a_save_records_every_object_s_events_tells_listeners_and_caches_them(
+        runtime: Any) -> None:
+    """ComputeStore.save collects events without the library's runtime-Protocol checks: the
+    same events are recorded, in the order given, from aggregates and bare events alike."""
+    from better_compute.domain.site import Site
+
+    store = runtime.store
+    heard: list[int] = []
+    store.add_commit_listener(heard.append)
+    first = Site(tenant_id="root", kind="shared", region="eu-1", name="s-a", key=None,
+                 fingerprint="-")
+    second = Site(tenant_id="root", kind="shared", region="eu-1", name="s-b", key=None,
+                  fingerprint="-")
+    second_event = second.collect_events()[0]
+    recordings = store.save(first, None, second_event)
+    assert [r.domain_event.originator_id for r in recordings] == [first.id, second.id]
+    assert heard == [recordings[-1].notification.id]
+    assert not first.pending_events
+    assert store.load(first.id).name == "s-a"
+    assert store.load(second.id).name == "s-b"  # the bare event's aggregate, from the store
