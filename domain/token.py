@@ -14,6 +14,7 @@ minute) — never on the request path.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -35,7 +36,10 @@ def token_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+@functools.lru_cache(maxsize=4096)
 def token_uuid(secret_hash: str) -> UUID:
+    """The token's aggregate id (a name-based UUID: a SHA-1 per call, on every request's
+    authentication, so the last few thousand are kept; keyed by the hash, never the secret)."""
     return named_uuid("token", secret_hash)
 
 
