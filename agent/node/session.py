@@ -273,6 +273,20 @@ def _describe(group: BaseExceptionGroup[Exception]) -> str:
     return text
 
 
+async def _connect(host: str, port: int, context: ssl.SSLContext, timeout: float
+                   ) -> ByteStream:
+    """The TLS connection to the gateway, within ``timeout``: a gateway that accepts and never
+    finishes the handshake (a stuck process, a load balancer that black-holes) ends the
+    attempt with a reason, and the loop connects again, instead of waiting forever."""
+    try:
+        with anyio.fail_after(timeout):
+            return await anyio.connect_tcp(host, port, ssl_context=context,
+                                           tls_standard_compatible=False)
+    except TimeoutError:
+        raise SessionEnded(f"the gateway accepted the connection and did not complete the "
+                           f"TLS handshake within {timeout:g}s") from None
+
+
 async def session_loop(agent: NodeAgent) -> None:
     gateway = agent.settings.gateway
     context = agent.settings.ssl_context()
@@ -285,8 +299,8 @@ async def session_loop(agent: NodeAgent) -> None:
             except BcdError as exc:
                 agent.say(f"cannot use the renewed certificate ({exc}); keeping the old one")
         try:
-            stream = await anyio.connect_tcp(gateway.host, gateway.port, ssl_context=context,
-                                             tls_standard_compatible=False)
+            stream = await _connect(gateway.host, gateway.port, context,
+                                    agent.options.welcome_timeout)
             async with stream:
                 await run_session(agent, stream)
         except* NodeRemoved as group:

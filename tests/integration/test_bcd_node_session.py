@@ -281,3 +281,31 @@ async def test_an_entry_nacked_unavailable_is_sent_again_in_the_same_session(
         await _until(lambda: not agent.journal.unsettled())
         assert agent.session.epoch == 1 and len(gateway.hellos) == 1
         group.cancel_scope.cancel()
+
+
+async def test_a_gateway_that_never_finishes_the_handshake_is_left_and_tried_again(
+        tmp_path: Path) -> None:
+    """A gateway that accepts the connection and never answers the TLS handshake (a stuck
+    process, a load balancer that black-holes) ends the attempt after the Welcome timeout
+    with a line that says so, and bcd connects again: it does not wait forever."""
+    _, root = _setup(tmp_path)
+    accepted: list[Any] = []
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    _point_at(root, port)
+
+    async def silent(stream: Any) -> None:
+        accepted.append(stream)  # held open, never read from or written to
+        await anyio.sleep_forever()
+
+    out = io.StringIO()
+    agent = _agent(root, out)
+    agent.options.welcome_timeout = 0.5
+    async with anyio.create_task_group() as group:
+        group.start_soon(listener.serve, silent)
+        await group.start(agent.run)
+        await _until(lambda: len(accepted) >= 2)  # left the first, connected again
+        assert "session lost: the gateway accepted the connection and did not complete " \
+               "the TLS handshake within 0.5s" in out.getvalue()
+        assert agent.session.last_error is not None
+        group.cancel_scope.cancel()
