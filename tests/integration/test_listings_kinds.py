@@ -10,7 +10,7 @@ from typing import Any
 
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.projections.listings import LISTED_KINDS
-from tests.fleet import add_nodes, make_pool
+from tests.fleet import count_calls, offered_pool
 
 
 def _kinds(runtime: Any) -> set[str]:
@@ -21,10 +21,7 @@ def _kinds(runtime: Any) -> set[str]:
 
 
 def test_reservations_bookings_and_quotas_get_no_listing_row(runtime: Any) -> None:
-    pool = make_pool(runtime.service)
-    add_nodes(runtime.service, pool, 1)
-    runtime.service.tenants_create(OP, "acme", None)
-    runtime.service.pools_offer(OP, pool, "acme", {"gpu": 4})
+    pool = offered_pool(runtime.service, nodes=1, gpus=4)
     doc = runtime.services.reservations.create(OP, tenant_id="acme", pool_id=pool, gpus=1,
                                                duration="1h", key="listing-kinds")
     runtime.services.reservations.release(OP, doc["id"])
@@ -52,10 +49,7 @@ def test_a_batch_writes_each_aggregate_once_and_the_same_rows_as_one_at_a_time(
     is rendered once per batch, and the rows equal those of applying one event at a time."""
     from better_compute.domain.node import Node
 
-    pool = make_pool(runtime.service)
-    add_nodes(runtime.service, pool, 2)
-    runtime.service.tenants_create(OP, "acme", None)
-    runtime.service.pools_offer(OP, pool, "acme", {"gpu": 16})
+    pool = offered_pool(runtime.service, nodes=2, gpus=16)
     rs = runtime.services.reservations
     for i in range(6):
         doc = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h",
@@ -64,9 +58,7 @@ def test_a_batch_writes_each_aggregate_once_and_the_same_rows_as_one_at_a_time(
         if i % 2:
             rs.release(OP, doc["id"])
     projections = runtime.projections
-    rendered: list[str] = []
-    real = Node.to_doc
-    monkeypatch.setattr(Node, "to_doc", lambda self: rendered.append(self.public_id) or real(self))
+    rendered = count_calls(monkeypatch, Node, "to_doc")
     projections.rebuild("listings")
     batched = _rows(runtime)
     assert len(rendered) == len(set(rendered)) == 2, rendered  # each node once, in one batch

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from better_compute.domain.access import LOCAL_OPERATOR as OP
-from tests.fleet import add_nodes, make_pool
+from tests.fleet import offered_pool
 
 
 def _level(sql: Any, cursor: Any) -> str:
@@ -49,10 +49,7 @@ def test_read_model_commits_skip_the_flush_and_event_saves_never_do(runtime: Any
 
     monkeypatch.setattr(framework, "_apply_in", apply_in)
 
-    pool = make_pool(runtime.service)
-    add_nodes(runtime.service, pool, 2)
-    runtime.service.tenants_create(OP, "acme", None)
-    runtime.service.pools_offer(OP, pool, "acme", {"gpu": 16})
+    pool = offered_pool(runtime.service, nodes=2, gpus=16)
     rs = runtime.services.reservations
     for i in range(6):  # every connection of the pool takes turns at both
         doc = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h",

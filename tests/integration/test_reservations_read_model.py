@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from better_compute.domain.access import LOCAL_OPERATOR as OP
-from tests.fleet import add_nodes, make_pool
+from tests.fleet import count_calls, offered_pool
 
 COLUMNS = ("uuid", "id", "tenant_id", "pool_id", "node_id", "allocation_id", "state", "start_at",
            "end_at", "bind_deadline", "created_seq", "doc")
@@ -41,10 +41,7 @@ def test_a_batch_writes_each_reservation_once_and_the_same_rows_as_one_at_a_time
         runtime: Any, monkeypatch: Any) -> None:
     from better_compute.domain.reservation import Reservation
 
-    pool = make_pool(runtime.service)
-    add_nodes(runtime.service, pool, 2)
-    runtime.service.tenants_create(OP, "acme", None)
-    runtime.service.pools_offer(OP, pool, "acme", {"gpu": 16})
+    pool = offered_pool(runtime.service, nodes=2, gpus=16)
     rs = runtime.services.reservations
     for i in range(6):
         doc = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h",
@@ -54,14 +51,7 @@ def test_a_batch_writes_each_reservation_once_and_the_same_rows_as_one_at_a_time
     rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h", start="+2h",
               key="rsv-batch-later")  # placed, not bound: one event
     projections = runtime.projections
-    rendered: list[str] = []
-    real = Reservation.to_doc
-
-    def counted(self: Reservation) -> dict[str, Any]:
-        rendered.append(self.public_id)
-        return real(self)
-
-    monkeypatch.setattr(Reservation, "to_doc", counted)
+    rendered = count_calls(monkeypatch, Reservation, "to_doc")
     projections.rebuild("reservations")
     rows, counts = _tables(runtime)
     assert len(rows) == 7
