@@ -37,21 +37,25 @@ class WriterLock:
     def held(self) -> Iterator[None]:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
-            self._acquire(fd)
+            flock_within(fd, self.timeout, POLL)  # past it, SQLite's busy timeout decides
             yield
         finally:
             os.close(fd)  # lets go of the lock
 
-    def _acquire(self, fd: int) -> None:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return  # SQLite's own busy timeout decides from here
-                time.sleep(POLL)
+
+def flock_within(fd: int, timeout: float, poll: float) -> bool:
+    """Take an exclusive ``flock`` on ``fd``, trying again every ``poll`` seconds while
+    another process holds it (the kernel wakes no one: there is no event to wait on);
+    False when ``timeout`` seconds passed without it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
 
 
 def serialise_writers(datastore: Any, lock: WriterLock) -> None:

@@ -30,7 +30,7 @@ from better_compute.api.store.aggregate_cache import AggregateCache
 from better_compute.api.store.codec import EventMapper, MsgspecTranscoder
 from better_compute.api.store.outage import StoreGuard, install_guard, postgres_guard
 from better_compute.api.store.pg_recorder import TOPIC as PG_RECORDER_TOPIC
-from better_compute.api.store.sqlite_writers import WriterLock, serialise_writers
+from better_compute.api.store.sqlite_writers import WriterLock, flock_within, serialise_writers
 from better_compute.api.store.store_url import connect_kwargs, parse_database_url
 from better_compute.api.store.store_url import describe as describe_pg
 from better_compute.domain.bookings import NodeBookings
@@ -310,25 +310,15 @@ def setup_lock(config: StoreConfig) -> Iterator[None]:
 
 @contextmanager
 def _sqlite_setup_lock(path: Path) -> Iterator[None]:
-    import fcntl
-    import time
-
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    deadline = time.monotonic() + float(SETUP_LOCK_TIMEOUT.rstrip("s"))
     lock_fd = os.open(path.with_name(path.name + ".setup-lock"), os.O_WRONLY | os.O_CREAT, 0o600)
     os.fchmod(lock_fd, 0o600)  # one made before store files were kept private
     with os.fdopen(lock_fd, "a") as lock:
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise Unavailable(
-                        f"cannot set up the event store ({path}): another process has held "
-                        f"its setup lock for {SETUP_LOCK_TIMEOUT}; if it is stuck, stop it "
-                        "and try again") from None
-                time.sleep(0.05)  # a lock held by another process: no event to wait on
+        if not flock_within(lock.fileno(), float(SETUP_LOCK_TIMEOUT.rstrip("s")), 0.05):
+            raise Unavailable(
+                f"cannot set up the event store ({path}): another process has held "
+                f"its setup lock for {SETUP_LOCK_TIMEOUT}; if it is stuck, stop it "
+                "and try again")
         yield  # the lock ends when the file closes
 
 
