@@ -96,6 +96,79 @@ class ReadModel(ABC):
         return f"projection:{self.name}:v{self.version}"
 
 
+@dataclass
+class Pending:
+    """An aggregate as a batch's events left it so far: the sequence that created it, whether
+    its row is new, and the row it was read from (None for a new one)."""
+
+    aggregate: Any
+    created_seq: int
+    new: bool
+    row: Any = None
+
+
+class SnapshotRows(ReadModel):
+    """A read model with a row per aggregate that carries the aggregate's snapshot, applied
+    a batch at a time per aggregate: each row is read (its snapshot) and written once per
+    batch, however many of its aggregate's events the batch holds (a node takes one event
+    per reservation bound on it; a create that starts now records two of its reservation's).
+    Subclasses say which events and aggregates they keep, how a row is read and written."""
+
+    def __init__(self, codec: SnapshotCodec) -> None:
+        self.codec = codec
+        self.begin_batch()
+
+    @abstractmethod
+    def follows(self, event: Any) -> bool:
+        """Whether ``event`` may change a row (False: skipped without a read)."""
+
+    def keeps(self, aggregate: Any) -> bool:
+        """Whether a newly created ``aggregate`` gets a row."""
+        return True
+
+    @abstractmethod
+    def read_row(self, sql: Sql, cursor: Any, uuid: str) -> Any:
+        """The row of ``uuid`` (with ``snapshot_topic``, ``snapshot``, ``created_seq``), or
+        None when there is none."""
+
+    @abstractmethod
+    def write(self, sql: Sql, cursor: Any, uuid: str, pending: Pending) -> None:
+        """Write the row of ``uuid`` as the batch left it."""
+
+    def begin_batch(self) -> None:
+        self._pending: dict[str, Pending] = {}
+        self._absent: set[str] = set()  # aggregates without a row here
+
+    def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
+        if not self.follows(event):
+            return
+        uuid = str(event.originator_id)
+        pending = self._pending.get(uuid)
+        if pending is not None:
+            pending.aggregate = event.mutate(pending.aggregate)
+            return
+        if uuid in self._absent:
+            return
+        if event.originator_version == 1:
+            aggregate = event.mutate(None)
+            if self.keeps(aggregate):
+                self._pending[uuid] = Pending(aggregate, sequence, True)
+            else:
+                self._absent.add(uuid)
+            return
+        row = self.read_row(sql, cursor, uuid)
+        if row is None:
+            self._absent.add(uuid)
+            return
+        self._pending[uuid] = Pending(after_event(self.codec, row, event),
+                                      int(row["created_seq"]), False, row)
+
+    def end_batch(self, sql: Sql, cursor: Any) -> None:
+        pending, self._pending = self._pending, {}
+        for uuid, each in pending.items():
+            self.write(sql, cursor, uuid, each)
+
+
 @dataclass(frozen=True)
 class ProjectionStatus:
     name: str

@@ -8,13 +8,12 @@ aggregate applies to the row without loading anything else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.pool import Pool
 from better_compute.projections import jsontext
-from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
+from better_compute.projections.framework import Pending, SnapshotRows, Sql
 
 LISTED_KINDS = ("tenant", "apitoken", "site", "pool", "jointoken", "node")
 
@@ -30,16 +29,12 @@ def audience_of(aggregate: TenantOwned) -> str:
     return "," + ",".join(sorted(tenants)) + ","
 
 
-class Listings(ReadModel):
+class Listings(SnapshotRows):
     name = "listings"
     # 2: only the listed kinds. Version 1 also kept a row (snapshot and document, rewritten
     # at every event) for every reservation, node's bookings and quota, which nothing
     # lists: about 40 % of this read model's work per reservation create.
     version = 2
-
-    def __init__(self, codec: SnapshotCodec) -> None:
-        self.codec = codec
-        self.begin_batch()
 
     def table_names(self) -> list[str]:
         return ["bc_listing"]
@@ -54,76 +49,42 @@ class Listings(ReadModel):
             "CREATE INDEX IF NOT EXISTS bc_listing_kind ON bc_listing (kind, created_seq)",
         ]
 
-    def begin_batch(self) -> None:
-        # A batch's events, grouped by aggregate: each listed aggregate is read (its row's
-        # snapshot) and written (its document and snapshot) once per batch, however many of
-        # its events the batch holds: a node takes one event per reservation bound on it and
-        # one per release, and its document was rendered again at each.
-        self._pending: dict[str, _Pending] = {}
-        self._absent: set[str] = set()  # aggregates this read model has no row of
+    def follows(self, event: Any) -> bool:
+        return _owner(event) not in _UNLISTED  # not a reservation's, bookings' or quota's
 
-    def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
-        if _owner(event) in _UNLISTED:  # a reservation's, bookings' or quota's event
-            return
-        uuid = str(event.originator_id)
-        pending = self._pending.get(uuid)
-        if pending is not None:
-            pending.aggregate = event.mutate(pending.aggregate)
-            return
-        if uuid in self._absent:
-            return
-        if event.originator_version == 1:
-            aggregate = event.mutate(None)
-            if kind_of(aggregate) not in LISTED_KINDS:  # PKI, and any kind not listed
-                self._absent.add(uuid)
-                return
-            self._pending[uuid] = _Pending(aggregate, sequence, True)
-            return
+    def keeps(self, aggregate: Any) -> bool:
+        return kind_of(aggregate) in LISTED_KINDS  # not PKI, nor any kind not listed
+
+    def read_row(self, sql: Sql, cursor: Any, uuid: str) -> Any:
         sql.execute(
             cursor, "SELECT snapshot_topic, snapshot, created_seq FROM bc_listing WHERE uuid = ?",
             (uuid,),
         )
-        row = cursor.fetchone()
-        if row is None:  # an aggregate this read model does not list
-            self._absent.add(uuid)
-            return
-        self._pending[uuid] = _Pending(after_event(self.codec, row, event), row["created_seq"],
-                                       False)
+        return cursor.fetchone()
 
-    def end_batch(self, sql: Sql, cursor: Any) -> None:
-        for uuid, pending in self._pending.items():
-            aggregate = pending.aggregate
-            topic, state = self.codec.snapshot(aggregate)
-            params = (
-                kind_of(aggregate), aggregate.public_id, aggregate.tenant_id,
-                audience_of(aggregate), pending.created_seq, aggregate.version,
-                jsontext.dumps(aggregate.to_doc()), topic, state, uuid,
+    def write(self, sql: Sql, cursor: Any, uuid: str, pending: Pending) -> None:
+        aggregate = pending.aggregate
+        topic, state = self.codec.snapshot(aggregate)
+        params = (
+            kind_of(aggregate), aggregate.public_id, aggregate.tenant_id,
+            audience_of(aggregate), pending.created_seq, aggregate.version,
+            jsontext.dumps(aggregate.to_doc()), topic, state, uuid,
+        )
+        if pending.new:
+            sql.execute(
+                cursor,
+                "INSERT INTO bc_listing (kind, id, tenant_id, audience, created_seq, version, "
+                "doc, snapshot_topic, snapshot, uuid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                params,
             )
-            if pending.new:
-                sql.execute(
-                    cursor,
-                    "INSERT INTO bc_listing (kind, id, tenant_id, audience, created_seq, version, "
-                    "doc, snapshot_topic, snapshot, uuid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    params,
-                )
-            else:
-                sql.execute(
-                    cursor,
-                    "UPDATE bc_listing SET kind = ?, id = ?, tenant_id = ?, audience = ?, "
-                    "created_seq = ?, version = ?, doc = ?, snapshot_topic = ?, snapshot = ? "
-                    "WHERE uuid = ?",
-                    params,
-                )
-        self._pending = {}
-
-
-@dataclass
-class _Pending:
-    """A listed aggregate as of the batch's events so far, and whether its row is new."""
-
-    aggregate: Any
-    created_seq: int
-    new: bool
+        else:
+            sql.execute(
+                cursor,
+                "UPDATE bc_listing SET kind = ?, id = ?, tenant_id = ?, audience = ?, "
+                "created_seq = ?, version = ?, doc = ?, snapshot_topic = ?, snapshot = ? "
+                "WHERE uuid = ?",
+                params,
+            )
 
 
 # Aggregates whose events never reach a row: their event classes are defined on them

@@ -12,25 +12,20 @@ queued rows. The row keeps a snapshot of the aggregate, so each
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from better_compute.projections import jsontext
-from better_compute.projections.framework import ReadModel, SnapshotCodec, Sql, after_event
+from better_compute.projections.framework import Pending, SnapshotRows, Sql
 
 
 def _epoch(value: Any) -> float | None:
     return None if value is None else float(value.timestamp())
 
 
-class Reservations(ReadModel):
+class Reservations(SnapshotRows):
     name = "reservations"
     together = True  # followed by every create (placing; the queue's head)
     version = 2  # 2: counts by tenant, pool and state (bc_rsv_count, read by /metrics)
-
-    def __init__(self, codec: SnapshotCodec) -> None:
-        self.codec = codec
-        self.begin_batch()
 
     def table_names(self) -> list[str]:
         return ["bc_rsv", "bc_rsv_count"]
@@ -53,43 +48,22 @@ class Reservations(ReadModel):
             "CREATE INDEX IF NOT EXISTS bc_rsv_line ON bc_rsv (pool_id, state, created_seq)",
         ]
 
-    def begin_batch(self) -> None:
-        # A batch's events, grouped by reservation: each is read (its row's snapshot) and
-        # written (its document, snapshot and counts) once per batch, however many of its
-        # events the batch holds. A create that starts now records `reservation.placed` and
-        # `.binding` in one save; each was a snapshot restored, taken and written.
-        self._pending: dict[str, _Pending] = {}
+    def follows(self, event: Any) -> bool:
+        return str(type(event).TOPIC).startswith("reservation.")
 
-    def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
-        if not str(type(event).TOPIC).startswith("reservation."):
-            return
-        uuid = str(event.originator_id)
-        pending = self._pending.get(uuid)
-        if pending is not None:
-            pending.aggregate = event.mutate(pending.aggregate)
-            return
-        if event.originator_version == 1:
-            self._pending[uuid] = _Pending(event.mutate(None), sequence, None, True)
-            return
+    def read_row(self, sql: Sql, cursor: Any, uuid: str) -> Any:
         sql.execute(cursor, "SELECT snapshot_topic, snapshot, created_seq, tenant_id, "
                     "pool_id, state FROM bc_rsv WHERE uuid = ?", (uuid,))
-        row = cursor.fetchone()
-        if row is None:
-            return
-        self._pending[uuid] = _Pending(
-            after_event(self.codec, row, event), int(row["created_seq"]),
-            (str(row["tenant_id"]), str(row["pool_id"]), str(row["state"])), False)
+        return cursor.fetchone()
 
-    def end_batch(self, sql: Sql, cursor: Any) -> None:
-        pending_rows, self._pending = self._pending, {}
-        for uuid, pending in pending_rows.items():
-            self._write(sql, cursor, uuid, pending)
-
-    def _write(self, sql: Sql, cursor: Any, uuid: str, pending: _Pending) -> None:
+    def write(self, sql: Sql, cursor: Any, uuid: str, pending: Pending) -> None:
         aggregate = pending.aggregate
+        row = pending.row  # as the table counts it now: (tenant, pool, state), or not at all
+        before = None if row is None else (str(row["tenant_id"]), str(row["pool_id"]),
+                                           str(row["state"]))
         after = (aggregate.tenant_id, aggregate.pool_id, aggregate.state)
-        if after != pending.before:
-            _count(sql, cursor, pending.before, -1)
+        if after != before:
+            _count(sql, cursor, before, -1)
             _count(sql, cursor, after, 1)
         topic, state = self.codec.snapshot(aggregate)
         start = aggregate.start or getattr(aggregate, "queued_at", None)
@@ -121,18 +95,6 @@ class Reservations(ReadModel):
                 "created_seq = ?, doc = ?, snapshot_topic = ?, snapshot = ? WHERE uuid = ?",
                 params,
             )
-
-
-@dataclass
-class _Pending:
-    """A reservation as of the batch's events so far: the sequence that created it, its
-    (tenant, pool, state) as the table counts it now (None: not counted yet), and whether
-    its row is new."""
-
-    aggregate: Any
-    created_seq: int
-    before: tuple[str, str, str] | None
-    new: bool
 
 
 def _count(sql: Sql, cursor: Any, key: tuple[str, str, str] | None, change: int) -> None:
