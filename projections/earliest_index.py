@@ -15,8 +15,16 @@ changed, in the batch's transaction), three tables, from ``domain/earliest.py``'
 * ``bc_fg_change``: per pool, the sequence of the last event that may have freed capacity
   in it (a booking ended, a node changed, the pool's quotas changed): what wakes the queue
   dispatcher (``api/controllers/queue.py``) for that pool only.
+* ``bc_fg_stale``: the nodes whose bookings or row changed since their blocks and ends were
+  last computed. A batch only marks a node here; its blocks are recomputed when the index is
+  settled (``settle``: by the queue dispatcher's pass, at least every tick, and before every
+  search), once per node however many of the node's events came in between: a node
+  fills up one create at a time (the placer packs the fullest nodes first), and creates
+  that start now never read the blocks (docs/performance.md, "Sixth round").
 
-Reading (``timelines``): first the nodes that may fit at ``t0`` (not blocked there: two index
+Reading (``timelines``): first the stale nodes of the pool (a batch committed after the
+search settled the index), with the lowest bound, ``t0``, which is always right for them;
+then the nodes that may fit at ``t0`` (not blocked there: two index
 range scans, empty when the pool is full), then the blocked nodes in ascending bound, merged
 from one index range scan per length class that can hold the request, a few at a time; each
 node is read with its own bookings only. The search stops reading at the first bound later
@@ -47,8 +55,9 @@ TABLES = [
     "CREATE INDEX IF NOT EXISTS bc_fg_end_walk ON bc_fg_end (pool_id, k, class, at, node_id)",
     "CREATE TABLE IF NOT EXISTS bc_fg_change (pool_id TEXT PRIMARY KEY, seq BIGINT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS bc_fg_change_seq ON bc_fg_change (seq)",
+    "CREATE TABLE IF NOT EXISTS bc_fg_stale (node_id TEXT PRIMARY KEY, pool_id TEXT NOT NULL)",
 ]
-TABLE_NAMES = ["bc_fg_block", "bc_fg_end", "bc_fg_change"]
+TABLE_NAMES = ["bc_fg_block", "bc_fg_end", "bc_fg_change", "bc_fg_stale"]
 FIRST_BATCH = 1
 MAX_BATCH = 64
 LONGEST = 24  # the class of every length of 2^23 minutes (16 years) or longer
@@ -70,8 +79,33 @@ def _bookings(rows: list[Any]) -> tuple[Booking, ...]:
     )
 
 
+def mark_stale(sql: Sql, cursor: Any, node_id: str, pool_id: str) -> None:
+    """``node_id``'s blocks and ends no longer agree with its row or bookings (in a batch)."""
+    sql.execute(cursor, "INSERT INTO bc_fg_stale (node_id, pool_id) VALUES (?, ?) "
+                "ON CONFLICT (node_id) DO UPDATE SET pool_id = excluded.pool_id",
+                (node_id, pool_id))
+
+
+def unsettled(sql: Sql, cursor: Any) -> bool:
+    """Whether some node's blocks wait to be recomputed."""
+    sql.execute(cursor, "SELECT 1 AS one FROM bc_fg_stale LIMIT 1")
+    return cursor.fetchone() is not None
+
+
+def settle(sql: Sql, cursor: Any) -> int:
+    """Recompute the blocks and ends of every stale node; how many nodes. Runs under the
+    free-GPU projection's lock (``ReadModels.settle``), so no batch marks one meanwhile."""
+    sql.execute(cursor, "SELECT node_id FROM bc_fg_stale ORDER BY node_id")
+    stale = [str(row["node_id"]) for row in cursor.fetchall()]
+    for node_id in stale:
+        refresh_blocks(sql, cursor, node_id)
+    if stale:
+        sql.execute(cursor, "DELETE FROM bc_fg_stale")
+    return len(stale)
+
+
 def refresh_blocks(sql: Sql, cursor: Any, node_id: str) -> None:
-    """Recompute a node's blocks from its row and its live bookings (inside the batch).
+    """Recompute a node's blocks from its row and its live bookings (when settling).
 
     Only the rows that changed are written: a booking changes a few of a node's ~45 rows
     (the blocks of the GPU counts it fills, the ends it shortens, its own end's), so a
@@ -186,17 +220,22 @@ def timelines(sql: Sql, pool_id: str, gpus: int, length: float, not_before: floa
     """The pool's nodes in ascending lower bound for a request of ``gpus`` x ``length``.
 
     ``force``: nodes read first with the bound ``not_before`` whatever the index says (the
-    node of a booking the caller pretends away with ``exclude_allocation``).
+    node of a booking the caller pretends away with ``exclude_allocation``). The pool's stale
+    nodes (``bc_fg_stale``: changed after the caller settled the index) are read first too:
+    their blocks may be out of date, and ``not_before`` is a lower bound for any node.
     """
     with sql.transaction(commit=False) as cursor:
         seen: set[str] = set()
+        sql.execute(cursor, "SELECT node_id FROM bc_fg_stale WHERE pool_id = ?", (pool_id,))
+        force = {*force, *(str(r["node_id"]) for r in cursor.fetchall())}
         sql.execute(
             cursor,
             "SELECT node_id FROM bc_fg_block WHERE pool_id = ? AND k = ? AND from_at > ? "
             "UNION SELECT node_id FROM bc_fg_block WHERE pool_id = ? AND k = ? AND until_at <= ?",
             (pool_id, gpus, not_before, pool_id, gpus, not_before),
         )
-        first = [*sorted(force), *sorted(str(r["node_id"]) for r in cursor.fetchall())]
+        first = list(dict.fromkeys(
+            [*sorted(force), *sorted(str(r["node_id"]) for r in cursor.fetchall())]))
         free_now = [(node_id, not_before) for node_id in first]
         for start in range(0, len(free_now), MAX_BATCH):
             yield from _load(sql, cursor, _unseen(free_now[start:start + MAX_BATCH], seen),

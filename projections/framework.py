@@ -91,6 +91,15 @@ class ReadModel(ABC):
     def end_batch(self, sql: Sql, cursor: Any) -> None:  # noqa: B027 (optional hook)
         """After a batch's events, in its transaction: write what is derived once per batch."""
 
+    def unsettled(self, sql: Sql, cursor: Any) -> bool:
+        """Whether rows derived only when read wait to be brought up to date (``settle``)."""
+        return False
+
+    def settle(self, sql: Sql, cursor: Any) -> int:
+        """Bring up to date the rows this read model derives only when they are read (under
+        its lock; ``ReadModels.settle``); how many it recomputed. Nothing, by default."""
+        return 0
+
     @property
     def tracking_name(self) -> str:
         return f"projection:{self.name}:v{self.version}"
@@ -411,12 +420,25 @@ class ReadModels:
             cursor, f"DELETE FROM {table} WHERE application_name = ?", (projection.tracking_name,)
         )
 
+    def settle(self, name: str) -> int:
+        """Bring ``name``'s rows derived when read up to date (``ReadModel.settle``), in a
+        transaction of its own under the read model's lock; when nothing waits, one read.
+        Its position does not move: what is settled is derived from rows already applied."""
+        projection = self.get(name)
+        with self.sql.transaction(commit=False) as cursor:
+            if not projection.unsettled(self.sql, cursor):
+                return 0
+        with self.sql.transaction(commit=True, durable=False) as cursor:
+            self.sql.lock(cursor, projection.tracking_name)
+            return projection.settle(self.sql, cursor)
+
     def rows_at_position(self, name: str) -> tuple[int, dict[str, list[dict[str, Any]]]]:
-        """A read model's rows, table by table, and the position they belong to (read under
-        the projection's lock, so no batch commits in between)."""
+        """A read model's rows, table by table, settled, and the position they belong to
+        (read under the projection's lock, so no batch commits in between)."""
         projection = self.get(name)
         with self.sql.transaction(commit=True, durable=False) as cursor:
             self.sql.lock(cursor, projection.tracking_name)
+            projection.settle(self.sql, cursor)
             position = self._position_in(cursor, projection)
             tables: dict[str, list[dict[str, Any]]] = {}
             for table in projection.table_names():

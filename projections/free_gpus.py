@@ -14,9 +14,11 @@ Two tables, changed together in the projection's batch transaction:
 * ``bc_fg_booking``: one row per live booking (``bookings.*`` events): node,
   GPUs, host resources and the interval [start, end) in epoch seconds.
 
-``projections/earliest_index.py`` keeps, in the same batches, each node's first blocks (what
-the earliest-start search reads) and the pools whose capacity may have grown (what wakes the
-queue dispatcher). Version 2 added those tables (rebuilt from sequence 0).
+``projections/earliest_index.py`` keeps, in the same batches, the pools whose capacity may
+have grown (what wakes the queue dispatcher) and which nodes changed; each node's first
+blocks (what the earliest-start search reads) are recomputed from these tables when the index
+is settled (``settle``), not in every batch. Version 2 added those tables (rebuilt from
+sequence 0); version 4 the stale nodes.
 
 ``candidates(pool, start, end, need)`` first reads the few schedulable nodes
 with the fewest ``free_now`` GPUs that still have ``need`` (an index range
@@ -74,7 +76,8 @@ def node_gpus(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 class FreeGpus(ReadModel):
     name = "free_gpus"
     together = True  # followed by every create (placing; the queue's head)
-    version = 3  # 2: the earliest-start index (earliest_index.py); 3: holds not applied
+    # 2: the earliest-start index (earliest_index.py); 3: holds not applied; 4: blocks settled
+    version = 4
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
@@ -191,8 +194,16 @@ class FreeGpus(ReadModel):
         for node_id in touched:
             self._refresh_free(sql, cursor, node_id)
 
+    def unsettled(self, sql: Sql, cursor: Any) -> bool:
+        return earliest_index.unsettled(sql, cursor)
+
+    def settle(self, sql: Sql, cursor: Any) -> int:
+        """The earliest-start index's blocks of the nodes changed since it was last settled."""
+        return earliest_index.settle(sql, cursor)
+
     def _refresh_free(self, sql: Sql, cursor: Any, node_id: str) -> None:
-        sql.execute(cursor, "SELECT gpus FROM bc_fg_node WHERE node_id = ?", (node_id,))
+        sql.execute(cursor, "SELECT pool_id, gpus FROM bc_fg_node WHERE node_id = ?",
+                    (node_id,))
         row = cursor.fetchone()
         if row is None:
             return
@@ -202,7 +213,7 @@ class FreeGpus(ReadModel):
             healthy.difference_update(parsed_booking_gpus(booking["gpus"]))
         sql.execute(cursor, "UPDATE bc_fg_node SET free_now = ? WHERE node_id = ?",
                     (len(healthy), node_id))
-        earliest_index.refresh_blocks(sql, cursor, node_id)
+        earliest_index.mark_stale(sql, cursor, node_id, str(row["pool_id"]))
 
 
 def _candidates(sql: Sql, cursor: Any, rows: list[Any], start: datetime, end: datetime

@@ -82,6 +82,7 @@ class EarliestStart:
                 return Slot(t0, t0 + seconds, placement)
             except NoCapacity:
                 pass
+        self.projections.settle("free_gpus")  # the blocks of the nodes changed meanwhile
         walk = timelines(self.sql, pool_id, request.gpus, seconds, t0,
                          force=(moving.node_id,) if moving else (),
                          exclude_allocation=moving.allocation_id if moving else None)

@@ -47,9 +47,16 @@ def book_randomly(runtime: Any, pool: str, node_id: str, from_: Any, rnd: random
     runtime.store.save(bookings)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_walk_answers_what_every_node_answers(runtime: Any, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "settled"), [(1, True), (2, True), (3, True), (1, False),
+                                               (2, False)])
+def test_the_walk_answers_what_every_node_answers(runtime: Any, seed: int, settled: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``settled=False``: the index is never settled, so every node's blocks are stale (as a
+    batch committed between a search's settling and its walk leaves a few): the walk reads
+    the stale nodes first, at the lowest bound, and still answers exactly."""
     rs, clock, pool, nodes = setup(runtime, nodes=6, quota=None)
+    if not settled:
+        monkeypatch.setattr(runtime.projections, "settle", lambda name: 0)
     rnd = random.Random(seed)
     for node_id in nodes[:-1]:
         book_randomly(runtime, pool, node_id, clock.now, rnd)
@@ -134,7 +141,8 @@ def test_the_index_written_row_by_row_is_the_index_rebuilt(runtime: Any, seed: i
                           start=start, end=end)
             live.append((node_id, allocation))
         store.save(bookings)
-        runner.catch_up("free_gpus")  # one batch per change: the rows are updated in place
+        runner.catch_up("free_gpus")  # one batch per change, settled: rows updated in place
+        runner.settle("free_gpus")
     _, written = runner.rows_at_position("free_gpus")
     runner.rebuild("free_gpus")
     _, rebuilt = runner.rows_at_position("free_gpus")
@@ -145,3 +153,70 @@ def test_the_index_written_row_by_row_is_the_index_rebuilt(runtime: Any, seed: i
     for name in ("bc_fg_block", "bc_fg_end"):
         assert rows(written, name) == rows(rebuilt, name), name
     assert len(rows(written, "bc_fg_end")) > 10  # the nodes had bookings to index
+
+
+def stale_nodes(runtime: Any) -> set[str]:
+    with runtime.projections.sql.transaction(commit=False) as cursor:
+        cursor.execute("SELECT node_id FROM bc_fg_stale")
+        return {str(row["node_id"]) for row in cursor.fetchall()}
+
+
+def index_rows(runtime: Any, node_id: str) -> list[tuple[Any, ...]]:
+    sql = runtime.projections.sql
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT k, from_at, until_at FROM bc_fg_block WHERE node_id = ? "
+                    "ORDER BY k", (node_id,))
+        return [tuple(row.values()) if hasattr(row, "values") else tuple(row)
+                for row in cursor.fetchall()]
+
+
+def test_a_batch_marks_nodes_and_settling_computes_each_once(
+        runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Creates that start now never read the blocks: a batch marks the nodes it changed, and
+    settling recomputes each of them once, however many of its events came in between, to
+    the rows applying the whole log again gives."""
+    from better_compute.projections import earliest_index
+    from tests.integration.test_reservations_service import reserve
+
+    rs, _, pool, nodes = setup(runtime, nodes=2, quota=None)
+    runner = runtime.projections
+    runner.catch_up("free_gpus")
+    runner.settle("free_gpus")
+    assert stale_nodes(runtime) == set()
+    before = {n: index_rows(runtime, n) for n in nodes}
+    refreshed: list[str] = []
+    real = earliest_index.refresh_blocks
+    monkeypatch.setattr(earliest_index, "refresh_blocks",
+                        lambda sql, cursor, node_id: (refreshed.append(node_id),
+                                                      real(sql, cursor, node_id))[1])
+    placed = [reserve(rs, pool, 1, duration="1h")["nodeId"] for _ in range(5)]
+    runner.catch_up("free_gpus")
+    assert len(set(placed)) == 1  # the placer packs one node first
+    assert stale_nodes(runtime) == set(placed)
+    assert refreshed == []  # no batch recomputed a block
+    assert {n: index_rows(runtime, n) for n in nodes} == before
+    assert runner.settle("free_gpus") == 1
+    assert refreshed == placed[:1]  # once for five creates
+    assert stale_nodes(runtime) == set()
+    assert index_rows(runtime, placed[0]) != before[placed[0]]
+    assert runner.settle("free_gpus") == 0  # nothing waits: one read, nothing recomputed
+    assert refreshed == placed[:1]
+    _, settled = runner.rows_at_position("free_gpus")
+    runner.rebuild("free_gpus")
+    _, rebuilt = runner.rows_at_position("free_gpus")
+    for name in ("bc_fg_block", "bc_fg_end", "bc_fg_stale"):
+        assert sorted(map(str, settled[name])) == sorted(map(str, rebuilt[name])), name
+
+
+def test_the_queue_dispatchers_pass_settles_the_index(runtime: Any) -> None:
+    from better_compute.api.controllers.queue import QueueDispatcher
+    from tests.integration.test_reservations_service import reserve
+
+    rs, _, pool, _ = setup(runtime, nodes=2, quota=None)
+    runtime.projections.catch_up("free_gpus")
+    runtime.projections.settle("free_gpus")
+    node_id = reserve(rs, pool, 2, duration="1h")["nodeId"]
+    runtime.projections.catch_up("free_gpus")
+    assert stale_nodes(runtime) == {node_id}
+    QueueDispatcher(rs).run()
+    assert stale_nodes(runtime) == set()
