@@ -33,6 +33,7 @@ from better_compute.api.store.store import (
 )
 from better_compute.api.store.token_use import TokenUse
 from better_compute.domain.errors import InvalidInput
+from better_compute.domain.placement import Lane
 from better_compute.projections.capacity import Capacity
 from better_compute.projections.framework import ReadModels
 from better_compute.projections.free_gpus import FreeGpus
@@ -88,10 +89,11 @@ class Runtime:
     env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, env: Mapping[str, str] | None = None, *, gateway_url: str | None = None
-             ) -> Runtime:
+    def open(cls, env: Mapping[str, str] | None = None, *, gateway_url: str | None = None,
+             lane: Lane | None = None) -> Runtime:
         """``gateway_url``: the agents' gateway as ``serve`` publishes it (nodes.join answers
-        it); None in the CLI's in-process mode."""
+        it); None in the CLI's in-process mode. ``lane``: a worker of ``serve --workers``
+        places on its own share of the nodes first (domain/placement.py)."""
         env = with_file(os.environ if env is None else env)  # BETTER_COMPUTE_CONFIG's file
         config = StoreConfig.from_env(env)
         with setup_lock(config):  # the store's and the projections' tables
@@ -105,7 +107,7 @@ class Runtime:
                 raise
         services = build_services(Aggregates(store, projections), lifetimes=lifetimes,
                                   master_key_text=lambda: master_key_text(env, config),
-                                  gateway_url=gateway_url)
+                                  gateway_url=gateway_url, lane=lane)
         return cls(config, store, projections, services, env)
 
     @property

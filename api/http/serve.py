@@ -28,6 +28,7 @@ from better_compute.api.store.token_use import flush_token_use
 from better_compute.api.wire import logs
 from better_compute.api.wire.daemon import notify
 from better_compute.domain.errors import InvalidInput
+from better_compute.domain.placement import Lane
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 CLOSE_GRACE = 1.0  # seconds a peer has to answer a connection's close at shutdown
@@ -239,9 +240,11 @@ def _workers_that_fit(options: ServeOptions, env: dict[str, str] | None) -> Serv
 
 
 def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int | None = None,
-          worker_index: int = 0) -> None:
-    """Serve until a signal. ``fd``: a worker of ``--workers`` on its parent's socket; only
-    worker 0 runs the controllers, the gateway and the /metrics listener (api/http/workers.py)."""
+          worker_index: int = 0, worker_count: int = 1) -> None:
+    """Serve until a signal. ``fd``: a worker of ``--workers`` on its parent's socket (worker
+    ``worker_index`` of ``worker_count``); only worker 0 runs the controllers, the gateway
+    and the /metrics listener (api/http/workers.py). Each worker packs its own lane of nodes
+    first (domain/placement.py)."""
     logs.configure(options.log_level, options.log_format, filters=[RequestFields()])
     host, port = parse_listen(options.listen)
     if options.workers < 1:
@@ -265,7 +268,8 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     gateway = _gateway(options, gateway_url) if options.gateway_listen else None
     if gateway is not None:
         gateway_url = gateway[0]
-    runtime = Runtime.open(env, gateway_url=gateway_url)
+    lane = Lane(worker_index, worker_count) if worker_count > 1 else None
+    runtime = Runtime.open(env, gateway_url=gateway_url, lane=lane)
     runtime.service.pki()  # refuses early, with the fix, when `init` has not run
     scheme, names, ssl = _tls(options, runtime, host)
     tasks, notes = _lifespan_tasks(primary, gateway, gateway_url, metrics, fd is not None)

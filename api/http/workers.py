@@ -250,7 +250,8 @@ def worker_main() -> None:
 
     options = ServeOptions(**{**doc["options"], "workers": 1})
     try:
-        serve(options, dict(os.environ), fd=int(doc["fd"]), worker_index=int(doc["index"]))
+        serve(options, dict(os.environ), fd=int(doc["fd"]), worker_index=int(doc["index"]),
+              worker_count=int(doc["options"]["workers"]))
     except BetterComputeError as exc:  # for the parent to raise (_await_ready)
         print("error " + json.dumps({"code": exc.code, "message": exc.message}), flush=True)
         sys.exit(1)

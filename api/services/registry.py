@@ -18,6 +18,7 @@ from better_compute.api.services.reservations import ReservationService
 from better_compute.api.services.tokens import TokenService
 from better_compute.api.services.unit import Aggregates
 from better_compute.api.store.token_use import TokenUse
+from better_compute.domain.placement import Lane
 from better_compute.domain.token import TokenLifetimes
 
 
@@ -33,9 +34,10 @@ class Services:
 
 def build_services(aggregates: Aggregates, *, lifetimes: TokenLifetimes,
                    master_key_text: Callable[[], str] | None,
-                   gateway_url: str | None = None) -> Services:
+                   gateway_url: str | None = None, lane: Lane | None = None) -> Services:
+    """``lane``: the placing process's share of the nodes (one of ``serve --workers``)."""
     compute = ComputeService(aggregates, token_use=TokenUse(aggregates.sql), lifetimes=lifetimes,
                              master_key_text=master_key_text, gateway_url=gateway_url)
     return Services(aggregates=aggregates, compute=compute, tokens=compute.tokens,
                     nodes=NodeService(compute), join=JoinService(compute),
-                    reservations=ReservationService(compute))
+                    reservations=ReservationService(compute, lane))

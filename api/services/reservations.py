@@ -47,7 +47,7 @@ from better_compute.domain.errors import (
 from better_compute.domain.gpu_models import same_model
 from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.ids import check_key, parse_id, public_id
-from better_compute.domain.placement import PlacementRequest
+from better_compute.domain.placement import Lane, PlacementRequest
 from better_compute.domain.policy import kubernetes_resource
 from better_compute.domain.pool import Pool
 from better_compute.domain.queue import StartMode, start_mode
@@ -87,13 +87,13 @@ class ReservationService:
     here; the controllers' and the gateway's entry points are delegated below.
     """
 
-    def __init__(self, service: ComputeService) -> None:
+    def __init__(self, service: ComputeService, lane: Lane | None = None) -> None:
         self.service = service
         self.aggregates = service.aggregates
         self.store = service.store
         self.sql = service.sql
         self.projections = service.projections
-        self.core = ReservationCore(service)
+        self.core = ReservationCore(service, lane)
         self.earliest = EarliestStart(self.core)
         self.queue = ReservationQueue(self.core, self.earliest)
         self.binding = ReservationBinding(self.core)

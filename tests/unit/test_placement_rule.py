@@ -11,6 +11,7 @@ from better_compute.domain.host_share import host_share
 from better_compute.domain.placement import (
     Candidate,
     FreeGpu,
+    Lane,
     PlacementRequest,
     gpu_attributes,
     place,
@@ -46,6 +47,30 @@ def test_ties_go_to_the_smallest_node_id_whatever_the_order() -> None:
     a, b = node("node_b", [0, 1, 2]), node("node_a", [3, 4, 5])
     assert place(PlacementRequest(gpus=3), [a, b]).node_id == "node_a"
     assert place(PlacementRequest(gpus=3), [b, a]).node_id == "node_a"
+
+
+def test_a_lane_packs_its_own_nodes_first_then_the_others() -> None:
+    """Workers of one server each pack their own share of the nodes (a stable hash of the
+    id), so two of them placing at once do not both choose the fullest node of the pool."""
+    names = [f"node_{i:02d}" for i in range(40)]
+    lanes = [Lane(0, 2), Lane(1, 2)]
+    mine = {lane: [n for n in names if lane.holds(n)] for lane in lanes}
+    assert set(mine[lanes[0]]).isdisjoint(mine[lanes[1]])
+    assert sorted(mine[lanes[0]] + mine[lanes[1]]) == names
+    assert all(len(each) >= 10 for each in mine.values())  # a share each, not all on one
+    assert Lane(1, 2).holds("node_07") == Lane(1, 2).holds("node_07")  # stable
+    fullest, emptier = mine[lanes[0]][0], mine[lanes[1]][0]
+    candidates = [node(fullest, [7]), node(emptier, list(range(8)))]
+    assert place(PlacementRequest(gpus=1), candidates).node_id == fullest  # no lane: packing
+    assert place(PlacementRequest(gpus=1), candidates, lane=lanes[0]).node_id == fullest
+    assert place(PlacementRequest(gpus=1), candidates, lane=lanes[1]).node_id == emptier
+    # Nothing of its own fits: the others, packed as ever.
+    assert place(PlacementRequest(gpus=2), candidates, lane=lanes[0]).node_id == emptier
+    other = mine[lanes[1]][1]
+    packed = [node(emptier, list(range(8))), node(other, [6, 7]), node(fullest, [7])]
+    assert place(PlacementRequest(gpus=2), packed, lane=lanes[0]).node_id == other
+    with pytest.raises(ValueError):
+        Lane(2, 2)
 
 
 def test_nvlink_keeps_every_gpu_in_one_domain_and_packs_domains() -> None:
