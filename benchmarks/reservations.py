@@ -3,6 +3,7 @@
     .venv/bin/python -m better_compute.benchmarks.reservations [--backend sqlite|postgres|both]
         [--pg-url postgresql://…] [--clients 1,8,16,32] [--nodes 2200] [--seconds 5]
         [--live 2000] [--window 100] [--live-clients 16] [--workers N] [--client-procs 4]
+        [--quota GPUS]
     .venv/bin/python -m better_compute.benchmarks.reservations --compare DIR [--rounds 4] …
         (DIR's code and ours side by side, round by round: before/after under the same load)
     .venv/bin/python -m better_compute.benchmarks.reservations --placer [placer options]
@@ -24,6 +25,9 @@ throwaway schema of ``--pg-url``, as the tests use one):
    prints ops/s, p50/p99 of one call as the client sees it, and the server's CPU per
    operation. Each client has its own token (the server admits 2 calls of one token at
    once), as separate scripts or users would (user + system of the server process and its children, from /proc).
+   The clients reserve as the pool's owner (no quota), or with ``--quota`` as a tenant
+   offered the pool with that many GPUs: every create then also takes from the tenant's
+   one quota use, which concurrent creates of the tenant share.
 3. live reservations: ``--live-clients`` clients create ``--window`` reservations on an
    empty pool (the rate of the first ones), fill the pool up to ``--live`` live
    reservations, and create ``--window`` more (the rate after ``--live``); then release
@@ -208,9 +212,11 @@ def _ceiling(backend: str, pg_url: str | None, seconds: float) -> float:
             _drop(env)
 
 
-def _set_up(env: dict[str, str], nodes: int, clients: int) -> tuple[list[str], str, str]:
-    """An initialized store with a pool of ``nodes``; (a root admin token per client, the
-    serving CA, the pool's id)."""
+def _set_up(env: dict[str, str], nodes: int, clients: int, quota: int = 0
+            ) -> tuple[list[str], str, str]:
+    """An initialized store with a pool of ``nodes``; (an admin token per client, the serving
+    CA, the pool's id). The tokens are root's; with ``quota``, of a tenant ``bench`` offered
+    the pool with that many GPUs (every create then also takes from its quota use)."""
     from better_compute.api import pki
     from better_compute.api.runtime import Runtime
     from better_compute.benchmarks.fleet import add_nodes, make_pool
@@ -226,10 +232,15 @@ def _set_up(env: dict[str, str], nodes: int, clients: int) -> tuple[list[str], s
         bundle = pki.generate_bundle()
         public = pki.public_parts(bundle)
         runtime.service.initialize(public, pki.seal_bundle(bundle, pki.parse_master_key(key)))
-        tokens = [runtime.service.tokens_create(LOCAL_OPERATOR, None, "admin", f"bench-{i}")
-                  ["token"] for i in range(clients)]
         pool = make_pool(runtime.service, key="bench-http")
         add_nodes(runtime.service, pool, nodes)
+        tenant = None
+        if quota:
+            tenant = "bench"
+            runtime.service.tenants_create(LOCAL_OPERATOR, tenant, None)
+            runtime.service.pools_offer(LOCAL_OPERATOR, pool, tenant, {"gpu": quota})
+        tokens = [runtime.service.tokens_create(LOCAL_OPERATOR, tenant, "admin", f"bench-{i}")
+                  ["token"] for i in range(clients)]
         runtime.projections.catch_up()
     finally:
         runtime.close()
@@ -249,7 +260,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> None:
         try:
             started = time.perf_counter()
             most = max([args.live_clients, *(int(c) for c in args.clients.split(",") if c)])
-            tokens, ca_pem, pool = _set_up(env, args.nodes, most)
+            tokens, ca_pem, pool = _set_up(env, args.nodes, most, args.quota)
             print(f"  {backend:<10} pool of {args.nodes} nodes x 8 GPUs set up in "
                   f"{time.perf_counter() - started:.1f}s", flush=True)
             extra = ["--workers", str(args.workers)] if args.workers else []
@@ -375,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="passed to serve as --workers (default: serve's own, the core count; "
                         "--compare: 1 on both sides unless given)")
     parser.add_argument("--client-procs", type=int, default=4)
+    parser.add_argument("--quota", type=int, default=0, help="reserve as a tenant offered the "
+                        "pool with a quota of this many GPUs, not as its owner (default: the "
+                        "owner, no quota)")
     parser.add_argument("--statements", type=int, default=0, help="on PostgreSQL, first "
                         "count the SQL statements of this many creates and their releases "
                         "(pg_stat_statements)")

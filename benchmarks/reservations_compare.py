@@ -25,7 +25,8 @@ def _serving(backend: str, args: argparse.Namespace, code: str | None, tmp: Path
     from better_compute.benchmarks.harness import store_env as _store_env
 
     env = _store_env(backend, args.pg_url, tmp)
-    tokens, ca_pem, pool = _set_up(env, args.nodes, max(int(c) for c in args.clients.split(",")))
+    tokens, ca_pem, pool = _set_up(env, args.nodes, max(int(c) for c in args.clients.split(",")),
+                                   args.quota)
     # Both sides get the same count, given or 1: serve's default (the core count) differs
     # between versions of the code.
     extra = ["--workers", str(args.workers or 1)]

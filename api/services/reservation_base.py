@@ -47,6 +47,7 @@ class ReservationCore:
         self.sql = service.sql
         self.projections = service.projections
         self._locks: dict[str, threading.Lock] = {}
+        self._quota_locks: dict[tuple[str, str], threading.Lock] = {}
         self._claims: dict[str, dict[str, int]] = {}  # pool -> node -> placements saving
         self._locks_guard = threading.Lock()
 
@@ -65,6 +66,14 @@ class ReservationCore:
     def pool_lock(self, pool_id: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(pool_id, threading.Lock())
+
+    def quota_lock(self, pool_id: str, tenant_id: str) -> threading.Lock:
+        """Held by a create of ``tenant_id`` on ``pool_id`` from loading the tenant's quota use
+        to its save (taken before the pool's lock): every create of a tenant changes its ONE
+        quota use, so two of one process saving at once would both take from the same
+        version and one would lose its save and place again."""
+        with self._locks_guard:
+            return self._quota_locks.setdefault((pool_id, tenant_id), threading.Lock())
 
     def in_flight(self, pool_id: str) -> frozenset[str]:
         """Nodes of ``pool_id`` that placements of this process are booking and saving on

@@ -20,6 +20,7 @@ the queue and moving reservations earlier in api/services/reservation_queue.py.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -215,9 +216,19 @@ class ReservationService:
                         key: str | None, fp: str, begin: datetime, end: datetime,
                         now: datetime) -> dict[str, Any]:
         """Choose under the pool's lock, then book and save outside it; again when another
-        writer got there first. Refused for quota or capacity: queued when asked, else raised."""
-        gpus = request.gpus
+        writer got there first. Refused for quota or capacity: queued when asked, else raised.
+        A create that takes quota holds the tenant's quota lock from choosing to saving."""
         limit = pool.quota_for(tenant)
+        with self.core.quota_lock(pool.public_id, tenant) if limit is not None else nullcontext():
+            return self._placed_and_booked(principal, uuid=uuid, tenant=tenant, pool=pool,
+                                           request=request, mode=mode, fields=fields, key=key,
+                                           fp=fp, begin=begin, end=end, now=now, limit=limit)
+
+    def _placed_and_booked(self, principal: Principal, *, uuid: Any, tenant: str, pool: Pool,
+                           request: PlacementRequest, mode: StartMode, fields: dict[str, Any],
+                           key: str | None, fp: str, begin: datetime, end: datetime,
+                           now: datetime, limit: int | None) -> dict[str, Any]:
+        gpus = request.gpus
         rsv_id = public_id("rsv", uuid)
         give_up = time.monotonic() + PLACEMENT_DEADLINE_S
         avoid = True  # nodes other placements of this process are saving on, while others fit
@@ -369,7 +380,10 @@ class ReservationService:
                 return []
             return [rsv, *self.core.end_hold(rsv, now)]
 
-        self.core.retrying(change)
+        # Ending a hold refunds the tenant's ONE quota use: releases of a tenant in this
+        # process take turns at it, as its creates do, instead of losing saves to each other.
+        with self.core.quota_lock(first.pool_id, first.tenant_id):
+            self.core.retrying(change)
         return result["rsv"].to_doc()  # type: ignore[no-any-return]
 
     def extend(self, principal: Principal, reservation_id: str, by: str) -> dict[str, Any]:

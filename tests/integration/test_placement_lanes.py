@@ -44,7 +44,9 @@ def test_two_workers_with_lanes_never_place_again(env: dict[str, str], lanes: bo
     second = Runtime.open(dict(env), lane=Lane(1, 2) if lanes else None)
     try:
         pool = make_pool(first.service)
-        add_nodes(first.service, pool, 6)
+        nodes = add_nodes(first.service, pool, 6)
+        while min(sum(Lane(i, 2).holds(n) for n in nodes) for i in (0, 1)) < 2:
+            nodes += add_nodes(first.service, pool, 1)  # ids are random: 12 GPUs a lane
         lost = placed_again(monkeypatch)
         placed: dict[str, list[dict[str, Any]]] = {"first": [], "second": []}
 
