@@ -380,9 +380,12 @@ class ReservationService:
                 return []
             return [rsv, *self.core.end_hold(rsv, now)]
 
-        # Ending a hold refunds the tenant's ONE quota use: releases of a tenant in this
-        # process take turns at it, as its creates do, instead of losing saves to each other.
-        with self.core.quota_lock(first.pool_id, first.tenant_id):
+        # Ending a hold refunds the tenant's ONE quota use: releases of a tenant with a quota
+        # take turns at it in this process, as its creates do, instead of losing saves to each
+        # other (the pool's owner has no quota use: its releases do not wait for each other).
+        pool = self.core.get(Pool, parse_id("pool", first.pool_id))
+        limited = pool is not None and pool.quota_for(first.tenant_id) is not None
+        with self.core.quota_lock(first.pool_id, first.tenant_id) if limited else nullcontext():
             self.core.retrying(change)
         return result["rsv"].to_doc()  # type: ignore[no-any-return]
 

@@ -105,3 +105,23 @@ def test_a_tenants_creates_and_releases_take_turns(runtime: Any,
     assert tries == [1] * (THREADS * EACH)  # each release saved at its first try
     quota = runtime.store.load(quota_uuid(pool, "acme"))
     assert quota.in_use == 0
+
+
+def test_the_pool_owners_creates_and_releases_take_no_turns(
+        runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner has no quota use (unlimited): nothing to take turns at."""
+    rs, _, pool, _ = setup(runtime, nodes=2, quota=4)
+    turns: list[tuple[str, str]] = []
+    real = rs.core.quota_lock
+
+    def quota_lock(pool_id: str, tenant_id: str) -> Any:
+        turns.append((pool_id, tenant_id))
+        return real(pool_id, tenant_id)
+
+    monkeypatch.setattr(rs.core, "quota_lock", quota_lock)
+    owned = rs.create(OP, tenant_id=None, pool_id=pool, gpus=1, duration="1h")["id"]
+    rs.release(OP, owned)
+    assert turns == []
+    offered = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h")["id"]
+    rs.release(OP, offered)
+    assert turns == [(pool, "acme"), (pool, "acme")]
