@@ -5,7 +5,8 @@ from typing import Any
 from better_compute.benchmarks.fleet import add_nodes, build_node, gpu_docs, make_pool
 from better_compute.domain.access import LOCAL_OPERATOR
 
-__all__ = ["add_nodes", "build_node", "count_calls", "gpu_docs", "make_pool", "offered_pool"]
+__all__ = ["add_nodes", "build_node", "count_calls", "gpu_docs", "make_pool", "offered_pool",
+           "placed_again"]
 
 
 def offered_pool(service: Any, *, nodes: int, gpus: int, tenant: str = "acme") -> str:
@@ -30,3 +31,21 @@ def count_calls(monkeypatch: Any, cls: type, method: str) -> list[str]:
 
     monkeypatch.setattr(cls, method, counted)
     return calls
+
+
+def placed_again(monkeypatch: Any) -> list[str]:
+    """The node of each booking a create lost from now on (to another writer of the same
+    bookings, quota use or node) and placed again, in order."""
+    from better_compute.api.services.reservations import ReservationService
+
+    lost: list[str] = []
+    real = ReservationService._book_and_save
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        done = real(self, *args, **kwargs)
+        if done is None:
+            lost.append(kwargs["placement"].node_id)
+        return done
+
+    monkeypatch.setattr(ReservationService, "_book_and_save", counted)
+    return lost

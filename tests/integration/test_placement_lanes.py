@@ -14,26 +14,10 @@ from typing import Any
 import pytest
 
 from better_compute.api.runtime import Runtime
-from better_compute.api.services.reservations import ReservationService
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.placement import Lane
-from tests.fleet import add_nodes, make_pool
+from tests.fleet import add_nodes, make_pool, placed_again
 from tests.support import quick_init
-
-
-def placed_again(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """One entry per booking a create lost (to another writer) and placed again."""
-    lost: list[str] = []
-    real = ReservationService._book_and_save
-
-    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        done = real(self, *args, **kwargs)
-        if done is None:
-            lost.append(kwargs["placement"].node_id)
-        return done
-
-    monkeypatch.setattr(ReservationService, "_book_and_save", counted)
-    return lost
 
 
 @pytest.mark.parametrize("lanes", [True, False])
@@ -69,11 +53,11 @@ def test_two_workers_with_lanes_never_place_again(env: dict[str, str], lanes: bo
         docs = placed["first"] + placed["second"]
         held = [(doc["nodeId"], gpu) for doc in docs for gpu in doc["gpus"]]
         assert len(held) == len(set(held)) == 24  # no GPU booked twice
-        nodes = {name: {d["nodeId"] for d in each} for name, each in placed.items()}
+        used = {name: {d["nodeId"] for d in each} for name, each in placed.items()}
         if lanes:
             assert lost == []
-            assert nodes["first"].isdisjoint(nodes["second"])
-            assert all(Lane(0, 2).holds(n) for n in nodes["first"])
+            assert used["first"].isdisjoint(used["second"])
+            assert all(Lane(0, 2).holds(n) for n in used["first"])
         else:
             assert len(lost) >= 6  # the same fullest node and GPU, chosen by both
     finally:

@@ -16,34 +16,14 @@ from typing import Any
 
 import pytest
 
-from better_compute.api.services.reservations import ReservationService
 from better_compute.api.services.unit import Aggregates
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.quota import QuotaUse, quota_uuid
+from tests.fleet import placed_again
 from tests.integration.test_reservations_service import setup
 
 THREADS = 8
 EACH = 4
-
-
-def counted(monkeypatch: pytest.MonkeyPatch, cls: type, name: str,
-            lost: Callable[[Any], bool]) -> list[str]:
-    """One entry per call of ``cls.name`` that lost to another writer (``lost(result)``)."""
-    calls: list[str] = []
-    real = getattr(cls, name)
-
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            result = real(self, *args, **kwargs)
-        except Exception:
-            calls.append(name)
-            raise
-        if lost(result):
-            calls.append(name)
-        return result
-
-    monkeypatch.setattr(cls, name, wrapper)
-    return calls
 
 
 def at_once(work: Callable[[int], None]) -> list[BaseException]:
@@ -68,8 +48,7 @@ def at_once(work: Callable[[int], None]) -> list[BaseException]:
 def test_a_tenants_creates_and_releases_take_turns(runtime: Any,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     rs, _, pool, _ = setup(runtime, nodes=6, quota=THREADS * EACH)
-    lost_placements = counted(monkeypatch, ReservationService, "_book_and_save",
-                              lambda done: done is None)
+    lost_placements = placed_again(monkeypatch)
     made: list[list[str]] = [[] for _ in range(THREADS)]
 
     def create(i: int) -> None:
