@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from better_compute.api.services.compute import ComputeService
@@ -66,6 +67,13 @@ class ReservationCore:
     def pool_lock(self, pool_id: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(pool_id, threading.Lock())
+
+    def quota_turn(self, pool: Pool | None, tenant_id: str) -> AbstractContextManager[Any]:
+        """The tenant's turn at its quota use on ``pool`` (``quota_lock``), for a create or a
+        release; nothing to wait for when it has none (the pool's owner, unlimited)."""
+        if pool is None or pool.quota_for(tenant_id) is None:
+            return nullcontext()
+        return self.quota_lock(pool.public_id, tenant_id)
 
     def quota_lock(self, pool_id: str, tenant_id: str) -> threading.Lock:
         """Held by a create of ``tenant_id`` on ``pool_id`` from loading the tenant's quota use

@@ -20,7 +20,6 @@ the queue and moving reservations earlier in api/services/reservation_queue.py.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -219,7 +218,7 @@ class ReservationService:
         writer got there first. Refused for quota or capacity: queued when asked, else raised.
         A create that takes quota holds the tenant's quota lock from choosing to saving."""
         limit = pool.quota_for(tenant)
-        with self.core.quota_lock(pool.public_id, tenant) if limit is not None else nullcontext():
+        with self.core.quota_turn(pool, tenant):
             return self._placed_and_booked(principal, uuid=uuid, tenant=tenant, pool=pool,
                                            request=request, mode=mode, fields=fields, key=key,
                                            fp=fp, begin=begin, end=end, now=now, limit=limit)
@@ -383,9 +382,8 @@ class ReservationService:
         # Ending a hold refunds the tenant's ONE quota use: releases of a tenant with a quota
         # take turns at it in this process, as its creates do, instead of losing saves to each
         # other (the pool's owner has no quota use: its releases do not wait for each other).
-        pool = self.core.get(Pool, parse_id("pool", first.pool_id))
-        limited = pool is not None and pool.quota_for(first.tenant_id) is not None
-        with self.core.quota_lock(first.pool_id, first.tenant_id) if limited else nullcontext():
+        with self.core.quota_turn(self.core.get(Pool, parse_id("pool", first.pool_id)),
+                                  first.tenant_id):
             self.core.retrying(change)
         return result["rsv"].to_doc()  # type: ignore[no-any-return]
 
