@@ -36,6 +36,7 @@ from better_compute.api.store.store_url import describe as describe_pg
 from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.errors import Unavailable
 from better_compute.domain.node import Node
+from better_compute.domain.quota import QuotaUse
 
 APP_NAME = "bc"
 PG_FACTORY_TOPIC = "better_compute.api.store.pg_factory:ConninfoPostgresFactory"
@@ -129,8 +130,10 @@ class ComputeStore(Application[Any]):
     # A node's bookings gain two events per reservation, forever; snapshots every 100
     # events keep loading them (each placement does) from growing with the node's age.
     # A node gains two events per reservation too (its devices assigned, then unassigned):
-    # binding and every release load it.
-    snapshotting_intervals = {NodeBookings: 100, Node: 100}
+    # binding and every release load it. A tenant's quota use gains two per reservation of
+    # the tenant on the pool (taken, refunded): every create and release of the tenant loads
+    # it (tests/integration/test_quota_snapshots.py).
+    snapshotting_intervals = {NodeBookings: 100, Node: 100, QuotaUse: 100}
 
     def __init__(self, env: Any = None) -> None:
         self.cache = AggregateCache()  # before the library's set-up, which may save
