@@ -3,7 +3,8 @@
 ``run_controllers`` is a lifespan task. It tries to become the leader
 every ``retry`` seconds; once it leads, it runs three loops side by side, each
 woken by the events it acts on and at least every ``tick`` seconds: the
-NodeLifecycle and tokens passes (node sessions and acceptance, pool.* events), the
+NodeLifecycle, tokens and read models' passes (node sessions and acceptance, pool.* events;
+the listings and usage kept current: api/controllers/read_models.py), the
 reservation timers (what another hand made due: reservation.dequeued, .replaced and
 .rescheduled; a create that starts now binds in its own save) and the queue dispatcher (the
 node.*, reservation.*, bookings.*, quota.* and pool.* events that can free capacity or add to
@@ -39,6 +40,7 @@ from better_compute.api.controllers.node_lifecycle import (
     NodeLifecycle,
 )
 from better_compute.api.controllers.queue import QueueDispatcher
+from better_compute.api.controllers.read_models import ReadModelUpkeep
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.services.tokens import TokenExpiry
 from better_compute.api.settings import env_seconds
@@ -126,11 +128,13 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
     timers = ReservationTimers(runtime.services.reservations)
     expiry = TokenExpiry(runtime.services.tokens)
     dispatcher = QueueDispatcher(runtime.services.reservations)
+    upkeep = ReadModelUpkeep(runtime.projections)
     hub = state.extra.get("watch_hub")
     limiter = anyio.CapacityLimiter(1)
     passes = {"lifecycle": Retry("a NodeLifecycle pass", log),
               "timers": Retry("a reservations pass", log),
-              "tokens": Retry("a tokens pass", log)}
+              "tokens": Retry("a tokens pass", log),
+              "read models": Retry("a read models' catch-up", log)}
     task_status.started()
     try:
         while True:
@@ -146,7 +150,8 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
                     anyio.CapacityLimiter(1), _WAKE_TIMERS)
                 await _lead(lead, passes, (
                     ("lifecycle", CONTROLLER_NODES, lifecycle.reconcile),
-                    ("tokens", CONTROLLER_TOKENS, expiry.tick)), hub, tick, settle, limiter,
+                    ("tokens", CONTROLLER_TOKENS, expiry.tick),
+                    ("read models", None, upkeep.run)), hub, tick, settle, limiter,
                     _WAKE_NODES)
                 dispatching.cancel_scope.cancel()
             state.extra["controllers_leader"] = False
@@ -189,7 +194,7 @@ async def _dispatch(dispatcher: QueueDispatcher, hub: Any, tick: float, settle: 
 
 
 async def _lead(lead: Leadership | None, passes: dict[str, Retry],
-                work: tuple[tuple[str, str, Callable[[], Any]], ...], hub: Any, tick: float,
+                work: tuple[tuple[str, str | None, Callable[[], Any]], ...], hub: Any, tick: float,
                 settle: float, limiter: anyio.CapacityLimiter, wake_on: EventFilter) -> None:
     """Passes of ``work`` (NodeLifecycle and tokens, or the timers), while this process holds
     the lock (checked before each pass when ``lead`` is given; else the caller cancels)."""
@@ -198,7 +203,8 @@ async def _lead(lead: Leadership | None, passes: dict[str, Retry],
         began = time.monotonic()
         for name, actor, run in work:
             try:
-                await anyio.to_thread.run_sync(as_actor(actor, run), limiter=limiter)
+                await anyio.to_thread.run_sync(as_actor(actor, run) if actor else run,
+                                               limiter=limiter)
             except Exception as exc:  # retried on the next tick
                 passes[name].failed(exc)
             else:

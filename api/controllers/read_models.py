@@ -1,0 +1,32 @@
+"""The read models nothing else keeps current, caught up by the controllers' leader each tick.
+
+Every create follows the free-GPU index and the reservations read model; the timers, the
+queue dispatcher and the NodeLifecycle pass catch up the reservations and the capacity
+rollup. The listings (``list`` and ``get`` of every kind) and the usage (``usage.report``)
+were caught up only when read, and the tokens pass scanned the listings every 30 s. So the
+first read after a busy spell paid for every event since the last one: a ``usage`` call a
+week after the last one applied a week of reservations before it answered, and under a
+stream of creates the tokens pass applied 30 s of events at once, which took the server's
+time in one lump (docs/performance.md, "Seventh round").
+
+``ReadModelUpkeep.run`` catches both up in the leader's NodeLifecycle loop, at least every
+tick: a read waits for at most a tick's events, and their cost is spread over the creates
+that wrote them. It records nothing (no actor), and takes only the locks of the read models
+it catches up, which no create waits for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Read models no request path follows and no other pass catches up.
+KEPT_CURRENT = ("listings", "usage")
+
+
+class ReadModelUpkeep:
+    def __init__(self, projections: Any) -> None:
+        self.projections = projections
+
+    def run(self) -> int:
+        """Catch up each of ``KEPT_CURRENT``; the events applied."""
+        return sum(int(self.projections.catch_up(name)) for name in KEPT_CURRENT)
