@@ -24,6 +24,7 @@ from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.registry import Services, build_services
 from better_compute.api.services.tokens import lifetimes_from_env
 from better_compute.api.services.unit import Aggregates
+from better_compute.api.store.codec import event_class
 from better_compute.api.store.store import (
     ComputeStore,
     SqlRunner,
@@ -55,6 +56,9 @@ class StoreEvents:
 
     def decode(self, notification: Notification) -> Any:
         return self.store.mapper.to_domain_event(notification)
+
+    def event_type(self, notification: Notification) -> type[Any]:
+        return event_class(notification.topic)
 
     def head(self) -> int:
         return self.store.recorder.max_notification_id() or 0

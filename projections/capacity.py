@@ -240,6 +240,10 @@ class Capacity(ReadModel):
     def begin_batch(self) -> None:
         self._pending = {}
 
+    def wants(self, event_type: type[Any]) -> bool:
+        kind = str(event_type.TOPIC)
+        return kind in _BOOKING_EVENTS or kind.startswith("node.")
+
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         kind = str(type(event).TOPIC)
         if kind in _BOOKING_EVENTS:

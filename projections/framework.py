@@ -61,6 +61,7 @@ class EventSource(Protocol):
 
     def select(self, after: int, limit: int) -> Sequence[Notification]: ...
     def decode(self, notification: Notification) -> Any: ...
+    def event_type(self, notification: Notification) -> type[Any]: ...
     def head(self) -> int: ...
 
 
@@ -84,6 +85,11 @@ class ReadModel(ABC):
     @abstractmethod
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         """Write what ``event`` changes; runs inside the batch's transaction."""
+
+    def wants(self, event_type: type[Any]) -> bool:
+        """Whether events of ``event_type`` can change this read model: the others are
+        not decoded for it (its position still moves past them). All, by default."""
+        return True
 
     def begin_batch(self) -> None:  # noqa: B027 (optional hook)
         """Before a batch's events: forget what an earlier batch that failed left behind."""
@@ -127,9 +133,10 @@ class SnapshotRows(ReadModel):
         self.codec = codec
         self.begin_batch()
 
-    @abstractmethod
     def follows(self, event: Any) -> bool:
-        """Whether ``event`` may change a row (False: skipped without a read)."""
+        """Whether ``event`` may change a row (False: skipped without a read): whether the
+        read model ``wants`` its type."""
+        return self.wants(type(event))
 
     def keeps(self, aggregate: Any) -> bool:
         """Whether a newly created ``aggregate`` gets a row."""
@@ -215,6 +222,7 @@ class ReadModels:
         self.known_head = 0
         self.head_source: Callable[[], int] | None = None
         self._seen: dict[str, int] = {}
+        self._wanted: dict[tuple[str, str], bool] = {}  # (read model, topic): ``wants``
         statements: list[str] = []
         for projection in projections:
             statements.extend(projection.tables())
@@ -354,13 +362,26 @@ class ReadModels:
             # Decoded once, and only what one of them still needs: when several threads catch
             # up at once, those that come second find it applied and decode nothing.
             lowest = min(position for _, position in positions)
-            decoded = [(n.id, self.source.decode(n)) for n in batch if n.id > lowest]
+            fresh = [n for n in batch if n.id > lowest]
+            decoded = [(n, self.source.decode(n)) for n in fresh
+                       if any(self._wants(p, n) for p, _ in positions)]
             for projection, position in positions:
-                todo = [(sequence, event) for sequence, event in decoded if sequence > position]
-                counts[projection.name] = len(todo)
-                if todo:
-                    self._apply_in(cursor, projection, position, todo)
+                mine = [n for n in fresh if n.id > position]
+                counts[projection.name] = len(mine)
+                if mine:
+                    todo = [(n.id, event) for n, event in decoded
+                            if n.id > position and self._wants(projection, n)]
+                    self._apply_in(cursor, projection, position, todo, mine[-1].id)
         return counts
+
+    def _wants(self, projection: ReadModel, notification: Notification) -> bool:
+        """``projection.wants`` the type of ``notification``'s event (kept per topic)."""
+        key = (projection.name, notification.topic)
+        wanted = self._wanted.get(key)
+        if wanted is None:
+            wanted = self._wanted[key] = bool(
+                projection.wants(self.source.event_type(notification)))
+        return wanted
 
     def _saw(self, projection: ReadModel, position: int) -> None:
         if position > self._seen.get(projection.name, -1):
@@ -373,15 +394,18 @@ class ReadModels:
             position = self._position_in(cursor, projection)
             if after is not None and position < after:
                 raise _Behind(position)  # events up to ``after`` were never applied
-            todo = [(n.id, self.source.decode(n)) for n in batch if n.id > position]
-            if todo:
-                self._apply_in(cursor, projection, position, todo)
-            return len(todo)
+            fresh = [n for n in batch if n.id > position]
+            if fresh:
+                todo = [(n.id, self.source.decode(n)) for n in fresh
+                        if self._wants(projection, n)]
+                self._apply_in(cursor, projection, position, todo, fresh[-1].id)
+            return len(fresh)
 
     def _apply_in(self, cursor: Any, projection: ReadModel, position: int,
-                  todo: list[tuple[int, Any]]) -> None:
-        """``todo`` (sequence, decoded event) applied to ``projection``, which is at
-        ``position``, and its new position tracked, in the transaction of ``cursor``."""
+                  todo: list[tuple[int, Any]], upto: int) -> None:
+        """``todo`` (sequence, decoded event: those it wants of the events after
+        ``position`` up to ``upto``) applied to ``projection``, and ``upto`` tracked as its
+        position, in the transaction of ``cursor``."""
         projection.begin_batch()
         if position == 0:  # a new version: rows an older version wrote are rebuilt
             for table in projection.table_names():
@@ -389,7 +413,7 @@ class ReadModels:
         for sequence, event in todo:
             projection.apply(self.sql, cursor, sequence, event)
         projection.end_batch(self.sql, cursor)
-        self._track(cursor, projection, todo[-1][0])
+        self._track(cursor, projection, upto)
 
     def _position_in(self, cursor: Any, projection: ReadModel) -> int:
         return self.tracking._max_tracking_id(projection.tracking_name, cursor) or 0  # type: ignore[attr-defined]

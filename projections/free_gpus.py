@@ -107,6 +107,11 @@ class FreeGpus(ReadModel):
             *earliest_index.TABLES,
         ]
 
+    def wants(self, event_type: type[Any]) -> bool:
+        kind = str(event_type.TOPIC)
+        return not kind.startswith(_HOLDS) and kind.startswith(("node.", "bookings.",
+                                                                "pool.offered"))
+
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         kind = str(type(event).TOPIC)
         if kind.startswith(_HOLDS):

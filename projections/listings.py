@@ -49,8 +49,8 @@ class Listings(SnapshotRows):
             "CREATE INDEX IF NOT EXISTS bc_listing_kind ON bc_listing (kind, created_seq)",
         ]
 
-    def follows(self, event: Any) -> bool:
-        return _owner(event) not in _UNLISTED  # not a reservation's, bookings' or quota's
+    def wants(self, event_type: type[Any]) -> bool:
+        return _owner(event_type) not in _UNLISTED  # not a reservation's, bookings' or quota's
 
     def keeps(self, aggregate: Any) -> bool:
         return kind_of(aggregate) in LISTED_KINDS  # not PKI, nor any kind not listed
@@ -92,8 +92,8 @@ class Listings(SnapshotRows):
 _UNLISTED = frozenset({"reservation", "nodebookings", "quotause", "pkibundle"})
 
 
-def _owner(event: Any) -> str:
-    return type(event).__qualname__.split(".", 1)[0].lower()
+def _owner(event_type: type[Any]) -> str:
+    return event_type.__qualname__.split(".", 1)[0].lower()
 
 
 def query_listing(

@@ -48,8 +48,8 @@ class Reservations(SnapshotRows):
             "CREATE INDEX IF NOT EXISTS bc_rsv_line ON bc_rsv (pool_id, state, created_seq)",
         ]
 
-    def follows(self, event: Any) -> bool:
-        return str(type(event).TOPIC).startswith("reservation.")
+    def wants(self, event_type: type[Any]) -> bool:
+        return str(event_type.TOPIC).startswith("reservation.")
 
     def read_row(self, sql: Sql, cursor: Any, uuid: str) -> Any:
         sql.execute(cursor, "SELECT snapshot_topic, snapshot, created_seq, tenant_id, "

@@ -49,6 +49,9 @@ class UsageProjection(ReadModel):
             "CREATE INDEX IF NOT EXISTS bc_usage_start ON bc_usage (start_us)",
         ]
 
+    def wants(self, event_type: type[Any]) -> bool:
+        return str(event_type.TOPIC).startswith("reservation.")
+
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
         kind = str(type(event).TOPIC)
         if not kind.startswith("reservation."):
