@@ -2,8 +2,8 @@
 
     .venv/bin/python -m better_compute.benchmarks.reservations [--backend sqlite|postgres|both]
         [--pg-url postgresql://…] [--clients 1,8,16,32] [--nodes 2200] [--seconds 5]
-        [--live 2000] [--window 100] [--live-clients 16] [--workers N] [--client-procs 4]
-        [--quota GPUS]
+        [--live 2000] [--window 100] [--live-clients 16] [--live-repeats 3] [--workers N]
+        [--client-procs 4] [--quota GPUS]
     .venv/bin/python -m better_compute.benchmarks.reservations --compare DIR [--rounds 4] …
         (DIR's code and ours side by side, round by round: before/after under the same load)
     .venv/bin/python -m better_compute.benchmarks.reservations --placer [placer options]
@@ -31,7 +31,9 @@ throwaway schema of ``--pg-url``, as the tests use one):
 3. live reservations: ``--live-clients`` clients create ``--window`` reservations on an
    empty pool (the rate of the first ones), fill the pool up to ``--live`` live
    reservations, and create ``--window`` more (the rate after ``--live``); then release
-   them all.
+   them all. Each end is ``--live-repeats`` windows (each but the last released before
+   the next, so each starts with the same live count): their medians are compared, and the
+   slowest window of each end is printed beside them.
 
 The load average is printed before and after each backend: this benchmark is meant
 for a machine shared with others, so read its figures with it.
@@ -350,18 +352,37 @@ def _phases(bench: Bench, backend: str, args: argparse.Namespace) -> None:
         bench.show(backend, "release", clients, gone)
     if args.live <= 0:
         return
-    c = args.live_clients
-    first = bench.creates(c, count=args.window)
-    bench.show(backend, f"create, first {args.window}", c, first)
+    c, repeats = args.live_clients, max(1, args.live_repeats)
+    first, firsts = _windows(bench, backend, args, repeats, f"first {args.window}")
     fill = bench.creates(c, count=max(0, args.live - args.window))
     bench.show(backend, f"create, to {args.live} live", c, fill)
-    after = bench.creates(c, count=args.window)
-    bench.show(backend, f"create, after {args.live}", c, after)
-    change = 100 * (after["rate"] / first["rate"] - 1) if first["rate"] else float("nan")
-    print(f"  {backend:<10} rate after {args.live} live vs the first {args.window}: "
-          f"{change:+.1f} %", flush=True)
-    gone = bench.releases(c, first["ids"] + fill["ids"] + after["ids"])
+    last, afters = _windows(bench, backend, args, repeats, f"after {args.live}")
+    rates = [statistics.median(r["rate"] for r in each) for each in (firsts, afters)]
+    cpus = [statistics.median(r["cpu_ms"] for r in each) for each in (firsts, afters)]
+    change = 100 * (rates[1] / rates[0] - 1) if rates[0] else float("nan")
+    print(f"  {backend:<10} rate after {args.live} live vs the first {args.window} (medians of "
+          f"{repeats} windows): {rates[0]:.1f} -> {rates[1]:.1f}/s, {change:+.1f} %; server CPU "
+          f"{cpus[0]:.2f} -> {cpus[1]:.2f} ms/op; slowest window {min(r['rate'] for r in firsts):.1f}"
+          f" and {min(r['rate'] for r in afters):.1f}/s", flush=True)
+    gone = bench.releases(c, first["ids"] + fill["ids"] + last["ids"])
     bench.show(backend, f"release, {args.live + args.window} live", c, gone)
+
+
+def _windows(bench: Bench, backend: str, args: argparse.Namespace, repeats: int, what: str
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``repeats`` windows of ``--window`` creates, each but the last released before the
+    next, so that each starts with the same reservations live: (the last, all of them). One
+    window is about a second: the median of several is not one controllers' pass or one
+    checkpoint that happened to fall into it."""
+    c, out = args.live_clients, []
+    for n in range(repeats):
+        made = bench.creates(c, count=args.window)
+        bench.show(backend, f"create, {what} ({n + 1})" if repeats > 1 else f"create, {what}",
+                   c, made)
+        out.append(made)
+        if n < repeats - 1:
+            bench.releases(c, made["ids"])
+    return out[-1], out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live", type=int, default=2000)
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--live-clients", type=int, default=16)
+    parser.add_argument("--live-repeats", type=int, default=3,
+                        help="windows of --window creates at each end (their median)")
     parser.add_argument("--workers", type=int, default=0,
                         help="passed to serve as --workers (default: serve's own, the core count; "
                         "--compare: 1 on both sides unless given)")
