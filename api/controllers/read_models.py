@@ -9,10 +9,11 @@ week after the last one applied a week of reservations before it answered, and u
 stream of creates the tokens pass applied 30 s of events at once, which took the server's
 time in one lump (docs/performance.md, "Seventh round").
 
-``ReadModelUpkeep.run`` catches both up in the leader's NodeLifecycle loop, at least every
-tick: a read waits for at most a tick's events, and their cost is spread over the creates
-that wrote them. It records nothing (no actor), and takes only the locks of the read models
-it catches up, which no create waits for.
+``ReadModelUpkeep.run`` catches both up in a loop of the leader's own, every tick
+(api/controllers/runner.py): a read waits for at most a tick's events, and their cost is
+spread over the creates that wrote them. A long catch-up (a read model rebuilt after an
+upgrade) holds up no other controller. It records nothing (no actor), and takes only the
+locks of the read models it catches up, which no create waits for.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Running the controllers inside ``serve``: elected, woken by events and by a tick.
 
 ``run_controllers`` is a lifespan task. It tries to become the leader
-every ``retry`` seconds; once it leads, it runs three loops side by side, each
+every ``retry`` seconds; once it leads, it runs four loops side by side, each
 woken by the events it acts on and at least every ``tick`` seconds: the
-NodeLifecycle, tokens and read models' passes (node sessions and acceptance, pool.* events;
-the listings and usage kept current: api/controllers/read_models.py), the
+NodeLifecycle and tokens passes (node sessions and acceptance, pool.* events), the
 reservation timers (what another hand made due: reservation.dequeued, .replaced and
 .rescheduled; a create that starts now binds in its own save) and the queue dispatcher (the
 node.*, reservation.*, bookings.*, quota.* and pool.* events that can free capacity or add to
-a line), so a burst of creates wakes none of them. Each loop checks it still holds the lock
-before each pass. A loop woken by an event runs at once when its last pass began
+a line), so a burst of creates wakes none of them; and, on the tick alone, the read models'
+upkeep (the listings and the usage kept current: api/controllers/read_models.py). Each loop
+checks it still holds the lock before each pass. A loop woken by an event runs at once when its last pass began
 ``settle`` seconds ago or more (BETTER_COMPUTE_CONTROLLER_SETTLE, default 0.2 s),
 else waits until then: under a stream of creates a pass handles many at once
 instead of running once per create in the process that serves them
@@ -95,6 +95,9 @@ _WAKE_NODES = EventFilter(types=compile_type_filter([
 # later start or an end time is the tick's.
 _WAKE_TIMERS = EventFilter(types=compile_type_filter([
     "reservation.dequeued", "reservation.replaced", "reservation.rescheduled"]))
+# The read models' upkeep runs on the tick alone, in a loop of its own: a long catch-up (a
+# read model rebuilt after an upgrade) never holds up a NodeLifecycle pass.
+_WAKE_NEVER = EventFilter(types=re.compile(r"(?!)"))
 SETTLE = 0.2  # seconds: the least time between the starts of two passes woken by events
 
 
@@ -148,10 +151,12 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
                 dispatching.start_soon(_lead, None, passes, (  # leadership checked below
                     ("timers", CONTROLLER_RESERVATIONS, timers.tick),), hub, tick, settle,
                     anyio.CapacityLimiter(1), _WAKE_TIMERS)
+                dispatching.start_soon(_lead, None, passes, (
+                    ("read models", None, upkeep.run),), hub, tick, settle,
+                    anyio.CapacityLimiter(1), _WAKE_NEVER)
                 await _lead(lead, passes, (
                     ("lifecycle", CONTROLLER_NODES, lifecycle.reconcile),
-                    ("tokens", CONTROLLER_TOKENS, expiry.tick),
-                    ("read models", None, upkeep.run)), hub, tick, settle, limiter,
+                    ("tokens", CONTROLLER_TOKENS, expiry.tick)), hub, tick, settle, limiter,
                     _WAKE_NODES)
                 dispatching.cancel_scope.cancel()
             state.extra["controllers_leader"] = False
