@@ -7,8 +7,8 @@ Time is "database time" (``now()``, api/services/unit.py): on PostgreSQL the ser
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -69,11 +69,20 @@ class ReservationCore:
             return self._locks.setdefault(pool_id, threading.Lock())
 
     def quota_turn(self, pool: Pool | None, tenant_id: str) -> AbstractContextManager[Any]:
-        """The tenant's turn at its quota use on ``pool`` (``quota_lock``), for a create or a
-        release; nothing to wait for when it has none (the pool's owner, unlimited)."""
+        """The tenant's turn at its quota use on ``pool``, for a create or a release: this
+        process's and the store's; nothing to wait for when it has none (the pool's owner,
+        unlimited)."""
         if pool is None or pool.quota_for(tenant_id) is None:
             return nullcontext()
-        return self.quota_lock(pool.public_id, tenant_id)
+        return self._quota_turn(pool.public_id, tenant_id)
+
+    @contextmanager
+    def _quota_turn(self, pool_id: str, tenant_id: str) -> Iterator[None]:
+        """This process's turn (``quota_lock``), then the store's, across the workers of
+        ``serve --workers N`` and other replicas (api/store/turns.py)."""
+        with self.quota_lock(pool_id, tenant_id), \
+                self.store.turns.hold(f"quota/{pool_id}/{tenant_id}"):
+            yield
 
     def quota_lock(self, pool_id: str, tenant_id: str) -> threading.Lock:
         """Held by a create of ``tenant_id`` on ``pool_id`` from loading the tenant's quota use

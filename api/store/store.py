@@ -33,6 +33,7 @@ from better_compute.api.store.pg_recorder import TOPIC as PG_RECORDER_TOPIC
 from better_compute.api.store.sqlite_writers import WriterLock, flock_within, serialise_writers
 from better_compute.api.store.store_url import connect_kwargs, parse_database_url
 from better_compute.api.store.store_url import describe as describe_pg
+from better_compute.api.store.turns import NoTurns, Turns, turns_for
 from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.errors import Unavailable
 from better_compute.domain.node import Node
@@ -156,6 +157,11 @@ class ComputeStore(Application[Any]):
 
     _commit_listeners: tuple[Callable[[int], None], ...] = ()
     guard: StoreGuard  # every connection goes through it (api/store/outage.py); set by open_store
+    turns: Turns = NoTurns()  # across the processes of the store (api/store/turns.py)
+
+    def close(self) -> None:
+        self.turns.close()
+        super().close()
 
     def add_commit_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(last_sequence)`` after each save of this process commits.
@@ -213,7 +219,7 @@ def private_sqlite_files(path: Path) -> None:
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     for name in (path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.name}-journal",
-                 f"{path.name}-writer.lock"):
+                 f"{path.name}-writer.lock", f"{path.name}-turns.lock"):
         _tighten(folder / name, 0o600)
 
 
@@ -245,6 +251,7 @@ def open_store(config: StoreConfig) -> ComputeStore:
         serialise_writers(datastore, WriterLock(config.sqlite_path, SQLITE_LOCK_TIMEOUT_S))
         store.guard = StoreGuard()
     install_guard(datastore, store.guard)
+    store.turns = turns_for(config)
     return store
 
 

@@ -1,0 +1,174 @@
+"""Turns across the processes of one store: one holder at a time per name, from a read to the
+save that follows it.
+
+A tenant's creates and releases all change its one quota use (domain/quota.py). Threads of
+one process take turns at it (``ReservationCore.quota_lock``); the workers of ``serve
+--workers N`` did not, so two of them read the same version, both placed and booked, and one
+lost its save and placed again. A turn makes the second wait for the first's save instead
+(docs/performance.md, "Seventh round"). Turns only save work: correctness never rests on
+them (the store refuses a save of a version another wrote), so a turn that cannot be taken
+in ``WAIT_S`` (a holder stopped, the database away) is given up and the caller goes on
+without it.
+
+- SQLite: POSIX record locks on one file beside the store (``store.sqlite-turns.lock``), a
+  byte per bucket of names (crc32, 65,536 buckets: two names in one bucket only wait for
+  each other). A process's record locks do not exclude its own threads, so a thread lock
+  per bucket comes first. The kernel drops them with their process.
+- PostgreSQL: session advisory locks on connections of their own (one per turn held at
+  once, kept for the next), keyed by the schema and the name; a connection whose unlock
+  failed is closed, so no lock outlives its holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger("better_compute.store")
+
+WAIT_S = 30.0  # the longest wait for a turn; then the caller goes on without it
+_BUCKETS = 65536
+
+
+class Turns(Protocol):
+    def hold(self, name: str) -> contextlib.AbstractContextManager[bool]:
+        """The turn of ``name``, for the ``with`` block; True when it was taken."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class NoTurns:
+    """No other process shares the store (or none is known): nothing to take."""
+
+    @contextlib.contextmanager
+    def hold(self, name: str) -> Iterator[bool]:
+        yield True
+
+    def close(self) -> None:
+        pass
+
+
+class FileTurns:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._guard = threading.Lock()
+        self._buckets: dict[int, threading.Lock] = {}
+
+    def _file(self) -> int:
+        with self._guard:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            return self._fd
+
+    @contextlib.contextmanager
+    def hold(self, name: str) -> Iterator[bool]:
+        bucket = zlib.crc32(name.encode()) % _BUCKETS
+        with self._guard:
+            local = self._buckets.setdefault(bucket, threading.Lock())
+        with local:
+            taken = self._take(bucket)
+            try:
+                yield taken
+            finally:
+                if taken:
+                    fcntl.lockf(self._file(), fcntl.LOCK_UN, 1, bucket)
+
+    def _take(self, bucket: int) -> bool:
+        """The record lock of ``bucket``, polled (a blocking wait could not give up)."""
+        try:
+            fd = self._file()
+        except OSError as exc:
+            log.warning("turns: cannot open %s (%s): going on without turns", self.path, exc)
+            return False
+        give_up, pause = time.monotonic() + WAIT_S, 0.0002
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, bucket)
+                return True
+            except OSError:
+                if time.monotonic() > give_up:
+                    log.warning("turns: waited %.0f s for a turn at %s: going on without it",
+                                WAIT_S, self.path)
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, 0.002)
+
+    def close(self) -> None:
+        with self._guard:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+class PostgresTurns:
+    def __init__(self, pg: Mapping[str, str], schema: str) -> None:
+        self.pg = dict(pg)
+        self.schema = schema
+        self._idle: list[Any] = []
+        self._guard = threading.Lock()
+
+    def _connection(self) -> Any:
+        with self._guard:
+            if self._idle:
+                return self._idle.pop()
+        import psycopg
+
+        from better_compute.api.store.store_url import connect_kwargs
+
+        conn = psycopg.connect(**{"connect_timeout": 5, **connect_kwargs(self.pg)},
+                               autocommit=True)
+        conn.execute(f"SET lock_timeout = '{int(WAIT_S * 1000)}ms'")
+        return conn
+
+    @contextlib.contextmanager
+    def hold(self, name: str) -> Iterator[bool]:
+        import psycopg
+
+        key = f"{self.schema}/turn/{name}"
+        conn = None
+        try:
+            conn = self._connection()
+            conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
+        except psycopg.Error as exc:
+            log.warning("turns: cannot take a turn (%s): going on without it", exc)
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    conn.close()
+                conn = None
+        if conn is None:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            try:
+                conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
+            except psycopg.Error:
+                conn.close()  # the lock goes with its session
+            else:
+                with self._guard:
+                    self._idle.append(conn)
+
+    def close(self) -> None:
+        with self._guard:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def turns_for(config: Any) -> Turns:
+    """The turns of the store ``config`` (api/store/store.py ``StoreConfig``) names."""
+    if config.backend == "postgres":
+        return PostgresTurns(config.pg, config.pg.get("POSTGRES_SCHEMA") or "public")
+    return FileTurns(Path(f"{config.sqlite_path}-turns.lock"))

@@ -1,0 +1,127 @@
+"""Turns across the processes of one store (api/store/turns.py), on both backends.
+
+A real second process holds a turn: this process waits for it, and not for another name's;
+a turn it cannot take in time (a holder stopped) is given up, and the caller goes on; a
+PostgreSQL turn without a database is given up at once, never an error. A tenant's create
+takes the store's turn at its quota use (the workers of ``serve --workers N`` wait for each
+other's save instead of losing theirs); the pool's owner, with no quota use, takes none.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from better_compute.api.store import turns as turns_module
+from better_compute.api.store.store import StoreConfig
+from better_compute.api.store.turns import PostgresTurns, turns_for
+from better_compute.domain.access import LOCAL_OPERATOR as OP
+from tests.fleet import offered_pool
+from tests.support import wait_for_line
+
+HOLDER = r"""
+import sys
+from better_compute.api.store.store import StoreConfig
+from better_compute.api.store.turns import turns_for
+import os
+turns = turns_for(StoreConfig.from_env(dict(os.environ)))
+with turns.hold(sys.argv[1]) as taken:
+    print("held" if taken else "not taken", flush=True)
+    sys.stdin.readline()
+print("released", flush=True)
+"""
+
+
+def _holder(env: dict[str, str], name: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, name], env=env, text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    wait_for_line(process, "held")
+    return process
+
+
+def _release(process: subprocess.Popen[str]) -> None:
+    assert process.stdin is not None
+    process.stdin.write("go\n")
+    process.stdin.flush()
+    wait_for_line(process, "released")
+    process.wait(timeout=30)
+
+
+def test_a_turn_another_process_holds_is_waited_for_and_another_name_is_not(
+        env: dict[str, str]) -> None:
+    turns = turns_for(StoreConfig.from_env(env))
+    holder = _holder(env, "quota/pool_a/acme")
+    try:
+        with turns.hold("quota/pool_a/globex") as taken:  # another name: no wait
+            assert taken
+        entered = threading.Event()
+
+        def take() -> None:
+            with turns.hold("quota/pool_a/acme") as ok:
+                assert ok
+                entered.set()
+
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        assert not entered.wait(0.5)  # the other process holds it
+        _release(holder)
+        waiter.join(timeout=30)
+        assert entered.is_set()
+    finally:
+        holder.kill()
+        turns.close()
+
+
+def test_a_turn_not_had_in_time_is_given_up(env: dict[str, str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(turns_module, "WAIT_S", 0.3)
+    turns = turns_for(StoreConfig.from_env(env))
+    holder = _holder(env, "quota/pool_a/acme")
+    try:
+        with turns.hold("quota/pool_a/acme") as taken:
+            assert taken is False  # the caller goes on; the store still refuses a stale save
+        _release(holder)
+        with turns.hold("quota/pool_a/acme") as taken:
+            assert taken is True
+    finally:
+        holder.kill()
+        turns.close()
+
+
+def test_a_postgres_turn_without_a_database_is_given_up_not_raised() -> None:
+    turns = PostgresTurns({"POSTGRES_CONNINFO": "host=127.0.0.1 port=9 dbname=none "
+                           "user=none connect_timeout=2"}, "public")
+    with turns.hold("quota/pool_a/acme") as taken:
+        assert taken is False
+    turns.close()
+
+
+class _Recording:
+    def __init__(self, real: Any) -> None:
+        self.real, self.names = real, []
+
+    def hold(self, name: str) -> Any:
+        self.names.append(name)
+        return self.real.hold(name)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_a_tenant_s_create_and_release_take_the_store_s_turn_and_the_owner_none(
+        runtime: Any) -> None:
+    pool = offered_pool(runtime.service, nodes=1, gpus=8)
+    recording = _Recording(runtime.store.turns)
+    runtime.store.turns = recording
+    rs = runtime.services.reservations
+    mine = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h")
+    rs.release(OP, mine["id"])
+    assert recording.names == [f"quota/{pool}/acme"] * 2
+    owners = rs.create(OP, tenant_id="root", pool_id=pool, gpus=1, duration="1h")
+    rs.release(OP, owners["id"])
+    assert recording.names == [f"quota/{pool}/acme"] * 2
