@@ -9,13 +9,13 @@ reservation timers (what another hand made due: reservation.dequeued, .replaced 
 node.*, reservation.*, bookings.*, quota.* and pool.* events that can free capacity or add to
 a line), so a burst of creates wakes none of them; and, on the tick alone, the read models'
 upkeep (the listings and the usage kept current: api/controllers/read_models.py). Each loop
-checks it still holds the lock before each pass. A loop woken by an event runs at once when its last pass began
-``settle`` seconds ago or more (BETTER_COMPUTE_CONTROLLER_SETTLE, default 0.2 s),
-else waits until then: under a stream of creates a pass handles many at once
-instead of running once per create in the process that serves them
-(docs/performance.md). Each pass also records the API tokens whose end has passed
-(``token.expired``, api/services/tokens.py). A pass that fails is retried on the next tick (logged once per run
-of failures: a store outage fails every pass until the store is back). On
+checks it still holds the lock before each pass. A loop woken by an event runs at once when
+its last pass began ``settle`` seconds ago or more (BETTER_COMPUTE_CONTROLLER_SETTLE, default
+0.2 s), else waits until then: under a stream of creates a pass handles many at once instead
+of running once per create in the process that serves them (docs/performance.md). Each pass
+also records the API tokens whose end has passed (``token.expired``, api/services/tokens.py).
+A pass that fails is retried on the next tick (logged once per run of failures: a store
+outage fails every pass until the store is back). On
 PostgreSQL the lock lives on the leader's own connection, so an outage ends
 it: every replica tries again every ``retry`` seconds, and one leads again
 once the store is back.
@@ -199,9 +199,11 @@ async def _dispatch(dispatcher: QueueDispatcher, hub: Any, tick: float, settle: 
 
 
 async def _lead(lead: Leadership | None, passes: dict[str, Retry],
-                work: tuple[tuple[str, str | None, Callable[[], Any]], ...], hub: Any, tick: float,
-                settle: float, limiter: anyio.CapacityLimiter, wake_on: EventFilter) -> None:
-    """Passes of ``work`` (NodeLifecycle and tokens, or the timers), while this process holds
+                work: tuple[tuple[str, str | None, Callable[[], Any]], ...], hub: Any,
+                tick: float, settle: float, limiter: anyio.CapacityLimiter,
+                wake_on: EventFilter) -> None:
+    """Passes of ``work`` (NodeLifecycle and tokens, the timers, or the read models'
+    upkeep, whose passes record nothing: no actor), while this process holds
     the lock (checked before each pass when ``lead`` is given; else the caller cancels)."""
     while lead is None or await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
         position = hub.head if hub is not None else 0

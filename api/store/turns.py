@@ -14,9 +14,13 @@ without it.
   byte per bucket of names (crc32, 65,536 buckets: two names in one bucket only wait for
   each other). A process's record locks do not exclude its own threads, so a thread lock
   per bucket comes first. The kernel drops them with their process.
+  Two stores opened on one file in one process (tests do) share its record locks, and
+  closing one drops the other's: a saving lost, never a guarantee.
 - PostgreSQL: session advisory locks on connections of their own (one per turn held at
-  once, kept for the next), keyed by the schema and the name; a connection whose unlock
-  failed is closed, so no lock outlives its holder.
+  once, kept for the next; at most ``PG_CONNECTIONS`` per process, beyond which a turn is
+  gone without, so the turns never take a server's connections from its other work), keyed
+  by the schema and the name; a connection whose unlock failed is closed, so no lock
+  outlives its holder.
 """
 
 from __future__ import annotations
@@ -35,7 +39,22 @@ from typing import Any, Protocol
 log = logging.getLogger("better_compute.store")
 
 WAIT_S = 30.0  # the longest wait for a turn; then the caller goes on without it
+PG_CONNECTIONS = 8  # per process: turns held at once on PostgreSQL, beyond which none is taken
 _BUCKETS = 65536
+
+
+_warned: dict[str, float] = {}
+
+
+def _give_up(why: str) -> None:
+    """Log that a turn was gone without, at most once a minute per cause (a database away
+    would otherwise log at every create)."""
+    now = time.monotonic()
+    cause = why.split(" (", 1)[0]
+    if now - _warned.get(cause, -60.0) >= 60.0:
+        _warned[cause] = now
+        log.warning("turns: %s: going on without it (the store still refuses a stale save)",
+                    why)
 
 
 class Turns(Protocol):
@@ -88,7 +107,7 @@ class FileTurns:
         try:
             fd = self._file()
         except OSError as exc:
-            log.warning("turns: cannot open %s (%s): going on without turns", self.path, exc)
+            _give_up(f"cannot open {self.path} ({exc})")
             return False
         give_up, pause = time.monotonic() + WAIT_S, 0.0002
         while True:
@@ -97,8 +116,7 @@ class FileTurns:
                 return True
             except OSError:
                 if time.monotonic() > give_up:
-                    log.warning("turns: waited %.0f s for a turn at %s: going on without it",
-                                WAIT_S, self.path)
+                    _give_up(f"waited {WAIT_S:.0f} s for a turn at {self.path}")
                     return False
                 time.sleep(pause)
                 pause = min(pause * 2, 0.002)
@@ -115,20 +133,36 @@ class PostgresTurns:
         self.pg = dict(pg)
         self.schema = schema
         self._idle: list[Any] = []
+        self._open = 0  # connections, idle or holding a turn
         self._guard = threading.Lock()
 
     def _connection(self) -> Any:
+        """An idle connection, a new one, or None when ``PG_CONNECTIONS`` hold turns."""
         with self._guard:
             if self._idle:
                 return self._idle.pop()
+            if self._open >= PG_CONNECTIONS:
+                return None
+            self._open += 1
         import psycopg
 
         from better_compute.api.store.store_url import connect_kwargs
 
-        conn = psycopg.connect(**{"connect_timeout": 5, **connect_kwargs(self.pg)},
-                               autocommit=True)
-        conn.execute(f"SET lock_timeout = '{int(WAIT_S * 1000)}ms'")
+        try:
+            conn = psycopg.connect(**{"connect_timeout": 2, **connect_kwargs(self.pg)},
+                                   autocommit=True)
+            conn.execute(f"SET lock_timeout = '{int(WAIT_S * 1000)}ms'")
+        except BaseException:
+            self._closed(None)
+            raise
         return conn
+
+    def _closed(self, conn: Any) -> None:
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+        with self._guard:
+            self._open -= 1
 
     @contextlib.contextmanager
     def hold(self, name: str) -> Iterator[bool]:
@@ -138,12 +172,12 @@ class PostgresTurns:
         conn = None
         try:
             conn = self._connection()
-            conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
-        except psycopg.Error as exc:
-            log.warning("turns: cannot take a turn (%s): going on without it", exc)
             if conn is not None:
-                with contextlib.suppress(psycopg.Error):
-                    conn.close()
+                conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
+        except psycopg.Error as exc:
+            _give_up(f"cannot take a turn ({exc})")
+            if conn is not None:
+                self._closed(conn)
                 conn = None
         if conn is None:
             yield False
@@ -154,7 +188,7 @@ class PostgresTurns:
             try:
                 conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
             except psycopg.Error:
-                conn.close()  # the lock goes with its session
+                self._closed(conn)  # the lock goes with its session
             else:
                 with self._guard:
                     self._idle.append(conn)
@@ -163,8 +197,7 @@ class PostgresTurns:
         with self._guard:
             idle, self._idle = self._idle, []
         for conn in idle:
-            with contextlib.suppress(Exception):
-                conn.close()
+            self._closed(conn)
 
 
 def turns_for(config: Any) -> Turns:

@@ -93,6 +93,25 @@ def test_a_turn_not_had_in_time_is_given_up(env: dict[str, str],
         turns.close()
 
 
+def test_postgres_turns_take_at_most_their_connections_then_go_without(
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    turns = turns_for(StoreConfig.from_env(env))
+    if not isinstance(turns, PostgresTurns):
+        assert type(turns).__name__ == "FileTurns"  # no connections: nothing to bound
+        return
+    monkeypatch.setattr(turns_module, "PG_CONNECTIONS", 1)
+    try:
+        with turns.hold("quota/pool_a/acme") as first:
+            assert first is True
+            with turns.hold("quota/pool_a/globex") as second:
+                assert second is False  # no second connection: gone without, at once
+        with turns.hold("quota/pool_a/globex") as again:
+            assert again is True  # the first's connection, reused
+    finally:
+        turns.close()
+    assert turns._open == 0
+
+
 def test_a_postgres_turn_without_a_database_is_given_up_not_raised() -> None:
     turns = PostgresTurns({"POSTGRES_CONNINFO": "host=127.0.0.1 port=9 dbname=none "
                            "user=none connect_timeout=2"}, "public")
