@@ -17,7 +17,6 @@ import pytest
 from better_compute.api.runtime import Runtime
 from better_compute.domain.errors import Unavailable
 from tests.cluster import Operator
-from tests.conftest import BACKENDS
 from tests.pg_clusters import Cluster, Tls, cluster, enable_tls, standby_of
 from tests.support import (
     cli_inprocess,
@@ -29,8 +28,6 @@ from tests.support import (
     serve,
 )
 
-pytestmark = pytest.mark.skipif("postgres" not in BACKENDS,
-                                reason="BC_TEST_BACKENDS leaves PostgreSQL out")
 PASSWORD = "pw-never-shown"  # trust authentication ignores it; nothing may print it
 
 
