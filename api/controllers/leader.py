@@ -62,12 +62,9 @@ class PostgresLeadership:
         self._conn: Any = None
 
     def _connect(self) -> Any:
-        import psycopg
+        from better_compute.api.store.store_url import session_connection
 
-        from better_compute.api.store.store_url import connect_kwargs
-
-        return psycopg.connect(**{"connect_timeout": 5, **connect_kwargs(self.pg)},
-                               autocommit=True)
+        return session_connection(self.pg, 5)
 
     def try_acquire(self) -> bool:
         import psycopg

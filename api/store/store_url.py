@@ -102,6 +102,15 @@ def connect_kwargs(pg: Mapping[str, str]) -> dict[str, Any]:
     return dict(conninfo_to_dict(pg[CONNINFO]))
 
 
+def session_connection(pg: Mapping[str, str], connect_timeout: int) -> Any:
+    """A connection of its own, in autocommit, for session advisory locks that live as long
+    as it does (the controllers' leadership, turns); the URL's own connect_timeout wins."""
+    import psycopg
+
+    return psycopg.connect(**{"connect_timeout": connect_timeout, **connect_kwargs(pg)},
+                           autocommit=True)
+
+
 def conninfo_without_password(pg: Mapping[str, str]) -> str:
     """A libpq connection string for other tools (pg_dump), the password left out."""
     from psycopg.conninfo import make_conninfo

@@ -144,13 +144,10 @@ class PostgresTurns:
             if self._open >= PG_CONNECTIONS:
                 return None
             self._open += 1
-        import psycopg
-
-        from better_compute.api.store.store_url import connect_kwargs
+        from better_compute.api.store.store_url import session_connection
 
         try:
-            conn = psycopg.connect(**{"connect_timeout": 2, **connect_kwargs(self.pg)},
-                                   autocommit=True)
+            conn = session_connection(self.pg, 2)
             conn.execute(f"SET lock_timeout = '{int(WAIT_S * 1000)}ms'")
         except BaseException:
             self._closed(None)
