@@ -216,7 +216,8 @@ class ReservationService:
                         now: datetime) -> dict[str, Any]:
         """Choose under the pool's lock, then book and save outside it; again when another
         writer got there first. Refused for quota or capacity: queued when asked, else raised.
-        A create that takes quota holds the tenant's quota lock from choosing to saving."""
+        A create that takes quota holds the tenant's turn at it (``ReservationCore.quota_turn``:
+        this process's and the store's) from choosing to saving."""
         limit = pool.quota_for(tenant)
         with self.core.quota_turn(pool, tenant):
             return self._placed_and_booked(principal, uuid=uuid, tenant=tenant, pool=pool,
