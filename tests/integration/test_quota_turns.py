@@ -4,8 +4,8 @@ Every create of a tenant on a pool with a quota takes from the tenant's ONE quot
 every release refunds it: threads of one server that save at once would all start from the
 same version, and all but one lose the save and try again (measured through ``serve`` at 16
 clients: 0.51 times the CPU per create with the turns, and releases that ran out of retries
-without them). With the tenant's quota lock (api/services/reservation_base.py), 8 threads
-creating and then releasing at once never lose a save, and the quota is exact.
+without them). With the tenant's turns (api/services/reservation_base.py ``quota_turn``), 8
+threads creating and then releasing at once never lose a save, and the quota is exact.
 """
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ def test_a_tenants_creates_and_releases_take_turns(runtime: Any,
 
 def test_the_pool_owners_creates_and_releases_take_no_turns(
         runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The owner has no quota use (unlimited): nothing to take turns at."""
+    """The owner has no quota use (unlimited): nothing to take turns at, neither this
+    process's nor the store's (across processes: api/store/turns.py); a tenant's create and
+    release take both."""
     rs, _, pool, _ = setup(runtime, nodes=2, quota=4)
     turns: list[tuple[str, str]] = []
     real = rs.core.quota_lock
@@ -97,10 +99,19 @@ def test_the_pool_owners_creates_and_releases_take_no_turns(
         turns.append((pool_id, tenant_id))
         return real(pool_id, tenant_id)
 
+    store_turns: list[str] = []
+    real_hold = runtime.store.turns.hold
+
+    def hold(name: str) -> Any:
+        store_turns.append(name)
+        return real_hold(name)
+
     monkeypatch.setattr(rs.core, "quota_lock", quota_lock)
+    monkeypatch.setattr(runtime.store.turns, "hold", hold)
     owned = rs.create(OP, tenant_id=None, pool_id=pool, gpus=1, duration="1h")["id"]
     rs.release(OP, owned)
-    assert turns == []
+    assert turns == [] and store_turns == []
     offered = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h")["id"]
     rs.release(OP, offered)
     assert turns == [(pool, "acme"), (pool, "acme")]
+    assert store_turns == [f"quota/{pool}/acme"] * 2

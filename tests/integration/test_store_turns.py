@@ -2,9 +2,9 @@
 
 A real second process holds a turn: this process waits for it, and not for another name's;
 a turn it cannot take in time (a holder stopped) is given up, and the caller goes on; a
-PostgreSQL turn without a database is given up at once, never an error. A tenant's create
-takes the store's turn at its quota use (the workers of ``serve --workers N`` wait for each
-other's save instead of losing theirs); the pool's owner, with no quota use, takes none.
+PostgreSQL turn without a database is given up at once, never an error. That a tenant's
+create and release take the store's turn and the owner's none: tests/integration/
+test_quota_turns.py.
 """
 
 from __future__ import annotations
@@ -12,15 +12,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from typing import Any
 
 import pytest
 
 from better_compute.api.store import turns as turns_module
 from better_compute.api.store.store import StoreConfig
 from better_compute.api.store.turns import PostgresTurns, turns_for
-from better_compute.domain.access import LOCAL_OPERATOR as OP
-from tests.fleet import offered_pool
 from tests.support import wait_for_line
 
 HOLDER = r"""
@@ -118,29 +115,3 @@ def test_a_postgres_turn_without_a_database_is_given_up_not_raised() -> None:
     with turns.hold("quota/pool_a/acme") as taken:
         assert taken is False
     turns.close()
-
-
-class _Recording:
-    def __init__(self, real: Any) -> None:
-        self.real, self.names = real, []
-
-    def hold(self, name: str) -> Any:
-        self.names.append(name)
-        return self.real.hold(name)
-
-    def close(self) -> None:
-        self.real.close()
-
-
-def test_a_tenant_s_create_and_release_take_the_store_s_turn_and_the_owner_none(
-        runtime: Any) -> None:
-    pool = offered_pool(runtime.service, nodes=1, gpus=8)
-    recording = _Recording(runtime.store.turns)
-    runtime.store.turns = recording
-    rs = runtime.services.reservations
-    mine = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h")
-    rs.release(OP, mine["id"])
-    assert recording.names == [f"quota/{pool}/acme"] * 2
-    owners = rs.create(OP, tenant_id="root", pool_id=pool, gpus=1, duration="1h")
-    rs.release(OP, owners["id"])
-    assert recording.names == [f"quota/{pool}/acme"] * 2
