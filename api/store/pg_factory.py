@@ -7,12 +7,18 @@ usual (pool size, timeouts, schema and the rest from the same environment), then
 before the pool ever opens, gives the pool every parameter of ``POSTGRES_CONNINFO``
 (api/store/store_url.py): psycopg passes them to libpq as they are.
 
-Two round trips fewer per transaction (docs/performance.md, the create path): the
-schema's ``search_path`` is set once per connection (libpq ``options``), not by a
-``SET LOCAL`` in every transaction; and a transaction opened to read
-(``transaction(commit=False)``) ends with COMMIT, not ROLLBACK, because after every
-ROLLBACK psycopg forgets its prepared statements (``DEALLOCATE ALL``) and prepares them
-again. A transaction that raises still rolls back.
+Fewer round trips per transaction (docs/performance.md, the create path): the schema's
+``search_path`` is set once per connection (libpq ``options``), not by a ``SET LOCAL`` in
+every transaction; and a read (``transaction(commit=False)``) opens no transaction at all:
+its statements run as they come on the connection, which the library keeps in autocommit.
+At PostgreSQL's READ COMMITTED, which the store runs at, each statement of a transaction
+takes its own snapshot anyway, so a BEGIN and a COMMIT around reads bought nothing but two
+round trips each (seven reads per create). What must see one state reads it under a lock,
+in a writing transaction (``ReadModels.rows_at_position``). Only a schema whose name needs
+quoting keeps a transaction per read, for its ``SET LOCAL search_path``; such a read ends
+with COMMIT, not ROLLBACK, because after every ROLLBACK psycopg forgets its prepared
+statements (``DEALLOCATE ALL``) and prepares them again. A transaction that raises still
+rolls back.
 """
 
 from __future__ import annotations
@@ -46,10 +52,15 @@ class ConninfoPostgresFactory(PostgresFactory):
                                                        f"-c search_path={schema}"]))
             datastore.pool.kwargs = kwargs
             datastore.search_path_set = schema
+        reads_alone = not schema or bool(_PLAIN.match(schema))  # no SET LOCAL to run
         original = datastore.transaction
 
         @contextmanager
         def transaction(*, commit: bool = False) -> Iterator[Any]:
+            if not commit and reads_alone:  # no BEGIN, no COMMIT: see the docstring
+                with datastore.get_connection() as conn, conn.cursor() as cursor:
+                    yield cursor
+                return
             with original(commit=True) as cursor:  # a read commits: see the docstring
                 yield cursor
 

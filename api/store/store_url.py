@@ -28,7 +28,9 @@ from better_compute.domain.errors import InvalidInput
 CONNINFO = "POSTGRES_CONNINFO"
 URL_FORM = "postgresql://USER:PASSWORD@HOST:PORT/DBNAME[?sslmode=verify-full&schema=NAME]"
 _SCHEMES = ("postgresql://", "postgres://")
-_SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
+# Lower case only: the event store's PostgreSQL types are looked up by the name unquoted,
+# which PostgreSQL folds to lower case, so a schema with a capital could never save.
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
 _USERINFO_RE = re.compile(r"(://[^:@/?#]*):[^@/?#]*@")
 
 
@@ -67,7 +69,8 @@ def parse_database_url(url: str) -> dict[str, str]:
     if schema is not None and not _SCHEMA_RE.match(schema):
         raise InvalidInput(
             f"BETTER_COMPUTE_DATABASE_URL's schema {schema[:70]!r} is not a schema name: use "
-            "letters, digits and _ (at most 63, not starting with a digit), e.g. schema=compute")
+            "lower-case letters, digits and _ (at most 63, not starting with a digit), "
+            "e.g. schema=compute")
     from psycopg import ProgrammingError
     from psycopg.conninfo import conninfo_to_dict
 

@@ -76,6 +76,7 @@ def test_the_password_is_in_no_message_and_no_description() -> None:
     ("postgresql://bc@db:5432/x%zz", "not a URL libpq accepts"),
     ("postgresql://bc@db/x?schema=1abc", "is not a schema name"),
     ('postgresql://bc@db/x?schema=a"b', "is not a schema name"),
+    ("postgresql://bc@db/x?schema=Compute", "lower-case letters"),
 ])
 def test_bad_urls_name_the_problem(url: str, needle: str) -> None:
     with pytest.raises(InvalidInput, match=needle):
