@@ -11,6 +11,8 @@ read and write the same store. Registration is explicit too: the gateway's journ
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,17 +44,43 @@ from better_compute.projections.listings import Listings
 from better_compute.projections.reservations import Reservations
 from better_compute.projections.usage import UsageProjection
 
+RECENT = 1024  # notifications of this process's own saves kept for ``StoreEvents.recent``
+
 
 class StoreEvents:
     """The notification log of a store, as projections read it."""
 
     def __init__(self, store: ComputeStore) -> None:
         self.store = store
+        self._recent: OrderedDict[int, Notification] = OrderedDict()
+        self._recent_lock = threading.Lock()
 
     def select(self, after: int, limit: int) -> Sequence[Notification]:
         return self.store.recorder.select_notifications(
             start=after, limit=limit, inclusive_of_start=False
         )
+
+    def committed(self, recordings: list[Any]) -> None:
+        """What a save of this process committed (``ComputeStore.add_recording_listener``):
+        the last ``RECENT`` notifications are kept, as stored (decoded again when applied, so
+        no read model shares an object with the aggregate that recorded it)."""
+        with self._recent_lock:
+            for recording in recordings:
+                self._recent[recording.notification.id] = recording.notification
+            while len(self._recent) > RECENT:
+                self._recent.popitem(last=False)
+
+    def recent(self, after: int, upto: int) -> list[Notification] | None:
+        """The notifications after ``after`` up to ``upto``, without a read, when every one
+        of them is this process's own and kept (then no other can lie between them: the
+        sequence is the store's); None when one is not."""
+        if not after < upto <= after + RECENT:
+            return None
+        with self._recent_lock:
+            try:
+                return [self._recent[n] for n in range(after + 1, upto + 1)]
+            except KeyError:
+                return None
 
     def decode(self, notification: Notification) -> Any:
         return self.store.mapper.to_domain_event(notification)
@@ -81,6 +109,7 @@ class Projections(ReadModels):
         super().__init__(self.sql, source, [Listings(source), Capacity(),
                                             FreeGpus(source), Reservations(source),
                                             UsageProjection()])
+        store.add_recording_listener(source.committed)  # followed without a read
         store.add_commit_listener(self.notice_head)  # what ``follow`` knows of
 
 

@@ -60,6 +60,7 @@ class EventSource(Protocol):
     """The notification log and its decoder (the Application provides both)."""
 
     def select(self, after: int, limit: int) -> Sequence[Notification]: ...
+    def recent(self, after: int, upto: int) -> Sequence[Notification] | None: ...
     def decode(self, notification: Notification) -> Any: ...
     def event_type(self, notification: Notification) -> type[Any]: ...
     def head(self) -> int: ...
@@ -257,6 +258,9 @@ class ReadModels:
         """Catch ``name`` up when this process knows of events it has not applied: its own
         commits, or what its event hub (``head_source``) read, other processes' included.
 
+        When every event it lacks is one of this process's own saves (``EventSource.recent``:
+        a create follows the one before it), they are applied as kept, without a read.
+
         Returns False when it read nothing from the store. A caller whose answer may be stale
         for that (the placer: no capacity, or a conflict) calls ``catch_up`` and asks again;
         correctness never rests on the read model (the aggregates refuse a double booking).
@@ -264,9 +268,28 @@ class ReadModels:
         head = self.known_head
         if self.head_source is not None:
             head = max(head, self.head_source())
-        if self._seen.get(name, -1) >= head:
+        seen = self._seen.get(name, -1)
+        if seen >= head:
             return False
+        if seen >= 0:
+            known = self.source.recent(seen, head)
+            if known and self._apply_known(self.get(name), known, seen):
+                return False
         self.catch_up(name)
+        return True
+
+    def _apply_known(self, projection: ReadModel, batch: Sequence[Notification], start: int
+                     ) -> bool:
+        """``batch`` (every event after ``start``, from ``EventSource.recent``) applied as
+        one batch of ``_catch_up_one`` would; False when the projection's position was
+        behind ``start`` (reset elsewhere): then nothing was applied, and the caller reads."""
+        if self._with_company(projection, batch, start) is None:
+            try:
+                self._apply_batch(projection, batch, start)
+            except _Behind:
+                self._seen.pop(projection.name, None)
+                return False
+        self._saw(projection, batch[-1].id)
         return True
 
     def _catch_up_one(self, projection: ReadModel, until: int | None) -> int:

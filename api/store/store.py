@@ -171,8 +171,21 @@ class ComputeStore(Application[Any]):
         """
         self._commit_listeners = (*self._commit_listeners, listener)
 
+    _recording_listeners: tuple[Callable[[list[Any]], None], ...] = ()
+
+    def add_recording_listener(self, listener: Callable[[list[Any]], None]) -> None:
+        """Call ``listener(recordings)`` with the library's recordings (each event and its
+        notification) after each save of this process commits, before the commit listeners:
+        the read models keep this process's own notifications so that following them needs
+        no read (api/runtime.py ``StoreEvents.recent``). Quick, never raising."""
+        self._recording_listeners = (*self._recording_listeners, listener)
+
     def _notify(self, recordings: list[Any]) -> None:
-        if recordings and self._commit_listeners:
+        if not recordings:
+            return
+        for each in self._recording_listeners:
+            each(recordings)
+        if self._commit_listeners:
             last = max(r.notification.id for r in recordings)
             for listener in self._commit_listeners:
                 listener(last)
