@@ -52,7 +52,6 @@ class ReservationCore:
         self._quota_locks: dict[tuple[str, str], threading.Lock] = {}
         self._claims: dict[str, dict[str, int]] = {}  # pool -> node -> placements saving
         self._unclaimed = threading.Condition()  # a placement's claim ended (``unclaim``)
-        self._quota_seen: dict[tuple[str, str], int] = {}  # GPUs in use as last loaded here
         self._locks_guard = threading.Lock()
 
     # ----------------------------------------------------------------- helpers
@@ -140,20 +139,7 @@ class ReservationCore:
 
     def quota_of(self, pool_id: str, tenant_id: str) -> QuotaUse:
         quota = self.get(QuotaUse, quota_uuid(pool_id, tenant_id))
-        quota = quota or QuotaUse(tenant_id=tenant_id, pool_id=pool_id)
-        self._quota_seen[(pool_id, tenant_id)] = quota.in_use
-        return quota
-
-    def check_quota(self, pool_id: str, tenant_id: str, reservation_id: str, gpus: int,
-                    limit: int) -> None:
-        """QuotaExceeded when ``gpus`` more would pass ``limit``, before a create chooses (the
-        take in its turn decides): from the quota use when the GPUs this process last saw
-        in use leave less than ``gpus`` to spare (or it saw none), else nothing to read. A
-        tenant's quota use lists each of its live reservations, so a load costs more the
-        more it holds."""
-        seen = self._quota_seen.get((pool_id, tenant_id))
-        if seen is None or seen + gpus > limit:
-            self.quota_of(pool_id, tenant_id).take(reservation_id, gpus, limit)
+        return quota or QuotaUse(tenant_id=tenant_id, pool_id=pool_id)
 
     def _pool_gpus(self, pool_id: str) -> dict[str, float]:
         """The pool's GPU rollup, for an error that names the true cause."""

@@ -235,7 +235,7 @@ class ReservationService:
                 busy = self.core.in_flight(pool.public_id) if avoid else frozenset()
                 try:
                     if limit is not None:
-                        self.core.check_quota(pool.public_id, tenant, rsv_id, gpus, limit)
+                        self.core.quota_of(pool.public_id, tenant).take(rsv_id, gpus, limit)
                     placement, begin, end = self.earliest.place_for(
                         pool, replace(request, exclude_nodes=request.exclude_nodes | busy),
                         begin, end, mode)

@@ -141,7 +141,7 @@ def test_a_create_holds_the_turn_only_from_taking_its_quota_to_the_save(
     monkeypatch.setattr(runtime.store, "save", save)
     rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h")
     assert held == {"placing": False, "saving": True}
-    with pytest.raises(QuotaExceeded):  # over the quota: refused for it, or queued
+    with pytest.raises(QuotaExceeded):  # over the quota: refused before placing, as before
         rs.create(OP, tenant_id="acme", pool_id=pool, gpus=4, duration="1h")
     queued = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=4, duration="1h", queue=True)
     assert queued["state"] == "queued"
