@@ -7,7 +7,6 @@ Time is "database time" (``now()``, api/services/unit.py): on PostgreSQL the ser
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
@@ -51,7 +50,6 @@ class ReservationCore:
         self._locks: dict[str, threading.Lock] = {}
         self._quota_locks: dict[tuple[str, str], threading.Lock] = {}
         self._claims: dict[str, dict[str, int]] = {}  # pool -> node -> placements saving
-        self._unclaimed = threading.Condition()  # a placement's claim ended (``unclaim``)
         self._locks_guard = threading.Lock()
 
     # ----------------------------------------------------------------- helpers
@@ -88,9 +86,9 @@ class ReservationCore:
 
     def quota_lock(self, pool_id: str, tenant_id: str) -> threading.Lock:
         """Held by a create of ``tenant_id`` on ``pool_id`` from loading the tenant's quota use
-        to its save (after its choice, never with the pool's lock): every create of a tenant
-        changes its ONE quota use, so two of one process saving at once would both take from
-        the same version and one would lose its save and place again."""
+        to its save (taken before the pool's lock): every create of a tenant changes its ONE
+        quota use, so two of one process saving at once would both take from the same
+        version and one would lose its save and place again."""
         with self._locks_guard:
             return self._quota_locks.setdefault((pool_id, tenant_id), threading.Lock())
 
@@ -109,23 +107,6 @@ class ReservationCore:
             claims[node_id] = claims.get(node_id, 1) - 1
             if claims[node_id] <= 0:
                 del claims[node_id]
-        with self._unclaimed:
-            self._unclaimed.notify_all()
-
-    def wait_unclaimed(self, pool_id: str, busy: frozenset[str], timeout: float) -> bool:
-        """Wait (holding no lock) until a placement of this process saving on one of ``busy``
-        is done: the free-GPU index then knows what it booked, and a choice may take the rest
-        of that node. False when none was done within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        with self._unclaimed:
-            while True:
-                with self.pool_lock(pool_id):
-                    if not busy <= frozenset(self._claims.get(pool_id, {})):
-                        return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._unclaimed.wait(left)
 
     def bookings_of(self, node_id: str, pool: Pool | None = None, owner: str | None = None
                     ) -> NodeBookings:

@@ -66,7 +66,6 @@ from better_compute.domain.selectors import parse_selector
 from better_compute.projections.reservations import list_reservations
 
 PLACEMENT_DEADLINE_S = 30.0  # how long a create keeps placing again after conflicts
-CLAIM_WAIT_S = 1.0  # how long a choice waits for a save on the only nodes left (then tries them)
 
 
 def check_kubernetes(pool: Pool) -> None:
@@ -217,77 +216,57 @@ class ReservationService:
                         now: datetime) -> dict[str, Any]:
         """Choose under the pool's lock, then book and save outside it; again when another
         writer got there first. Refused for quota or capacity: queued when asked, else raised.
-
         A create that takes quota holds the tenant's turn at it (``ReservationCore.quota_turn``:
-        this process's and the store's) only from loading its quota use to the save: the
-        choice is made before, so the tenant's creates place at once and queue only for the
-        quota (one create's turn is then its save, not the whole create). The quota is checked
-        before the choice too, without the turn, so a tenant over its quota is refused (or
-        queued) for its quota, whatever the pool has free; the check in the turn decides."""
+        this process's and the store's) from choosing to saving."""
+        limit = pool.quota_for(tenant)
+        with self.core.quota_turn(pool, tenant):
+            return self._placed_and_booked(principal, uuid=uuid, tenant=tenant, pool=pool,
+                                           request=request, mode=mode, fields=fields, key=key,
+                                           fp=fp, begin=begin, end=end, now=now, limit=limit)
+
+    def _placed_and_booked(self, principal: Principal, *, uuid: Any, tenant: str, pool: Pool,
+                           request: PlacementRequest, mode: StartMode, fields: dict[str, Any],
+                           key: str | None, fp: str, begin: datetime, end: datetime,
+                           now: datetime, limit: int | None) -> dict[str, Any]:
         gpus = request.gpus
         rsv_id = public_id("rsv", uuid)
-        limit = pool.quota_for(tenant)
         give_up = time.monotonic() + PLACEMENT_DEADLINE_S
         avoid = True  # nodes other placements of this process are saving on, while others fit
         while True:
-            wait_for: frozenset[str] = frozenset()
+            quota = None
             with self.core.pool_lock(pool.public_id):  # the choice only, not the save
                 busy = self.core.in_flight(pool.public_id) if avoid else frozenset()
                 try:
                     if limit is not None:
-                        self.core.quota_of(pool.public_id, tenant).take(rsv_id, gpus, limit)
+                        quota = self.core.quota_of(pool.public_id, tenant)
+                        quota.take(rsv_id, gpus, limit)
                     placement, begin, end = self.earliest.place_for(
                         pool, replace(request, exclude_nodes=request.exclude_nodes | busy),
                         begin, end, mode)
                     self.earliest.check_line(pool, tenant, placement, begin, end,
                                     gpus if limit is not None else 0, now)
                 except (QuotaExceeded, NoCapacity) as refused:
-                    if not (busy and isinstance(refused, NoCapacity)):
-                        return self._refused(principal, refused, uuid=uuid, tenant=tenant,
-                                             pool=pool, request=request, mode=mode,
-                                             fields=fields, key=key, fp=fp, now=now)
-                    wait_for = busy  # only the nodes being saved on were left
-                else:
-                    self.core.claim(pool.public_id, placement.node_id)
-            if wait_for:
-                # What those placements book is not in the index yet: choosing among their
-                # GPUs now would take theirs and lose the save. Wait for one to be saved;
-                # past the wait, try them as they are (the bookings refuse a double booking).
-                if not self.core.wait_unclaimed(pool.public_id, wait_for, CLAIM_WAIT_S) \
-                        or time.monotonic() > give_up:
-                    avoid = False
-                continue
+                    if busy and isinstance(refused, NoCapacity):
+                        avoid = False  # only the nodes being saved on were left: try them
+                        continue
+                    if not mode.queue:
+                        raise
+                    return self.queue.enqueue(uuid=uuid, tenant=tenant, pool=pool, request=request,
+                                        fields=fields, key=key, fp=fp,
+                                        created_by=principal.token_id, now=now, mode=mode,
+                                        refused=refused)
+                self.core.claim(pool.public_id, placement.node_id)
             try:
-                with self.core.quota_turn(pool, tenant):
-                    quota = None
-                    if limit is not None:
-                        quota = self.core.quota_of(pool.public_id, tenant)
-                        quota.take(rsv_id, gpus, limit)  # QuotaExceeded: after the turn
-                    done = self._book_and_save(principal, uuid=uuid, tenant=tenant, pool=pool,
-                                               gpus=gpus, fields=fields, key=key, fp=fp,
-                                               placement=placement, begin=begin, end=end,
-                                               quota=quota, give_up=give_up, now=now)
-            except QuotaExceeded as refused:  # taken meanwhile by another create of the tenant
-                return self._refused(principal, refused, uuid=uuid, tenant=tenant, pool=pool,
-                                     request=request, mode=mode, fields=fields, key=key, fp=fp,
-                                     now=now)
+                done = self._book_and_save(principal, uuid=uuid, tenant=tenant, pool=pool,
+                                           gpus=gpus, fields=fields, key=key, fp=fp,
+                                           placement=placement, begin=begin, end=end,
+                                           quota=quota, give_up=give_up, now=now)
             finally:
                 self.core.unclaim(pool.public_id, placement.node_id)
             if done is not None:
                 return done
             avoid = True
             self.projections.catch_up("free_gpus")  # it was behind: place again
-
-    def _refused(self, principal: Principal, refused: QuotaExceeded | NoCapacity, *, uuid: Any,
-                 tenant: str, pool: Pool, request: PlacementRequest, mode: StartMode,
-                 fields: dict[str, Any], key: str | None, fp: str, now: datetime
-                 ) -> dict[str, Any]:
-        """A create refused for quota or capacity: queued when it asked to be, else raised."""
-        if not mode.queue:
-            raise refused
-        return self.queue.enqueue(uuid=uuid, tenant=tenant, pool=pool, request=request,
-                                  fields=fields, key=key, fp=fp, created_by=principal.token_id,
-                                  now=now, mode=mode, refused=refused)
 
     def _book_and_save(self, principal: Principal, *, uuid: Any, tenant: str, pool: Pool,
                        gpus: int, fields: dict[str, Any], key: str | None, fp: str,

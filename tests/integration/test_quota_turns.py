@@ -18,7 +18,6 @@ import pytest
 
 from better_compute.api.services.unit import Aggregates
 from better_compute.domain.access import LOCAL_OPERATOR as OP
-from better_compute.domain.errors import QuotaExceeded
 from better_compute.domain.quota import QuotaUse, quota_uuid
 from tests.fleet import placed_again
 from tests.integration.test_reservations_service import setup
@@ -116,32 +115,3 @@ def test_the_pool_owners_creates_and_releases_take_no_turns(
     rs.release(OP, offered)
     assert turns == [(pool, "acme"), (pool, "acme")]
     assert store_turns == [f"quota/{pool}/acme"] * 2
-
-
-def test_a_create_holds_the_turn_only_from_taking_its_quota_to_the_save(
-        runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The choice (the free-GPU index followed, the placer, the queue's line) is made before
-    the tenant's turn, so its creates place at once and wait for each other only for the
-    quota and the save; the quota is still taken and saved in the turn."""
-    rs, _, pool, _ = setup(runtime, nodes=2, quota=4)
-    turn = rs.core.quota_lock(pool, "acme")
-    held: dict[str, bool] = {}
-    real_place, real_save = rs.earliest.place_for, runtime.store.save
-
-    def place_for(*args: Any, **kwargs: Any) -> Any:
-        held["placing"] = turn.locked()
-        return real_place(*args, **kwargs)
-
-    def save(*objs: Any, **kwargs: Any) -> Any:
-        if any(isinstance(o, QuotaUse) for o in objs):
-            held["saving"] = turn.locked()
-        return real_save(*objs, **kwargs)
-
-    monkeypatch.setattr(rs.earliest, "place_for", place_for)
-    monkeypatch.setattr(runtime.store, "save", save)
-    rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h")
-    assert held == {"placing": False, "saving": True}
-    with pytest.raises(QuotaExceeded):  # over the quota: refused before placing, as before
-        rs.create(OP, tenant_id="acme", pool_id=pool, gpus=4, duration="1h")
-    queued = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=4, duration="1h", queue=True)
-    assert queued["state"] == "queued"
