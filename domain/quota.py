@@ -30,6 +30,10 @@ def quota_uuid(pool_id: str, tenant_id: str) -> UUID:
 class QuotaUse(TenantOwned):
     PREFIX = "quota"
     TOPIC = "bc.aggregate.quota"
+    # Every event gives ``held`` a new dict, never changes it in place: the aggregate cache
+    # hands out shallow copies (api/store/aggregate_cache.py), not one pickled copy of every
+    # live reservation of the tenant per load.
+    COPY_ON_WRITE = True
 
     class Event(TenantOwned.Event):
         TOPIC = "bc.quota.event"

@@ -81,3 +81,34 @@ def test_a_save_records_every_object_s_events_tells_listeners_and_caches_them(
     assert not first.pending_events
     assert store.load(first.id).name == "s-a"
     assert store.load(second.id).name == "s-b"  # the bare event's aggregate, from the store
+
+
+def test_a_copy_on_write_quota_use_is_kept_as_an_object_and_copies_stay_apart(
+        runtime: Any) -> None:
+    """A tenant's quota use lists each of its live reservations; it is kept as an object and
+    handed out as shallow copies (no pickling per load), which its events never change under
+    one another: each event gives ``held`` a new dict."""
+    import copy as deep
+
+    from better_compute.domain.quota import QuotaUse, quota_uuid
+    from tests.fleet import offered_pool
+
+    pool = offered_pool(runtime.service, nodes=2, gpus=16)
+    rs = runtime.services.reservations
+    made = [rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h")["id"]
+            for _ in range(3)]
+    uuid = quota_uuid(pool, "acme")
+    assert not isinstance(runtime.store.cache._entries[uuid][1], bytes)  # kept, not pickled
+
+    first, second = runtime.store.load(uuid), runtime.store.load(uuid)
+    assert isinstance(first, QuotaUse) and first is not second
+    before = {k: deep.deepcopy(v) for k, v in vars(second).items() if k != "_pending_events"}
+    first.take("rsv_never_saved", 2, None)  # a command that fails before its save
+    assert first.refund(made[0])
+    assert first.in_use == 4 and len(first.pending_events) == 2
+    assert {k: v for k, v in vars(second).items() if k != "_pending_events"} == before
+    assert second.pending_events == [] and second.in_use == 3
+    assert runtime.store.load(uuid).in_use == 3  # nothing of it in the cache either
+
+    rs.release(OP, made[1])  # saved: the next copy shows it, the old ones do not
+    assert runtime.store.load(uuid).in_use == 2 and second.in_use == 3
