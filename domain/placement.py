@@ -83,6 +83,7 @@ class Candidate:
     memory_gib_per_gpu: int = 0
     free_cpus: int = 0
     free_memory_gib: int = 0
+    gpu_count: int = 0  # every GPU of the node (its host share's divisor); 0: not known
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,9 @@ class Placement:
     gpus: tuple[str, ...]
     cpus: int
     memory_gib: int
+    # The node's whole host share (CPUs, GiB of memory), which its bookings may not pass,
+    # when the candidate knew it (the booking then reads nothing more); None: not known.
+    host: tuple[int, int] | None = field(default=None, compare=False)
 
 
 def _pick_gpus(request: PlacementRequest, gpus: Sequence[FreeGpu]) -> list[FreeGpu] | None:
@@ -202,7 +206,11 @@ def place(request: PlacementRequest, candidates: Iterable[Candidate],
         other_lane = 0 if lane is None or lane.holds(candidate.node_id) else 1
         rank = (other_lane, len(candidate.free_gpus), candidate.node_id)
         if best is None or rank < best[0]:
-            placement = Placement(candidate.node_id, tuple(g.uuid for g in chosen), cpus, memory)
+            host = (candidate.cpus_per_gpu * candidate.gpu_count,
+                    candidate.memory_gib_per_gpu * candidate.gpu_count) \
+                if candidate.gpu_count else None
+            placement = Placement(candidate.node_id, tuple(g.uuid for g in chosen), cpus, memory,
+                                  host)
             best = (rank, placement)
     if best is None:
         raise _no_capacity(request, nodes_seen, qualifying_total, largest, short_of_host,

@@ -84,6 +84,12 @@ class FreeGpus(ReadModel):
         # Nodes whose free_now and blocks are recomputed once, at the end of the batch (a
         # batch holds the projection's lock, so one batch at a time writes this).
         self._touched: dict[str, None] = {}
+        # Each touched node's (pool, GPUs) as the batch read or wrote it: a booking's event
+        # and the batch's end read the row once, not twice.
+        self._rows: dict[str, tuple[str, str | None]] = {}
+
+    def begin_batch(self) -> None:
+        self._touched, self._rows = {}, {}
 
     def table_names(self) -> list[str]:
         return ["bc_fg_node", "bc_fg_booking", *earliest_index.TABLE_NAMES]
@@ -147,9 +153,19 @@ class FreeGpus(ReadModel):
                                         sequence)
 
     def _pool_of(self, sql: Sql, cursor: Any, node_id: str) -> str:
-        sql.execute(cursor, "SELECT pool_id FROM bc_fg_node WHERE node_id = ?", (node_id,))
-        row = cursor.fetchone()
-        return str(row["pool_id"]) if row else ""
+        return self._node_row(sql, cursor, node_id)[0]
+
+    def _node_row(self, sql: Sql, cursor: Any, node_id: str) -> tuple[str, str | None]:
+        """The node's pool and GPUs (its index row's), read once per batch; ("", None) when
+        it has no row."""
+        kept = self._rows.get(node_id)
+        if kept is None:
+            sql.execute(cursor, "SELECT pool_id, gpus FROM bc_fg_node WHERE node_id = ?",
+                        (node_id,))
+            row = cursor.fetchone()
+            kept = (str(row["pool_id"]), str(row["gpus"])) if row else ("", None)
+            self._rows[node_id] = kept
+        return kept
 
     def _node_event(self, sql: Sql, cursor: Any, event: Any) -> None:
         node_id = public_id("node", event.originator_id)
@@ -192,12 +208,14 @@ class FreeGpus(ReadModel):
                 "snapshot, node_id, free_now) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
                 params,
             )
+        self._rows[node_id] = (node.pool_id, params[4])  # as written
         self._touched[node_id] = None
 
     def end_batch(self, sql: Sql, cursor: Any) -> None:
         touched, self._touched = list(self._touched), {}
         for node_id in touched:
             self._refresh_free(sql, cursor, node_id)
+        self._rows = {}
 
     def unsettled(self, sql: Sql, cursor: Any) -> bool:
         return earliest_index.unsettled(sql, cursor)
@@ -207,18 +225,16 @@ class FreeGpus(ReadModel):
         return earliest_index.settle(sql, cursor)
 
     def _refresh_free(self, sql: Sql, cursor: Any, node_id: str) -> None:
-        sql.execute(cursor, "SELECT pool_id, gpus FROM bc_fg_node WHERE node_id = ?",
-                    (node_id,))
-        row = cursor.fetchone()
-        if row is None:
+        pool_id, gpus = self._node_row(sql, cursor, node_id)
+        if gpus is None:
             return
-        healthy = set(parsed_node_gpus(row["gpus"]).healthy_uuids)
+        healthy = set(parsed_node_gpus(gpus).healthy_uuids)
         sql.execute(cursor, "SELECT gpus FROM bc_fg_booking WHERE node_id = ?", (node_id,))
         for booking in cursor.fetchall():
             healthy.difference_update(parsed_booking_gpus(booking["gpus"]))
         sql.execute(cursor, "UPDATE bc_fg_node SET free_now = ? WHERE node_id = ?",
                     (len(healthy), node_id))
-        earliest_index.mark_stale(sql, cursor, node_id, str(row["pool_id"]))
+        earliest_index.mark_stale(sql, cursor, node_id, pool_id)
 
 
 def _candidates(sql: Sql, cursor: Any, rows: list[Any], start: datetime, end: datetime
@@ -252,7 +268,7 @@ def _candidates(sql: Sql, cursor: Any, rows: list[Any], start: datetime, end: da
             node_id=node_id, free_gpus=free, cpus_per_gpu=cpus_per_gpu,
             memory_gib_per_gpu=mem_per_gpu,
             free_cpus=cpus_per_gpu * gpus.count - used_cpus,
-            free_memory_gib=mem_per_gpu * gpus.count - used_mem,
+            free_memory_gib=mem_per_gpu * gpus.count - used_mem, gpu_count=gpus.count,
         ))
     return out
 

@@ -157,9 +157,10 @@ class ReservationCore:
 
     def book(self, bookings: NodeBookings, placement: Placement, *, allocation_id: str,
               reservation_id: str, holder: str, start: datetime, end: datetime) -> None:
-        share = node_host_share(self.sql, placement.node_id)
         cpu_cap = mem_cap = None
-        if share is not None:
+        if placement.host is not None:  # the candidate's: nothing to read
+            cpu_cap, mem_cap = placement.host
+        elif (share := node_host_share(self.sql, placement.node_id)) is not None:
             cpu_cap, mem_cap = share[0] * share[2], share[1] * share[2]
         bookings.book(allocation_id=allocation_id, reservation_id=reservation_id, holder=holder,
                       gpus=list(placement.gpus), cpus=placement.cpus,

@@ -320,3 +320,28 @@ def test_no_capacity_names_the_true_cause(runtime: Any, trouble: str, cause: str
     message = refused.value.message
     assert f"8 GPUs {cause}" in message, message
     assert "Ask for fewer GPUs" not in message
+
+
+def test_a_booking_takes_the_node_s_host_share_from_the_placer_s_candidate(
+        runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The free-GPU index's row of the chosen node gave the placer its CPUs and memory per
+    GPU and its GPU count: the booking checks the node's whole share with them, without
+    reading the row again."""
+    import better_compute.api.services.reservation_base as base
+
+    rs, _, pool, _ = setup(runtime)
+    reads: list[str] = []
+    real_share = base.node_host_share
+    monkeypatch.setattr(base, "node_host_share",
+                        lambda sql, node_id: reads.append(node_id) or real_share(sql, node_id))
+    caps: list[tuple[Any, Any]] = []
+    real_book = NodeBookings.book
+
+    def book(self: NodeBookings, **kwargs: Any) -> None:
+        caps.append((kwargs["cpu_capacity"], kwargs["memory_capacity_gib"]))
+        real_book(self, **kwargs)
+
+    monkeypatch.setattr(NodeBookings, "book", book)
+    first = reserve(rs, pool, 4)
+    assert first["hostResources"] == {"cpus": 104, "memoryGiB": 956}
+    assert reads == [] and caps == [(208, 1912)]  # 8 GPUs x 26 CPUs, 8 x 239 GiB
