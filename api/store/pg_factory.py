@@ -13,12 +13,13 @@ every transaction; and a read (``transaction(commit=False)``) opens no transacti
 its statements run as they come on the connection, which the library keeps in autocommit.
 At PostgreSQL's READ COMMITTED, which the store runs at, each statement of a transaction
 takes its own snapshot anyway, so a BEGIN and a COMMIT around reads bought nothing but two
-round trips each (seven reads per create). What must see one state reads it under a lock,
-in a writing transaction (``ReadModels.rows_at_position``). Only a schema whose name needs
-quoting keeps a transaction per read, for its ``SET LOCAL search_path``; such a read ends
-with COMMIT, not ROLLBACK, because after every ROLLBACK psycopg forgets its prepared
-statements (``DEALLOCATE ALL``) and prepares them again. A transaction that raises still
-rolls back.
+round trips each (four of our reads per create; the library's own reads never opened one).
+What must see one state reads it under a lock, in a writing transaction
+(``ReadModels.rows_at_position``). A schema whose name would need quoting (the URL refuses
+one: api/store/store_url.py) would keep a transaction per read, for its ``SET LOCAL
+search_path``. A transaction ends with COMMIT, not ROLLBACK, when it did not raise, because
+after every ROLLBACK psycopg forgets its prepared statements (``DEALLOCATE ALL``) and
+prepares them again.
 """
 
 from __future__ import annotations
