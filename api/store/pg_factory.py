@@ -15,16 +15,13 @@ At PostgreSQL's READ COMMITTED, which the store runs at, each statement of a tra
 takes its own snapshot anyway, so a BEGIN and a COMMIT around reads bought nothing but two
 round trips each (four of our reads per create; the library's own reads never opened one).
 What must see one state reads it under a lock, in a writing transaction
-(``ReadModels.rows_at_position``). A schema whose name would need quoting (the URL refuses
-one: api/store/store_url.py) would keep a transaction per read, for its ``SET LOCAL
-search_path``. A transaction ends with COMMIT, not ROLLBACK, when it did not raise, because
-after every ROLLBACK psycopg forgets its prepared statements (``DEALLOCATE ALL``) and
-prepares them again.
+(``ReadModels.rows_at_position``). A writing transaction that did not raise ends with
+COMMIT; one that raises rolls back (after every ROLLBACK psycopg forgets its prepared
+statements, ``DEALLOCATE ALL``, and prepares them again).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -47,25 +44,21 @@ class ConninfoPostgresFactory(PostgresFactory):
             self.datastore.pool.kwargs = {**conninfo_to_dict(conninfo), "row_factory": dict_row}
         datastore: Any = self.datastore
         schema = getattr(datastore, "schema", None)
-        if schema and _PLAIN.match(schema):  # other names keep SET LOCAL (api/store/store.py)
+        if schema:  # lower case, as the URL allows (api/store/store_url.py): no quotes
             kwargs: dict[str, Any] = dict(datastore.pool.kwargs or {})
             kwargs["options"] = " ".join(filter(None, [kwargs.get("options"),
                                                        f"-c search_path={schema}"]))
             datastore.pool.kwargs = kwargs
-            datastore.search_path_set = schema
-        reads_alone = not schema or bool(_PLAIN.match(schema))  # no SET LOCAL to run
         original = datastore.transaction
 
         @contextmanager
         def transaction(*, commit: bool = False) -> Iterator[Any]:
-            if not commit and reads_alone:  # no BEGIN, no COMMIT: see the docstring
+            if not commit:  # no BEGIN, no COMMIT: see the docstring
                 with datastore.get_connection() as conn, conn.cursor() as cursor:
                     yield cursor
                 return
-            with original(commit=True) as cursor:  # a read commits: see the docstring
+            with original(commit=True) as cursor:
                 yield cursor
 
         datastore.transaction = transaction
 
-
-_PLAIN = re.compile(r"^[a-z_][a-z0-9_]*\Z")  # a schema name search_path takes unquoted

@@ -377,9 +377,6 @@ class SqlRunner:
                     yield cursor
             return
         with self.datastore.transaction(commit=commit) as cursor:
-            if self.postgres and self.schema and \
-                    getattr(self.datastore, "search_path_set", None) != self.schema:
-                cursor.execute(f'SET LOCAL search_path TO "{self.schema}"')
             if commit and not durable:
                 cursor.execute("SET LOCAL synchronous_commit TO off")
             yield cursor
