@@ -48,22 +48,13 @@ def project(aggregate: Any, events: Iterable[Any]) -> Any:
 def _keep(aggregate: Any) -> Any:
     """What the cache keeps of ``aggregate``: its pickle, or a shallow copy."""
     if getattr(aggregate, "COPY_ON_WRITE", False):
-        return _Kept(shallow_copy(aggregate))
+        return shallow_copy(aggregate)
     return pickle.dumps(aggregate, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _copy(kept: Any) -> Any:
-    """A private copy of what the cache kept."""
-    if isinstance(kept, _Kept):
-        return shallow_copy(kept.aggregate)
-    return pickle.loads(kept)
-
-
-class _Kept:
-    __slots__ = ("aggregate",)
-
-    def __init__(self, aggregate: Any) -> None:
-        self.aggregate = aggregate
+    """A private copy of what the cache kept (bytes: a pickle; else a kept aggregate)."""
+    return pickle.loads(kept) if isinstance(kept, bytes) else shallow_copy(kept)
 
 
 def shallow_copy(aggregate: Any) -> Any:
@@ -81,7 +72,7 @@ class AggregateCache:
     def __init__(self, size: int = SIZE) -> None:
         self.size = size
         self._lock = threading.Lock()
-        self._entries: OrderedDict[UUID, tuple[int, Any]] = OrderedDict()  # bytes or kept
+        self._entries: OrderedDict[UUID, tuple[int, Any]] = OrderedDict()  # pickle or object
 
     def load(self, uuid: UUID, repository: Any) -> Any:
         """The aggregate as stored now: a private copy. AggregateNotFoundError if none."""
