@@ -283,14 +283,26 @@ class ReadModels:
         """``batch`` (every event after ``start``, from ``EventSource.recent``) applied as
         one batch of ``_catch_up_one`` would; False when the projection's position was
         behind ``start`` (reset elsewhere): then nothing was applied, and the caller reads."""
-        if self._with_company(projection, batch, start) is None:
+        try:
+            self._apply_after(projection, batch, start, company=True)
+        except _Behind:
+            return False
+        return True
+
+    def _apply_after(self, projection: ReadModel, batch: Sequence[Notification], start: int,
+                     *, company: bool) -> int:
+        """One batch read after ``start`` applied (with the read models in step, when
+        ``company``), and ``start`` moved past it; the events applied to ``projection``.
+        ``_Behind`` (the hint dropped) when its position was behind ``start``."""
+        together = self._with_company(projection, batch, start) if company else None
+        if together is None:
             try:
-                self._apply_batch(projection, batch, start)
+                together = self._apply_batch(projection, batch, start)
             except _Behind:
                 self._seen.pop(projection.name, None)
-                return False
-        self._saw(projection, batch[-1].id)
-        return True
+                raise
+        self._saw(projection, batch[-1].id)  # applied up to here (by this or another process)
+        return together
 
     def _catch_up_one(self, projection: ReadModel, until: int | None) -> int:
         """Reads from where this process last saw the projection (its tracking position
@@ -316,18 +328,12 @@ class ReadModels:
             if not batch:
                 self._saw(projection, start)
                 return applied
-            together = self._with_company(projection, batch, start) if until is None else None
-            if together is not None:
-                applied += together
-            else:
-                try:
-                    applied += self._apply_batch(projection, batch, start)
-                except _Behind as behind:
-                    self._seen.pop(projection.name, None)
-                    start, checked = behind.position, True
-                    continue
-            start = batch[-1].id  # applied up to here (by this batch or another process)
-            self._saw(projection, start)
+            try:
+                applied += self._apply_after(projection, batch, start, company=until is None)
+            except _Behind as behind:
+                start, checked = behind.position, True
+                continue
+            start = batch[-1].id
             if len(batch) < self.batch_size:
                 return applied  # that was the head when read: no second read for nothing
 
