@@ -189,8 +189,9 @@ class FreeGpus(ReadModel):
         healthy = sum(1 for g in gpus if g["attributes"].get("healthy"))
         schedulable = node.schedulable
         topic, state = self.codec.snapshot(node)
+        gpus_text = jsontext.dumps(gpus)
         params = (str(event.originator_id), node.pool_id, node.tenant_id, int(schedulable),
-                  jsontext.dumps(gpus), healthy, share.cpus_per_gpu, share.memory_gib_per_gpu,
+                  gpus_text, healthy, share.cpus_per_gpu, share.memory_gib_per_gpu,
                   node.version, topic, state, node_id)
         if exists:
             sql.execute(
@@ -208,7 +209,7 @@ class FreeGpus(ReadModel):
                 "snapshot, node_id, free_now) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
                 params,
             )
-        self._rows[node_id] = (node.pool_id, params[4])  # as written
+        self._rows[node_id] = (node.pool_id, gpus_text)  # as written
         self._touched[node_id] = None
 
     def end_batch(self, sql: Sql, cursor: Any) -> None:
