@@ -116,13 +116,21 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc), 0 where unknown: steadier
-    than wall time on a loaded machine."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time so far of a process and its live descendants (Linux /proc; a
+    ``serve`` forks its workers), 0 where unknown: steadier than wall time on a loaded
+    machine."""
+    total = 0.0
+    pending = [pid]
+    while pending:
+        each = pending.pop()
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in Path(f"/proc/{each}/task").iterdir():
+                pending.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:  # gone meanwhile
+            continue
+    return total
 
 
 def load_average() -> str:

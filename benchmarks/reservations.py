@@ -53,26 +53,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from better_compute.benchmarks.harness import free_port, load_average
+from better_compute.benchmarks.harness import cpu_seconds, free_port, load_average
 from better_compute.benchmarks.reservations_clients import client_process
 
 # ------------------------------------------------------------------------ the server side
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of ``pid`` and its live descendants (Linux /proc)."""
-    total = 0.0
-    pending = [pid]
-    while pending:
-        each = pending.pop()
-        try:
-            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            for task in Path(f"/proc/{each}/task").iterdir():
-                pending.extend(int(c) for c in (task / "children").read_text().split())
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return total
-
 
 def _pythonpath(checkout: Path, into: Path) -> str:
     from better_compute.benchmarks.rpc_path import _pythonpath as link
@@ -97,7 +81,7 @@ class Server:
             raise SystemExit(f"the server did not start: {line!r}")
 
     def cpu(self) -> float:
-        return _cpu_seconds(self.process.pid)
+        return cpu_seconds(self.process.pid)
 
     def close(self) -> None:
         self.process.terminate()

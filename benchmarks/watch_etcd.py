@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from better_compute.benchmarks.harness import (
+    cpu_seconds,
     drop_schema,
     free_port,
     initialized,
@@ -53,7 +54,6 @@ from better_compute.benchmarks.harness import (
     serving,
     store_env,
 )
-from better_compute.benchmarks.reservations import _cpu_seconds as tree_cpu_seconds
 from better_compute.benchmarks.watch_etcd_traffic import watchers_main, writer
 from better_compute.benchmarks.watch_traffic import paced_writes, pct
 
@@ -179,13 +179,13 @@ def live(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         if watchers.stdout.readline().strip() != "ready":
             raise SystemExit(f"{target.name}: the watchers did not start")
         total = int(args.rate * args.seconds)
-        cpu_before, started = tree_cpu_seconds(target.pid), time.perf_counter()
-        watchers_before = tree_cpu_seconds(watchers.pid)
+        cpu_before, started = cpu_seconds(target.pid), time.perf_counter()
+        watchers_before = cpu_seconds(watchers.pid)
         writes = write_at_rate(target, total, args.rate, args.writers)
         rate = total / (time.perf_counter() - started)
         time.sleep(1.0)  # the last events reach every watcher
         wall = time.perf_counter() - started
-        server_cpu = (tree_cpu_seconds(target.pid) - cpu_before) / wall
+        server_cpu = (cpu_seconds(target.pid) - cpu_before) / wall
         watchers.stdin.write("stop\n")
         watchers.stdin.flush()
         result = json.loads(watchers.stdout.readline())
