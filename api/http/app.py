@@ -3,6 +3,14 @@
 The lifespan owns the Runtime (store, projections, service); the library is
 synchronous, so every store call runs in a worker thread, bounded by a
 CapacityLimiter no larger than the store's connection pool.
+
+On SQLite the calls that book or free GPUs (``rpc.Method.writes``) run in a lane of
+their own, ``WRITER_THREADS`` threads: their work is the interpreter's and SQLite's,
+in this process, under one writer at a time, so more of them at once only make the
+threads take the GIL from each other (and from the one holding the pool's turn or the
+writer's lock). Other calls keep the shared threads, which writers can no longer fill.
+On PostgreSQL writers wait on the network, where more at once overlap: they share the
+threads with every other call (docs/performance.md, "Ninth round").
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from better_compute.api.supervise import supervised
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, PermissionDenied, RateLimited
 
+WRITER_THREADS = 2  # threads of the writers' lane on SQLite
 API_PREFIX = "/api/compute"
 RPC_PATH = f"{API_PREFIX}/rpc"
 # A lifespan task: ``async def task(state, *, task_status)``, started with tg.start.
@@ -50,9 +59,17 @@ class ServerState:
     extra: dict[str, Any] = field(default_factory=dict)
     # Calls per token (api/http/http_limits.py): a quarter of the limiter's workers at most.
     admission: http_limits.Admission = field(init=False)
+    # The writers' lane (see the module's docstring): the shared limiter on PostgreSQL.
+    writers: anyio.CapacityLimiter = field(init=False)
 
     def __post_init__(self) -> None:
         self.admission = http_limits.Admission.for_limiter(self.limiter)
+        self.writers = anyio.CapacityLimiter(WRITER_THREADS) \
+            if self.runtime.config.backend == "sqlite" else self.limiter
+
+    def limiter_for(self, body: bytes) -> anyio.CapacityLimiter:
+        """The threads a JSON-RPC call of ``body`` runs in."""
+        return self.writers if rpc.writes_hint(body) else self.limiter
 
 
 def _bearer(request: Request) -> str | None:
@@ -96,7 +113,8 @@ async def _rpc(request: Request) -> Response:
     try:
         async with state.admission.slot(http_limits.caller_key(request, token)):
             answer = await anyio.to_thread.run_sync(
-                rpc.handle, body, state.runtime.services, authenticate, limiter=state.limiter
+                rpc.handle, body, state.runtime.services, authenticate,
+                limiter=state.limiter_for(body),
             )
     except RateLimited as exc:
         return http_limits.rate_limited(exc, body)

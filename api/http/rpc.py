@@ -58,6 +58,8 @@ class Method:
     handler: Handler
     summary: str
     public: bool = False  # callable without a token
+    # Books or frees GPUs: runs in the writers' lane (``writes_hint``, api/http/app.py).
+    writes: bool = False
 
     def schema(self) -> dict[str, Any]:
         return msgspec.json.schema(self.params)
@@ -66,12 +68,13 @@ class Method:
 METHODS: dict[str, Method] = {}
 
 
-def method(name: str, params: type[Params], summary: str, *, public: bool = False
-           ) -> Callable[[Handler], Handler]:
+def method(name: str, params: type[Params], summary: str, *, public: bool = False,
+           writes: bool = False) -> Callable[[Handler], Handler]:
     def register(handler: Handler) -> Handler:
         if name in METHODS:
             raise RuntimeError(f"JSON-RPC method {name} registered twice")
-        METHODS[name] = Method(name, params, handler, summary, public)
+        METHODS[name] = Method(name, params, handler, summary, public, writes)
+        _WRITES.clear()
         return handler
 
     return register
@@ -154,6 +157,20 @@ def handle(
     if request.id is msgspec.UNSET and request.jsonrpc == "2.0":
         return b""
     return _ENCODER.encode(response)
+
+
+_WRITES: list[bytes] = []  # each ``writes`` method's name as a JSON string, once built
+
+
+def writes_hint(body: bytes) -> bool:
+    """Whether ``body`` names a method that books or frees GPUs (``Method.writes``), read
+    before the body is decoded, so that the call can wait for the writers' lane in the event
+    loop rather than in a thread. A hint: a name found elsewhere in a body (say, in a
+    parameter) only sends that call down the narrower lane, and a name escaped in the JSON
+    only down the wider one; which lane runs a call never changes what it does."""
+    if not _WRITES:
+        _WRITES.extend(f'"{m.name}"'.encode() for m in registered().values() if m.writes)
+    return any(name in body for name in _WRITES)
 
 
 def parse_error(code: int, message: str, request_id: int | str | None = None) -> bytes:

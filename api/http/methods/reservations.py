@@ -57,7 +57,7 @@ class ReservationsExtend(Params, kw_only=True):
 @method("reservations.create", ReservationsCreate,
         "Reserve GPUs of a pool for a duration: the placer books them on one node with their "
         "host CPUs and memory (now, at start, or at the earliest start); key makes it "
-        "retry-safe; queue waits in the pool's queue when it cannot be placed.")
+        "retry-safe; queue waits in the pool's queue when it cannot be placed.", writes=True)
 def reservations_create(call: Call, p: ReservationsCreate) -> dict[str, Any]:
     return call.services.reservations.create(
         call.principal, tenant_id=p.tenant_id, pool_id=p.pool_id, gpus=p.gpus,
@@ -79,19 +79,21 @@ def reservations_list(call: Call, p: ReservationsList) -> list[dict[str, Any]]:
 
 @method("reservations.release", ReservationRef,
         "End a started reservation now: bookings end, quota is refunded, the hold leaves "
-        "the node.")
+        "the node.", writes=True)
 def reservations_release(call: Call, p: ReservationRef) -> dict[str, Any]:
     return call.services.reservations.release(call.principal, p.reservation_id)
 
 
 @method("reservations.cancel", ReservationRef,
-        "Withdraw a reservation that has not started yet (a queued one leaves the queue).")
+        "Withdraw a reservation that has not started yet (a queued one leaves the queue).",
+        writes=True)
 def reservations_cancel(call: Call, p: ReservationRef) -> dict[str, Any]:
     return call.services.reservations.release(call.principal, p.reservation_id, cancel=True)
 
 
 @method("reservations.extend", ReservationsExtend,
-        "Extend a reservation by a duration when its GPUs are free for the extra time.")
+        "Extend a reservation by a duration when its GPUs are free for the extra time.",
+        writes=True)
 def reservations_extend(call: Call, p: ReservationsExtend) -> dict[str, Any]:
     return call.services.reservations.extend(call.principal, p.reservation_id, p.by)
 
