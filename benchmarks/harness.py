@@ -5,7 +5,8 @@
 - ``initialized``: a store made ready the way ``better-compute init`` does (master key file,
   PKI sealed with it, the serving CA's file, the root token), opened as a ``Runtime``;
 - ``serving``: a real ``better-compute serve`` process on that store, stopped on exit;
-- ``free_port``, ``cpu_seconds`` and ``load_average``: what the figures are measured with;
+- ``free_port``, ``cpu_seconds``, ``load_average`` and ``cpu_ticks`` (the hypervisor's
+  steal): what the figures are measured with;
   ``machine`` and ``pg_version``: what they ran on.
 """
 
@@ -131,6 +132,23 @@ def cpu_seconds(pid: int) -> float:
         except OSError:  # gone meanwhile
             continue
     return total
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """The machine's CPU time stolen by its hypervisor, and all of its CPU time, in clock ticks
+    since boot (Linux /proc/stat; (0, 0) where unknown). On a shared virtual machine the
+    steal between two readings says how much of the window other guests took."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def steal_percent(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the machine's CPU time stolen between two ``cpu_ticks`` readings."""
+    total = after[1] - before[1]
+    return 100 * (after[0] - before[0]) / total if total > 0 else 0.0
 
 
 def load_average() -> str:

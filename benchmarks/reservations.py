@@ -35,8 +35,10 @@ throwaway schema of ``--pg-url``, as the tests use one):
    the next, so each starts with the same live count): their medians are compared, and the
    slowest window of each end is printed beside them.
 
-The load average is printed before and after each backend: this benchmark is meant
-for a machine shared with others, so read its figures with it.
+The load average is printed before and after each backend, and beside each phase with the
+share of the machine's CPU time its hypervisor stole meanwhile (``steal``: other guests of a
+shared virtual machine): this benchmark is meant for a machine shared with others, so read
+its figures with them.
 """
 
 from __future__ import annotations
@@ -53,7 +55,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from better_compute.benchmarks.harness import cpu_seconds, free_port, load_average
+from better_compute.benchmarks.harness import (
+    cpu_seconds,
+    cpu_ticks,
+    free_port,
+    load_average,
+    steal_percent,
+)
 from better_compute.benchmarks.reservations_clients import client_process
 
 # ------------------------------------------------------------------------ the server side
@@ -118,12 +126,12 @@ class Bench:
             if not ready.acquire(timeout=120):
                 raise SystemExit("a client process did not connect within 120 s")
         start = start_at.value = time.monotonic()  # one clock in every process (Linux)
-        cpu0 = self.server.cpu()
+        cpu0, ticks0 = self.server.cpu(), cpu_ticks()
         go.set()
         out: list[tuple[list[float], list[str], list[str], float]] = []
         for _ in workers:
             out.extend(results.get(timeout=900))
-        cpu = self.server.cpu() - cpu0
+        cpu, steal = self.server.cpu() - cpu0, steal_percent(ticks0, cpu_ticks())
         for w in workers:
             w.join()
         end = max(finished for *_, finished in out)
@@ -135,7 +143,7 @@ class Bench:
         return {"ops": ops, "rate": ops / elapsed, "elapsed": elapsed, "ids": ids,
                 "errors": errors, "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99),
                 "cpu_ms": 1000 * cpu / ops if ops else float("nan"),
-                "cores": cpu / elapsed, "load": load_average()}
+                "cores": cpu / elapsed, "load": load_average(), "steal": steal}
 
     def creates(self, clients: int, *, seconds: float | None = None, count: int = 0
                 ) -> dict[str, Any]:
@@ -155,7 +163,7 @@ class Bench:
         line = (f"  {backend:<10} {what:<22} {clients:>2} clients: {r['rate']:7.1f}/s "
                 f"({share:4.1f} % of the ceiling)  p50 {1000 * r['p50']:7.1f} ms  "
                 f"p99 {1000 * r['p99']:7.1f} ms  server CPU {r['cpu_ms']:5.2f} ms/op "
-                f"({r['cores']:.2f} cores)  load {r['load']}")
+                f"({r['cores']:.2f} cores)  load {r['load']}  steal {r['steal']:.0f} %")
         if r["errors"]:
             line += f"\n    {len(r['errors'])} errors, first: {r['errors'][0]}"
         print(line, flush=True)

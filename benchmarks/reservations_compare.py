@@ -80,4 +80,5 @@ def _show_median(backend: str, name: str, what: str, clients: int,
     print(f"  {backend:<10} {name:<6} {what:<7} {clients:>2} clients, median of {len(rounds)}: "
           f"{med('rate'):7.1f}/s  p50 {1000 * med('p50'):7.1f} ms  p99 {1000 * med('p99'):7.1f} "
           f"ms  server CPU {med('cpu_ms'):5.2f} ms/op ({med('cores'):.2f} cores)  "
-          f"load {rounds[-1]['load']}" + (f"  {errors} errors" if errors else ""), flush=True)
+          f"load {rounds[-1]['load']}  steal {med('steal'):.0f} %"
+          + (f"  {errors} errors" if errors else ""), flush=True)

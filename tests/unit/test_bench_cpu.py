@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from better_compute.benchmarks.harness import cpu_seconds
+from better_compute.benchmarks.harness import cpu_seconds, cpu_ticks, steal_percent
 
 _BUSY_CHILD = """
 import subprocess, sys, time
@@ -38,3 +38,10 @@ def test_cpu_seconds_of_no_process_is_zero() -> None:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     assert cpu_seconds(process.pid) == 0.0
+
+
+def test_steal_is_the_share_of_the_machine_time_between_two_readings() -> None:
+    assert steal_percent((10, 1000), (35, 1100)) == 25.0
+    assert steal_percent((10, 1000), (10, 1000)) == 0.0  # no time passed: nothing stolen
+    steal, total = cpu_ticks()
+    assert 0 <= steal <= total and total > 0  # this Linux machine has /proc/stat
