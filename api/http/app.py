@@ -5,10 +5,11 @@ synchronous, so every store call runs in a worker thread, bounded by a
 CapacityLimiter no larger than the store's connection pool.
 
 On SQLite the calls that book or free GPUs (``rpc.Method.writes``) run in a lane of
-their own, ``WRITER_THREADS`` threads: their work is the interpreter's and SQLite's,
-in this process, under one writer at a time, so more of them at once only make the
-threads take the GIL from each other (and from the one holding the pool's turn or the
-writer's lock). Other calls keep the shared threads, which writers can no longer fill.
+their own, ``WRITER_THREADS`` thread(s), one at a time: their work is the interpreter's
+and SQLite's, in this process, under one writer at a time, so more of them at once only
+make the threads take the GIL from each other (and from the one holding the pool's turn
+or the writer's lock); a lane of one beat a lane of two, which beat eight. Other calls
+keep the shared threads, which writers can no longer fill.
 On PostgreSQL writers wait on the network, where more at once overlap: they share the
 threads with every other call (docs/performance.md, "Ninth round").
 """
@@ -43,7 +44,7 @@ from better_compute.api.supervise import supervised
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, PermissionDenied, RateLimited
 
-WRITER_THREADS = 2  # threads of the writers' lane on SQLite
+WRITER_THREADS = 1  # threads of the writers' lane on SQLite
 API_PREFIX = "/api/compute"
 RPC_PATH = f"{API_PREFIX}/rpc"
 # A lifespan task: ``async def task(state, *, task_status)``, started with tg.start.
