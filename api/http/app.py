@@ -69,7 +69,10 @@ class ServerState:
             if self.runtime.config.backend == "sqlite" else self.limiter
 
     def limiter_for(self, body: bytes) -> anyio.CapacityLimiter:
-        """The threads a JSON-RPC call of ``body`` runs in."""
+        """The threads a JSON-RPC call of ``body`` runs in (one pool, the body unread, where
+        the writers have no lane of their own)."""
+        if self.writers is self.limiter:
+            return self.limiter
         return self.writers if rpc.writes_hint(body) else self.limiter
 
 
