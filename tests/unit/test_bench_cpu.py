@@ -6,6 +6,8 @@ alone said a call cost 0.003 ms of CPU (benchmarks/rpc_path.py, 2026-12-02).
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -23,14 +25,14 @@ time.sleep(60)
 
 def test_cpu_seconds_counts_live_descendants() -> None:
     parent = subprocess.Popen([sys.executable, "-c", _BUSY_CHILD], stdout=subprocess.PIPE,
-                              text=True)
+                              text=True, start_new_session=True)  # a group: the child too
     try:
         assert parent.stdout is not None
         assert parent.stdout.readline().strip() == "done"  # the child spun 0.6 s of CPU
         # The parent itself spends well under 0.5 s (an interpreter's start-up).
         assert cpu_seconds(parent.pid) >= 0.5
     finally:
-        parent.kill()
+        os.killpg(parent.pid, signal.SIGKILL)  # not only the parent: its child sleeps 60 s
         parent.wait()
 
 
