@@ -40,6 +40,9 @@ def overlaps(a_start: datetime, a_end: datetime, b_start: datetime, b_end: datet
 class NodeBookings(TenantOwned):
     PREFIX = "bookings"  # internal: shown only to the pool's owner
     TOPIC = "bc.aggregate.bookings"
+    # Every event gives an attribute a new value, never changes one in place: the aggregate
+    # cache hands out shallow copies (api/store/aggregate_cache.py, COPY_ON_WRITE).
+    COPY_ON_WRITE = True
 
     class Event(TenantOwned.Event):
         TOPIC = "bc.bookings.event"

@@ -60,6 +60,9 @@ _NO_STATUSES: dict[str, bool] = {}
 class Node(TenantOwned):
     PREFIX = "node"
     TOPIC = "bc.aggregate.node"
+    # Every event gives an attribute a new value, never changes one in place: the aggregate
+    # cache hands out shallow copies (api/store/aggregate_cache.py, COPY_ON_WRITE).
+    COPY_ON_WRITE = True
 
     class Event(TenantOwned.Event):
         TOPIC = "bc.node.event"

@@ -49,6 +49,9 @@ def parse_quota(items: dict[str, Any]) -> dict[str, int]:
 class Pool(TenantOwned):
     PREFIX = "pool"
     TOPIC = "bc.aggregate.pool"
+    # Every event gives an attribute a new value, never changes one in place: the aggregate
+    # cache hands out shallow copies (api/store/aggregate_cache.py, COPY_ON_WRITE).
+    COPY_ON_WRITE = True
 
     class Event(TenantOwned.Event):
         TOPIC = "bc.pool.event"

@@ -60,6 +60,9 @@ def reservation_uuid(tenant_id: str, key: str | None, namespace: UUID = NAMESPAC
 class Reservation(TenantOwned):
     PREFIX = "rsv"
     TOPIC = "bc.aggregate.reservation"
+    # Every event gives an attribute a new value, never changes one in place: the aggregate
+    # cache hands out shallow copies (api/store/aggregate_cache.py, COPY_ON_WRITE).
+    COPY_ON_WRITE = True
 
     class Event(TenantOwned.Event):
         TOPIC = "bc.reservation.event"

@@ -13,8 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from better_compute.api.store import aggregate_cache
 from tests.ordering import pytest_collection_modifyitems  # noqa: F401  (the run's order)
 from tests.support import drop_schema, open_runtime, quick_init, store_env
+
+# Every in-process test fails when code changes a cached copy-on-write aggregate's values in
+# place (api/store/aggregate_cache.py): their copies share those values.
+aggregate_cache.CHECK_IN_PLACE = True
 
 BACKENDS = [b for b in os.environ.get("BC_TEST_BACKENDS", "sqlite,postgres").split(",") if b]
 

@@ -18,7 +18,12 @@ new value, never changes the value it had in place) is kept as an object instead
 hands out a shallow copy (its own attributes, sharing their values, and no pending
 events), which its events cannot change under another copy. A tenant's quota use lists each
 of its live reservations: pickled, it cost every create of that tenant time in proportion
-to what the tenant holds (docs/performance.md, eighth round).
+to what the tenant holds (docs/performance.md, eighth round). The node, its bookings, the
+pool and the reservation followed (tenth round): pickling and unpickling them was 8-15 % of
+a create's CPU. Their values are shared between copies, so nothing may change one in
+place, inside an event or outside (a caller editing ``node.hardware``): ``CHECK_IN_PLACE``
+(the test suite turns it on) keeps each kept object's pickle beside it and fails a load
+or a put whose kept object changed since it was kept.
 """
 
 from __future__ import annotations
@@ -34,6 +39,15 @@ from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.domain import Aggregate
 
 SIZE = 4096  # aggregates kept per process
+# Check that no kept ``COPY_ON_WRITE`` object changed in place (its values are shared with the
+# copies handed out): on in the test suite (tests/conftest.py), off in production (a pickle
+# per put and per load is the cost those aggregates avoid).
+CHECK_IN_PLACE = False
+
+
+class ChangedInPlace(AssertionError):
+    """A kept ``COPY_ON_WRITE`` aggregate's state changed after it was kept: some code changed
+    a value it shares with its copies in place instead of giving the attribute a new value."""
 
 
 def project(aggregate: Any, events: Iterable[Any]) -> Any:
@@ -57,6 +71,12 @@ def _copy(kept: Any) -> Any:
     return pickle.loads(kept) if isinstance(kept, bytes) else shallow_copy(kept)
 
 
+def _print(aggregate: Any) -> bytes:
+    """A kept object's state as bytes (``CHECK_IN_PLACE``)."""
+    return pickle.dumps({k: v for k, v in vars(aggregate).items() if k != "_pending_events"},
+                        protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def shallow_copy(aggregate: Any) -> Any:
     """A copy of a ``COPY_ON_WRITE`` aggregate with attributes of its own that share their
     values, and no pending events: its events give its attributes new values, so another
@@ -73,6 +93,7 @@ class AggregateCache:
         self.size = size
         self._lock = threading.Lock()
         self._entries: OrderedDict[UUID, tuple[int, Any]] = OrderedDict()  # pickle or object
+        self._prints: dict[UUID, bytes] = {}  # ``CHECK_IN_PLACE``: kept objects' pickles
 
     def load(self, uuid: UUID, repository: Any) -> Any:
         """The aggregate as stored now: a private copy. AggregateNotFoundError if none."""
@@ -80,6 +101,8 @@ class AggregateCache:
             entry = self._entries.get(uuid)
             if entry is not None:
                 self._entries.move_to_end(uuid)
+                if CHECK_IN_PLACE:
+                    self._check(uuid, entry[1])
         if entry is None:
             aggregate = repository.get(uuid, projector_func=project)
             self.put(aggregate)
@@ -99,12 +122,28 @@ class AggregateCache:
         version = int(aggregate.version)
         with self._lock:
             kept = self._entries.get(aggregate.id)
+            if CHECK_IN_PLACE and kept is not None:
+                self._check(aggregate.id, kept[1])
             if kept is not None and kept[0] >= version:
                 return
             self._entries[aggregate.id] = (version, data)
             self._entries.move_to_end(aggregate.id)
+            if CHECK_IN_PLACE and not isinstance(data, bytes):
+                self._prints[aggregate.id] = _print(data)
             while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
+                gone, _ = self._entries.popitem(last=False)
+                self._prints.pop(gone, None)
+
+    def _check(self, uuid: UUID, kept: Any) -> None:
+        """``CHECK_IN_PLACE``: fail when the kept object of ``uuid`` changed since kept."""
+        expected = self._prints.get(uuid)
+        if expected is not None and _print(kept) != expected:
+            raise ChangedInPlace(
+                f"the cached {type(kept).__name__} {uuid} changed in place after it was kept: "
+                f"its class is COPY_ON_WRITE, so its events and every caller must give an "
+                f"attribute a new value (dict(...), [*...]) instead of changing the one it "
+                f"shares with other copies"
+            )
 
     def saved(self, objs: Iterable[Any]) -> None:
         """What a save of this process committed (its pending events are collected)."""

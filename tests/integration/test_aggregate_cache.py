@@ -112,3 +112,50 @@ def test_a_copy_on_write_quota_use_is_kept_as_an_object_and_copies_stay_apart(
 
     rs.release(OP, made[1])  # saved: the next copy shows it, the old ones do not
     assert runtime.store.load(uuid).in_use == 2 and second.in_use == 3
+
+
+def test_the_create_s_aggregates_are_kept_as_objects_and_changes_stay_in_their_copy(
+        runtime: Any) -> None:
+    """A create loads the pool, the node and its bookings and saves those with the
+    reservation: all four are kept as objects (``COPY_ON_WRITE``: no pickle per load or
+    save) and handed out as shallow copies, which a command's events never change under
+    another copy, saved or not."""
+    import copy as deep
+
+    from better_compute.domain.bookings import NodeBookings, bookings_uuid
+    from better_compute.domain.node import Node
+    from better_compute.domain.pool import Pool
+
+    _, uuid = _reserve(runtime)
+    store = runtime.store
+    rsv = store.load(uuid)
+    kinds = {Reservation: uuid, Pool: parse_id("pool", rsv.pool_id),
+             Node: parse_id("node", rsv.node_id), NodeBookings: bookings_uuid(rsv.node_id)}
+    for cls, each in kinds.items():
+        kept = store.cache._entries[each][1]
+        assert type(kept) is cls, f"{cls.__name__} kept as {type(kept).__name__}"
+
+    def state(aggregate: Any) -> dict[str, Any]:
+        return {k: deep.deepcopy(v) for k, v in vars(aggregate).items()
+                if k != "_pending_events"}
+
+    copies = {cls: store.load(each) for cls, each in kinds.items()}
+    before = {cls: state(copy) for cls, copy in copies.items()}
+    now = datetime.now(UTC)
+    changed = {cls: store.load(each) for cls, each in kinds.items()}  # never saved
+    changed[Reservation].extend(changed[Reservation].end.replace(year=2099))
+    changed[Reservation].release(now, reason="never saved")
+    changed[NodeBookings].extend(rsv.allocation_id, rsv.end.replace(year=2099))
+    changed[NodeBookings].end(rsv.allocation_id, now)
+    changed[Node].unassign_devices(rsv.allocation_id, now)
+    changed[Node].cordon("never saved", now, None)
+    changed[Pool].offer("acme", {"gpu": 3})
+    assert all(aggregate.pending_events for aggregate in changed.values())
+    for cls, each in kinds.items():
+        assert state(copies[cls]) == before[cls], cls.__name__
+        assert state(store.load(each)) == before[cls], cls.__name__
+
+    runtime.services.reservations.release(OP, rsv.public_id)  # saved: the next copy has it
+    assert store.load(uuid).state == "released" and copies[Reservation].state == "binding"
+    assert rsv.allocation_id not in store.load(kinds[NodeBookings]).bookings
+    assert rsv.allocation_id in copies[NodeBookings].bookings

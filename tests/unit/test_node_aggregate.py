@@ -7,6 +7,7 @@ its stored events (through the store's codec) equals the node that recorded them
 
 from __future__ import annotations
 
+import pickle
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -92,16 +93,23 @@ def test_a_node_rebuilt_from_its_stored_events_equals_the_one_that_recorded_them
 
 
 def test_a_node_kept_by_the_aggregate_cache_comes_back_equal_and_independent() -> None:
-    """The store's aggregate cache keeps a pickled node (api/store/aggregate_cache.py) and
-    hands out a copy unpickled at each load."""
-    from better_compute.api.store.aggregate_cache import AggregateCache
+    """The store's aggregate cache keeps a node as an object (``COPY_ON_WRITE``: its events
+    give attributes new values) and hands out a shallow copy at each load, which its events
+    never change under another copy; changing a shared value in place is caught."""
+    import pytest
 
+    from better_compute.api.store import aggregate_cache
+    from better_compute.api.store.aggregate_cache import AggregateCache, ChangedInPlace
+
+    assert aggregate_cache.CHECK_IN_PLACE  # tests/conftest.py
     node = _joined()
     node.connect(AT, "1.1")
     node.cordon("maintenance", AT, "tok_x")
+    node.assign_devices({"allocationId": "alloc_a", "gpus": ["GPU-0"]}, AT)
     node.collect_events()  # saved
     cache = AggregateCache()
     cache.put(node)
+    assert not isinstance(cache._entries[node.id][1], bytes)  # kept, not pickled
 
     class Repository:  # nothing stored after the cached version
         class event_store:
@@ -113,12 +121,21 @@ def test_a_node_kept_by_the_aggregate_cache_comes_back_equal_and_independent() -
     twin = cache.load(node.id, Repository)
     assert twin is not node and type(twin) is Node
     assert _state(twin) == _state(node)
+    before = pickle.dumps(_state(node))
     twin.uncordon(AT, "tok_x")
-    assert twin.cordoned is False and node.cordoned is True
+    twin.set_gpu_health("GPU-1", False, ["xid-79"], AT)
+    twin.assign_devices({"allocationId": "alloc_b", "gpus": ["GPU-1"]}, AT)
+    twin.unassign_devices("alloc_a", AT)
+    twin.drain("retire", AT, "root", held=1)
+    twin.start_acceptance(AT, [{"kind": "diag.nvml"}], "again", "tok_x")
+    assert twin.maintenance_state == "draining" and node.maintenance_state == "cordoned"
+    assert pickle.dumps(_state(node)) == before  # the events changed nothing it shares
     again = cache.load(node.id, Repository)
     assert again.cordoned is True and not again.pending_events
-    again.hardware["cpus"] = 1
-    assert node.hardware["cpus"] == 64
+    assert list(again.devices) == ["alloc_a"] and again.gpu_values()[1].healthy
+    again.hardware["cpus"] = 1  # in place: every copy shares ``hardware``
+    with pytest.raises(ChangedInPlace, match="changed in place"):
+        cache.load(node.id, Repository)
 
 
 def test_the_aggregate_cache_keeps_the_newest_version_and_at_most_its_size() -> None:
