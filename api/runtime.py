@@ -44,7 +44,7 @@ from better_compute.projections.listings import Listings
 from better_compute.projections.reservations import Reservations
 from better_compute.projections.usage import UsageProjection
 
-RECENT = 1024  # notifications of this process's own saves kept for ``StoreEvents.recent``
+RECENT = 1024  # notifications kept for ``StoreEvents.recent`` (own saves, the hub's reads)
 
 
 class StoreEvents:
@@ -64,16 +64,23 @@ class StoreEvents:
         """What a save of this process committed (``ComputeStore.add_recording_listener``):
         the last ``RECENT`` notifications are kept, as stored (decoded again when applied, so
         no read model shares an object with the aggregate that recorded it)."""
+        self.seen([recording.notification for recording in recordings])
+
+    def seen(self, notifications: Sequence[Notification]) -> None:
+        """Notifications this process has, committed: its own saves (``committed``) or what
+        its event hub read of the log, other processes' saves included
+        (api/http/follower.py ``WatchHub.add_read_listener``): kept like its own, so the read
+        models follow them without reading them again."""
         with self._recent_lock:
-            for recording in recordings:
-                self._recent[recording.notification.id] = recording.notification
+            for notification in notifications:
+                self._recent[notification.id] = notification
             while len(self._recent) > RECENT:
                 self._recent.popitem(last=False)
 
     def recent(self, after: int, upto: int) -> list[Notification] | None:
         """The notifications after ``after`` up to ``upto``, without a read, when every one
-        of them is this process's own and kept (then no other can lie between them: the
-        sequence is the store's); None when one is not."""
+        of them is kept (``seen``: then no other can lie between them, the sequence is the
+        store's); None when one is not."""
         if not after < upto <= after + RECENT:
             return None
         with self._recent_lock:
@@ -111,6 +118,7 @@ class Projections(ReadModels):
                                             UsageProjection()])
         store.add_recording_listener(source.committed)  # followed without a read
         store.add_commit_listener(self.notice_head)  # what ``follow`` knows of
+        self.seen = source.seen  # what the event hub read: followed without a second read
 
 
 @dataclass

@@ -38,6 +38,7 @@ _OTHER_PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("controllers: queue dispatcher", ("QueueDispatcher.run",)),
     ("controllers: tokens", ("TokenExpiry.tick",)),
     ("controllers: leadership check", ("still_leader",)),
+    ("controllers: read models' upkeep (listings, usage)", ("ReadModelUpkeep.run",)),
     ("/watch hub (follows the log)", ("WatchHub",)),
     ("authentication", ("authenticate",)),
     ("JSON-RPC decode, params, encode", ("rpc.py",)),

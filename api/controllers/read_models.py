@@ -12,7 +12,10 @@ time in one lump (docs/performance.md, "Seventh round").
 ``ReadModelUpkeep.run`` catches both up in a loop of the leader's own, every tick
 (api/controllers/runner.py): a read waits for at most a tick's events, and their cost is
 spread over the creates that wrote them. A long catch-up (a read model rebuilt after an
-upgrade) holds up no other controller. It records nothing (no actor), and takes only the
+upgrade) holds up no other controller. Where the server's event hub runs (always, in
+``serve``), the upkeep follows the hub: the events it applies are those the hub has read
+(and this process's own saves), kept in memory, so a tick reads nothing from the log that
+the hub read already (docs/performance.md, tenth round). It records nothing (no actor), and takes only the
 locks of the read models it catches up, which no create waits for.
 """
 
@@ -28,6 +31,12 @@ class ReadModelUpkeep:
     def __init__(self, projections: Any) -> None:
         self.projections = projections
 
-    def run(self) -> int:
-        """Catch up each of ``KEPT_CURRENT``; the events applied."""
-        return sum(int(self.projections.catch_up(name)) for name in KEPT_CURRENT)
+    def run(self) -> None:
+        """Bring each of ``KEPT_CURRENT`` up to the head: followed as far as the event hub
+        has read (``ReadModels.follow``: from the notifications this process saved or its
+        hub read, without reading them again), or read from the log where no hub runs."""
+        for name in KEPT_CURRENT:
+            if self.projections.head_source is not None:
+                self.projections.follow(name)
+            else:
+                self.projections.catch_up(name)

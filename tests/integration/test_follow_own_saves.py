@@ -2,15 +2,20 @@
 
 A create follows the free-GPU index and the reservations read model, which lack just the
 events of the create before it: this process saved them and kept their notifications
-(``StoreEvents.recent``), so they are applied as kept. When anything another process saved
-lies between, or the read model's position was reset elsewhere, the log is read as before.
-Either way the rows are those of the read model rebuilt from the whole log.
+(``StoreEvents.recent``), so they are applied as kept. Another process's saves that this
+process's event hub has read (the /watch hub of a server) are kept too, so a worker of
+``serve --workers N`` follows the others' creates without reading them a second time. When
+anything no one here read lies between, or the read model's position was reset elsewhere,
+the log is read as before. Either way the rows are those of the read model rebuilt from
+the whole log.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import pytest
 
 from better_compute.api.runtime import StoreEvents
@@ -107,4 +112,38 @@ def test_a_position_reset_elsewhere_is_read_from_where_it_is(
     assert 0 in reads  # read again from 0
     for name in FOLLOWED:
         runtime.projections.follow(name)
+        assert _rows(runtime, name) == _rebuilt(env, name)
+
+
+def test_another_process_s_saves_the_hub_read_are_followed_without_a_second_read(
+        runtime: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from better_compute.api.http.watch import running_hub
+
+    pool = offered_pool(runtime.service, nodes=3, gpus=24)
+    _create(runtime, pool, "mine-0")
+    for name in FOLLOWED:
+        runtime.projections.follow(name)
+    state = SimpleNamespace(runtime=runtime, extra={})
+    reads: dict[str, list[int]] = {}
+
+    async def main() -> None:
+        with anyio.fail_after(60):
+            async with running_hub(state) as hub:  # as the server's lifespan runs it
+                other: Any = open_runtime(env)
+                try:
+                    theirs = _create(other, pool, "theirs")
+                    their_release = other.services.reservations.release(OP, theirs["id"])
+                    head = other.projections.source.head()
+                finally:
+                    other.close()
+                while hub.head < head:  # the hub reads the other process's saves
+                    await hub.wait_beyond(hub.head, timeout=5)
+                reads["log"] = _reads(monkeypatch)  # the read models' reads from here on
+                for name in FOLLOWED:
+                    assert runtime.projections.follow(name) is False  # kept: nothing read
+                assert their_release["state"] == "released"
+
+    anyio.run(main)
+    assert reads == {"log": []}
+    for name in FOLLOWED:
         assert _rows(runtime, name) == _rebuilt(env, name)
