@@ -265,18 +265,26 @@ class ReadModels:
         for that (the placer: no capacity, or a conflict) calls ``catch_up`` and asks again;
         correctness never rests on the read model (the aggregates refuse a double booking).
         """
-        head = self.known_head
-        if self.head_source is not None:
-            head = max(head, self.head_source())
         seen = self._seen.get(name, -1)
-        if seen >= head:
+        if seen >= self.known_head and (self.head_source is None or seen >= self.head_source()):
             return False
         if seen >= 0:
-            known = self.source.recent(seen, head)
+            known = self._known_after(seen, None)
             if known and self._apply_known(self.get(name), known, seen):
                 return False
         self.catch_up(name)
         return True
+
+    def _known_after(self, start: int, until: int | None) -> Sequence[Notification] | None:
+        """The notifications after ``start`` that this process has without a read (its own
+        saves, what its event hub read: ``EventSource.recent``), up to the head it knows of
+        (and ``until``); None when it knows of nothing newer or lacks one of them."""
+        head = self.known_head
+        if self.head_source is not None:
+            head = max(head, self.head_source())
+        if until is not None:
+            head = min(head, until)
+        return self.source.recent(start, head) if head > start else None
 
     def _apply_known(self, projection: ReadModel, batch: Sequence[Notification], start: int
                      ) -> bool:
@@ -309,12 +317,23 @@ class ReadModels:
         only the first time): a batch re-reads the position under the projection's lock
         anyway, and starts again from it when the hint was ahead (a rebuild elsewhere, an
         upgrade's reset); with nothing new, the position is read to tell. The read models
-        this process saw at the same position come along (``_with_company``)."""
+        this process saw at the same position come along (``_with_company``). What this
+        process already has after the hint (``_known_after``) is applied first, without a
+        read: the read then finds only what no one here has read yet, usually nothing."""
         applied = 0
         start = self._seen.get(projection.name)
         checked = start is None  # the hint is checked against the tracking position once
         if start is None:
             start = self.position(projection)
+        else:  # what this process has of the log after the hint is applied without a read
+            known = self._known_after(start, until)
+            if known:
+                try:
+                    applied += self._apply_after(projection, known, start,
+                                                 company=until is None)
+                    start = known[-1].id
+                except _Behind as behind:
+                    start, checked = behind.position, True
         while True:
             if until is not None and start >= until:
                 return applied

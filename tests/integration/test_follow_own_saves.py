@@ -72,6 +72,26 @@ def test_own_saves_are_followed_without_a_read(runtime: Any, env: dict[str, str]
         assert _rows(runtime, name) == _rebuilt(env, name)
 
 
+def test_a_catch_up_reads_only_past_what_this_process_has(
+        runtime: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``catch_up`` (a ``list``, a controller's pass) must see every process's commits, so it
+    reads the log; what this process saved since the read model's hint is applied first,
+    so that read starts at the newest of them and finds nothing."""
+    pool = offered_pool(runtime.service, nodes=3, gpus=24)
+    _create(runtime, pool, "known-0")
+    for name in FOLLOWED:
+        runtime.projections.follow(name)
+    for i in range(1, 4):
+        _create(runtime, pool, f"known-{i}")
+    head = runtime.projections.source.head()
+    reads = _reads(monkeypatch)
+    applied = [runtime.projections.catch_up(name) for name in FOLLOWED]
+    assert applied[0] > 0  # the three creates (the others came along in its transaction)
+    assert reads == [head] * len(FOLLOWED)  # each read starts past what was kept
+    for name in FOLLOWED:
+        assert _rows(runtime, name) == _rebuilt(env, name)
+
+
 def test_another_process_s_save_in_between_is_read(runtime: Any, env: dict[str, str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     pool = offered_pool(runtime.service, nodes=3, gpus=24)
