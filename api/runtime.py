@@ -44,7 +44,6 @@ from better_compute.projections.listings import Listings
 from better_compute.projections.reservations import Reservations
 from better_compute.projections.usage import UsageProjection
 
-IN_SAVE = ("free_gpus", "reservations")  # read models a create follows (ReadModels.in_save)
 RECENT = 1024  # notifications kept for ``StoreEvents.recent`` (own saves, the hub's reads)
 
 
@@ -119,11 +118,6 @@ class Projections(ReadModels):
                                             UsageProjection()])
         store.add_recording_listener(source.committed)  # followed without a read
         store.add_commit_listener(self.notice_head)  # what ``follow`` knows of
-        # The read models every create follows, applied inside this process's saves where
-        # the store can (SQLite: api/store/sqlite_recorder.py), seen once the save commits.
-        if store.add_transaction_step(self.apply_in_save):
-            self.in_save = IN_SAVE
-            store.add_recording_listener(self.saved)
         self.seen = source.seen  # what the event hub read: followed without a second read
 
 

@@ -20,16 +20,12 @@ can catch up the same projection at once without applying anything twice.
 
 from __future__ import annotations
 
-import logging
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from eventsourcing.persistence import Notification, Tracking, TrackingRecorder
-
-log = logging.getLogger("better_compute.projections")
 
 
 class Sql(Protocol):
@@ -228,8 +224,6 @@ class ReadModels:
         self.head_source: Callable[[], int] | None = None
         self._seen: dict[str, int] = {}
         self._wanted: dict[tuple[str, str], bool] = {}  # (read model, topic): ``wants``
-        self.in_save: tuple[str, ...] = ()  # applied inside this process's saves (``apply_in_save``)
-        self._in_save_done = threading.local()  # what the save in this thread applied
         statements: list[str] = []
         for projection in projections:
             statements.extend(projection.tables())
@@ -280,47 +274,6 @@ class ReadModels:
                 return False
         self.catch_up(name)
         return True
-
-    def apply_in_save(self, cursor: Any, batch: Sequence[Notification]) -> None:
-        """Inside a save's transaction (the store's transaction step, SQLite), after its
-        events are inserted: each of ``in_save`` whose position is right before them is
-        brought past them in the same transaction, so a create is one write. Only those this
-        process saw at that position take part (a hint; the position is read here, under the
-        writer's lock). A failure undoes this part alone (a savepoint): the save goes on and
-        they catch up from the log as before. Their hints move once the save has committed
-        (``saved``)."""
-        done = self._in_save_done
-        done.upto, done.names = 0, ()
-        start = batch[0].id - 1
-        group = [self.projections[n] for n in self.in_save if self._seen.get(n) == start]
-        if start <= 0 or not group:
-            return
-        self.sql.execute(cursor, "SAVEPOINT bc_read_models")
-        try:
-            group = [p for p in group if self._position_in(cursor, p) == start]
-            decoded = [(n, self.source.decode(n)) for n in batch
-                       if any(self._wants(p, n) for p in group)]
-            for projection in group:
-                todo = [(n.id, event) for n, event in decoded if self._wants(projection, n)]
-                self._apply_in(cursor, projection, start, todo, batch[-1].id)
-        except Exception:
-            log.warning("read models %s not applied within a save; they catch up from the "
-                        "log", ", ".join(p.name for p in group), exc_info=True)
-            self.sql.execute(cursor, "ROLLBACK TO SAVEPOINT bc_read_models")
-            self.sql.execute(cursor, "RELEASE SAVEPOINT bc_read_models")
-            return
-        self.sql.execute(cursor, "RELEASE SAVEPOINT bc_read_models")
-        done.upto, done.names = batch[-1].id, tuple(p.name for p in group)
-
-    def saved(self, recordings: Sequence[Any]) -> None:
-        """A save of this thread committed (the store's recording listener): the read models
-        ``apply_in_save`` brought past it are seen there."""
-        done = self._in_save_done
-        upto, names = getattr(done, "upto", 0), getattr(done, "names", ())
-        done.upto, done.names = 0, ()
-        if upto and recordings and recordings[-1].notification.id == upto:
-            for name in names:
-                self._saw(self.projections[name], upto)
 
     def _known_after(self, start: int, until: int | None) -> Sequence[Notification] | None:
         """The notifications after ``start`` that this process has without a read (its own

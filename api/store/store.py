@@ -30,8 +30,6 @@ from better_compute.api.store.aggregate_cache import AggregateCache
 from better_compute.api.store.codec import EventMapper, MsgspecTranscoder
 from better_compute.api.store.outage import StoreGuard, install_guard, postgres_guard
 from better_compute.api.store.pg_recorder import TOPIC as PG_RECORDER_TOPIC
-from better_compute.api.store.sqlite_recorder import TOPIC as SQLITE_RECORDER_TOPIC
-from better_compute.api.store.sqlite_recorder import Step, SteppedSQLiteApplicationRecorder
 from better_compute.api.store.sqlite_writers import WriterLock, flock_within, serialise_writers
 from better_compute.api.store.store_url import connect_kwargs, parse_database_url
 from better_compute.api.store.store_url import describe as describe_pg
@@ -94,8 +92,6 @@ class StoreConfig:
         if self.backend == "sqlite":
             return {
                 "PERSISTENCE_MODULE": "eventsourcing.sqlite",
-                # Saves that carry the followed read models (api/store/sqlite_recorder.py).
-                "APPLICATION_RECORDER_TOPIC": SQLITE_RECORDER_TOPIC,
                 "SQLITE_DBNAME": str(self.sqlite_path),
                 "SQLITE_LOCK_TIMEOUT": str(SQLITE_LOCK_TIMEOUT_S),
                 "CREATE_TABLE": "y",
@@ -176,16 +172,6 @@ class ComputeStore(Application[Any]):
         self._commit_listeners = (*self._commit_listeners, listener)
 
     _recording_listeners: tuple[Callable[[list[Any]], None], ...] = ()
-
-    def add_transaction_step(self, step: Step) -> bool:
-        """Call ``step(cursor, notifications)`` inside each save's transaction of this
-        process, after its events are inserted (SQLite: api/store/sqlite_recorder.py); False
-        where saves cannot carry one (PostgreSQL saves through one function call)."""
-        recorder = self.recorder
-        if not isinstance(recorder, SteppedSQLiteApplicationRecorder):
-            return False
-        recorder.steps = (*recorder.steps, step)
-        return True
 
     def add_recording_listener(self, listener: Callable[[list[Any]], None]) -> None:
         """Call ``listener(recordings)`` with the library's recordings (each event and its

@@ -32,7 +32,6 @@ def _in_step(runtime: Any) -> int:
 
 def test_one_catch_up_brings_the_other_followed_read_model_along(runtime: Any) -> None:
     assert {n for n, p in runtime.projections.projections.items() if p.together} == TOGETHER
-    runtime.projections.in_save = ()  # no save carries them (SQLite's do: test_read_models_in_save)
     before = _in_step(runtime)
     transactions = []
     original = runtime.projections.sql.transaction

@@ -76,22 +76,19 @@ def test_a_catch_up_reads_only_past_what_this_process_has(
         runtime: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """``catch_up`` (a ``list``, a controller's pass) must see every process's commits, so it
     reads the log; what this process saved since the read model's hint is applied first,
-    so that read starts at the newest of them and finds nothing. (The listings and the
-    usage: no save carries them, api/runtime.py ``IN_SAVE``.)"""
-    caught = ("listings", "usage")
-    assert not set(caught) & set(runtime.projections.in_save)
+    so that read starts at the newest of them and finds nothing."""
     pool = offered_pool(runtime.service, nodes=3, gpus=24)
     _create(runtime, pool, "known-0")
-    for name in caught:
-        runtime.projections.catch_up(name)
+    for name in FOLLOWED:
+        runtime.projections.follow(name)
     for i in range(1, 4):
         _create(runtime, pool, f"known-{i}")
     head = runtime.projections.source.head()
     reads = _reads(monkeypatch)
-    applied = [runtime.projections.catch_up(name) for name in caught]
-    assert applied[0] > 0  # the three creates (the usage came along in its transaction)
-    assert reads == [head] * len(caught)  # each read starts past what was kept
-    for name in caught:
+    applied = [runtime.projections.catch_up(name) for name in FOLLOWED]
+    assert applied[0] > 0  # the three creates (the others came along in its transaction)
+    assert reads == [head] * len(FOLLOWED)  # each read starts past what was kept
+    for name in FOLLOWED:
         assert _rows(runtime, name) == _rebuilt(env, name)
 
 
@@ -105,11 +102,11 @@ def test_another_process_s_save_in_between_is_read(runtime: Any, env: dict[str, 
     finally:
         other.close()
     reads = _reads(monkeypatch)
-    _create(runtime, pool, "mine-1")
-    for name in FOLLOWED:  # this process lacks "theirs", which lies before "mine-1": read
+    _create(runtime, pool, "mine-1")  # lacks "theirs", which lies before it: read
+    assert reads, "the other process's save was never read"
+    for name in FOLLOWED:
         runtime.projections.follow(name)
         assert _rows(runtime, name) == _rebuilt(env, name)
-    assert reads, "the other process's save was never read"
     listed = runtime.services.reservations.list(OP, "acme", None, None)
     assert theirs["id"] in {r["id"] for r in listed}
 

@@ -19,7 +19,6 @@ from tests.integration.test_read_model_wants import _rows
 
 def test_a_create_reads_its_node_s_index_row_once(runtime: Any, env: dict[str, str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime.projections.in_save = ()  # applied by ``follow`` below, not inside the save
     pool = offered_pool(runtime.service, nodes=2, gpus=16)
     rs = runtime.services.reservations
     rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h")

@@ -3,9 +3,7 @@
 
 A create paid two flushes to disk: its save and the read models' catch-up of the create
 before it. What the read models write is derived from the events and applied again from
-their tracked position, so only the save's commit must be on disk before the answer. On
-SQLite a save carries the read models every create follows (api/store/sqlite_recorder.py):
-those are on disk with the events, in the save's one flush.
+their tracked position, so only the save's commit must be on disk before the answer.
 """
 
 from __future__ import annotations
@@ -34,25 +32,19 @@ def test_read_model_commits_skip_the_flush_and_event_saves_never_do(runtime: Any
     seen: list[tuple[str, str]] = []
 
     recorder = runtime.store.recorder
-    saving: list[bool] = []
     if not sql.postgres:  # the level is the connection's: it must not leak into a save
         real_insert = recorder._insert_events
 
         def insert(cursor: Any, *args: Any, **kwargs: Any) -> Any:
             seen.append(("save", _level(sql, cursor)))
-            saving.append(True)
-            try:
-                return real_insert(cursor, *args, **kwargs)
-            finally:
-                saving.pop()
+            return real_insert(cursor, *args, **kwargs)
 
         monkeypatch.setattr(recorder, "_insert_events", insert)
     framework = type(runtime.projections)
     real_apply = framework._apply_in
 
     def apply_in(self: Any, cursor: Any, *args: Any) -> None:
-        # SQLite's saves carry the followed read models: durable with the events there
-        seen.append(("read model in a save" if saving else "read model", _level(sql, cursor)))
+        seen.append(("read model", _level(sql, cursor)))
         real_apply(self, cursor, *args)
 
     monkeypatch.setattr(framework, "_apply_in", apply_in)
@@ -67,13 +59,11 @@ def test_read_model_commits_skip_the_flush_and_event_saves_never_do(runtime: Any
 
     saves = {level for what, level in seen if what == "save"}
     read_models = {level for what, level in seen if what == "read model"}
-    carried = {level for what, level in seen if what == "read model in a save"}
     # PostgreSQL's saves are one statement at the server's level; SET LOCAL ends
     # with its transaction, which the loop below shows on the same pool.
     assert saves == (set() if sql.postgres else {durable}), seen
-    assert read_models == {derived}, seen  # their own transactions never wait for the disk
-    assert carried == (set() if sql.postgres else {durable}), seen
-    assert sum(1 for what, _ in seen if what.startswith("read model")) >= 6
+    assert read_models == {derived}, seen
+    assert sum(1 for what, _ in seen if what == "read model") >= 6
 
     # And a plain write of the store's own SQL stays durable after a derived one.
     for _ in range(8):
