@@ -46,6 +46,9 @@ def token_uuid(secret_hash: str) -> UUID:
 class ApiToken(TenantOwned):
     PREFIX = "tok"
     TOPIC = "bc.aggregate.token"
+    # Every event gives an attribute a new value, never changes one in place: the aggregate
+    # cache hands out shallow copies (api/store/aggregate_cache.py, COPY_ON_WRITE).
+    COPY_ON_WRITE = True
 
     class Event(TenantOwned.Event):
         TOPIC = "bc.token.event"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
+from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.persistence import IntegrityError
 
 from better_compute.api.services.tokens import TokenService, new_token_secret
@@ -146,10 +147,21 @@ class ComputeService:
                          token_id=token.public_id, expires_at=token.ends_at)
 
     def _token(self, uuid: UUID) -> ApiToken | None:
-        """A token read from its events alone, on every request (so a revocation anywhere
-        counts at once): tokens are never snapshotted, so the repository's snapshot read
-        would be one database round trip per request for nothing."""
-        token = project(None, self.store.repository.event_store.get(uuid))
+        """A token as stored now, on every request (so a revocation anywhere counts at
+        once): from the aggregate cache, which reads only the events after the version it
+        keeps (usually none: nothing decoded); the first time in this process, from its
+        events alone (tokens are never snapshotted, so the repository's snapshot read would
+        be one database round trip for nothing), then kept."""
+        store = self.store
+        if uuid in store.cache:
+            try:
+                token = store.load(uuid)
+            except AggregateNotFoundError:
+                return None
+        else:
+            token = project(None, store.repository.event_store.get(uuid))
+            if isinstance(token, ApiToken):
+                store.cache.put(token)
         return token if isinstance(token, ApiToken) else None
 
     # ------------------------------------------------------------------ system

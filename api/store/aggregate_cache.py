@@ -151,5 +151,8 @@ class AggregateCache:
             if isinstance(obj, Aggregate) and not obj.pending_events:
                 self.put(obj)
 
+    def __contains__(self, uuid: object) -> bool:
+        return uuid in self._entries
+
     def __len__(self) -> int:
         return len(self._entries)

@@ -159,3 +159,37 @@ def test_the_create_s_aggregates_are_kept_as_objects_and_changes_stay_in_their_c
     assert store.load(uuid).state == "released" and copies[Reservation].state == "binding"
     assert rsv.allocation_id not in store.load(kinds[NodeBookings]).bookings
     assert rsv.allocation_id in copies[NodeBookings].bookings
+
+
+def test_a_token_is_kept_and_a_revocation_elsewhere_counts_at_the_next_call(
+        env: dict[str, str], runtime: Any, monkeypatch: Any) -> None:
+    """Every call authenticates its token as stored now: from the aggregate cache, which
+    reads only the events after the kept version (none: nothing to decode), so another
+    process's revocation still refuses the very next call."""
+    import pytest
+
+    from better_compute.domain.errors import Unauthenticated
+    from better_compute.domain.token import ApiToken, token_hash, token_uuid
+
+    service = runtime.service
+    made = service.tokens_create(OP, "root", "admin", "cached")
+    uuid = token_uuid(token_hash(made["token"]))
+    assert service.authenticate(made["token"]).token_id == made["id"]
+    assert type(runtime.store.cache._entries[uuid][1]) is ApiToken  # kept, not pickled
+    decoded: list[Any] = []
+    mapper = runtime.store.mapper  # this runtime's alone (the other one below decodes too)
+    real = mapper.to_domain_event
+    monkeypatch.setattr(mapper, "to_domain_event",
+                        lambda stored: decoded.append(stored) or real(stored))
+    for _ in range(3):
+        assert service.authenticate(made["token"]).tenant_id == "root"
+    assert decoded == []  # nothing new: nothing read back into events
+
+    other = open_runtime(env)
+    try:
+        other.service.tokens_revoke(OP, made["id"])
+    finally:
+        other.close()
+    with pytest.raises(Unauthenticated, match="unknown or revoked"):
+        service.authenticate(made["token"])
+    assert len(decoded) == 1  # the revocation alone
