@@ -15,8 +15,8 @@ spread over the creates that wrote them. A long catch-up (a read model rebuilt a
 upgrade) holds up no other controller. Where the server's event hub runs (always, in
 ``serve``), the upkeep follows the hub: the events it applies are those the hub has read
 (and this process's own saves), kept in memory, so a tick reads nothing from the log that
-the hub read already (docs/performance.md, tenth round). It records nothing (no actor), and takes only the
-locks of the read models it catches up, which no create waits for.
+the hub read already (docs/performance.md, tenth round). It records nothing (no actor),
+and takes only the locks of the read models it catches up, which no create waits for.
 """
 
 from __future__ import annotations
