@@ -265,10 +265,26 @@ def test_root_cordons_and_uncordons_a_node(cluster: Cluster,
                           has_text="8").wait_for()
     finally:
         page.view("nodes")
-        page.page.click(f"{node} [data-action=uncordon]")
+        _click_or_say_why(page, c, f"{node} [data-action=uncordon]")
         page.page.click("#confirm-ok")
         page.page.locator(f"{node} [data-action=cordon]").wait_for()
     assert c.gpu_capacity()["maintenance"] == 0
+
+
+def _click_or_say_why(page: ConsolePage, c: Cluster, selector: str) -> None:
+    """Click ``selector``; when it never comes, fail with what the page and the store show
+    (the node's card, the live status, the page's errors, the node's maintenance as the CLI
+    reads it), so that a failure under load says which side was behind."""
+    target = page.page.locator(selector)
+    try:
+        target.wait_for(timeout=30_000)
+    except Exception as exc:
+        card = page.page.locator(f'[data-node="{c.node}"]').all_inner_texts()
+        live = page.page.locator("#live").all_inner_texts()
+        held = c.cli("nodes", "get", c.node, "--query", "maintenance")
+        raise AssertionError(f"{selector} never came: card {card!r}, live {live!r}, "
+                             f"errors {page.errors!r}, CLI maintenance {held!r}") from exc
+    target.click()
 
 
 # ---------------------------------------------------------------------------- who sees what
