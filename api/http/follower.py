@@ -228,9 +228,12 @@ class WatchHub:
                                                       inclusive_of_start=False)
             if not notes or self._stop.is_set():
                 return
-            self._read_pos = notes[-1].id
             for listener in self._read_listeners:
-                listener(notes)
+                try:
+                    listener(notes)
+                except Exception:  # never the hub's concern: /watch gets every page
+                    log.exception("a reader of the event hub's pages failed")
+            self._read_pos = notes[-1].id
             anyio.from_thread.run_sync(self._publish, notes)
             if len(notes) < PAGE_SIZE:
                 return
