@@ -127,13 +127,18 @@ class Cluster(Operator):
     machine: Machine
     pool: str
     node: str = ""  # once joined
+    log_file: Path | None = None  # serve's logs
 
     def join(self) -> str:
         self.node = self.machine.join(self, self.server, self.pool)
         return self.node
 
     def start_agent(self, epoch: int, *extra: str) -> subprocess.Popen[str]:
-        return self.machine.start_agent(epoch, *extra)
+        try:
+            return self.machine.start_agent(epoch, *extra)
+        except AssertionError as failed:  # the gateway's side of a session that never came
+            tail = self.log_file.read_text()[-4000:] if self.log_file else "(not kept)"
+            raise AssertionError(f"{failed}; serve's log ends {tail!r}") from None
 
     def bcd(self, *argv: str) -> subprocess.CompletedProcess[str]:
         return self.machine.bcd(*argv)
@@ -160,13 +165,15 @@ def running_cluster(env: Mapping[str, str], tmp_path: Path, fast: Mapping[str, s
     ``machine_folder``, default under tmp_path) not yet joined."""
     token = initialize(env)
     store_env = {**env, **fast}
+    # Always a file: a pipe nobody reads fills up and stops the server at its next log line.
+    log_file = log_file or tmp_path / f"serve-{free_port()}.log"
     with serve(store_env, "--gateway-listen", f"127.0.0.1:{free_port()}", *serve_args,
                log_file=log_file) as server:
         operator = Operator(client_env(store_env, server, token))
         pool = operator.create_pool(tmp_path, policy)
         machine = Machine(machine_folder or tmp_path / "SN-7701")
         try:
-            yield Cluster(operator.env, store_env, server, machine, pool)
+            yield Cluster(operator.env, store_env, server, machine, pool, log_file=log_file)
         finally:
             machine.stop()
 
