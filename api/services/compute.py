@@ -20,7 +20,6 @@ from eventsourcing.persistence import IntegrityError
 from better_compute.api.services.tokens import TokenService, new_token_secret
 from better_compute.api.services.unit import Aggregates, Clock, utc_now
 from better_compute.api.store.actor import LOCAL, acting_as, current_actor
-from better_compute.api.store.aggregate_cache import project
 from better_compute.api.store.token_use import TokenUse
 from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.base import fingerprint, iso
@@ -150,18 +149,11 @@ class ComputeService:
         """A token as stored now, on every request (so a revocation anywhere counts at
         once): from the aggregate cache, which reads only the events after the version it
         keeps (usually none: nothing decoded); the first time in this process, from its
-        events alone (tokens are never snapshotted, so the repository's snapshot read would
-        be one database round trip for nothing), then kept."""
-        store = self.store
-        if uuid in store.cache:
-            try:
-                token = store.load(uuid)
-            except AggregateNotFoundError:
-                return None
-        else:
-            token = project(None, store.repository.event_store.get(uuid))
-            if isinstance(token, ApiToken):
-                store.cache.put(token)
+        events alone (tokens are never snapshotted)."""
+        try:
+            token = self.store.load(uuid, snapshots=False)
+        except AggregateNotFoundError:
+            return None
         return token if isinstance(token, ApiToken) else None
 
     # ------------------------------------------------------------------ system

@@ -95,8 +95,10 @@ class AggregateCache:
         self._entries: OrderedDict[UUID, tuple[int, Any]] = OrderedDict()  # pickle or object
         self._prints: dict[UUID, bytes] = {}  # ``CHECK_IN_PLACE``: kept objects' pickles
 
-    def load(self, uuid: UUID, repository: Any) -> Any:
-        """The aggregate as stored now: a private copy. AggregateNotFoundError if none."""
+    def load(self, uuid: UUID, repository: Any, *, snapshots: bool = True) -> Any:
+        """The aggregate as stored now: a private copy. AggregateNotFoundError if none.
+        ``snapshots=False``: a class never snapshotted is read from its events alone when
+        not kept (the repository's snapshot read would be a round trip for nothing)."""
         with self._lock:
             entry = self._entries.get(uuid)
             if entry is not None:
@@ -104,7 +106,12 @@ class AggregateCache:
                 if CHECK_IN_PLACE:
                     self._check(uuid, entry[1])
         if entry is None:
-            aggregate = repository.get(uuid, projector_func=project)
+            if snapshots:
+                aggregate = repository.get(uuid, projector_func=project)
+            else:
+                aggregate = project(None, repository.event_store.get(originator_id=uuid))
+                if aggregate is None:
+                    raise AggregateNotFoundError(uuid)
             self.put(aggregate)
             return aggregate
         aggregate = _copy(entry[1])
@@ -150,9 +157,6 @@ class AggregateCache:
         for obj in objs:
             if isinstance(obj, Aggregate) and not obj.pending_events:
                 self.put(obj)
-
-    def __contains__(self, uuid: object) -> bool:
-        return uuid in self._entries
 
     def __len__(self) -> int:
         return len(self._entries)

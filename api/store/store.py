@@ -193,10 +193,11 @@ class ComputeStore(Application[Any]):
     def sql(self) -> SqlRunner:
         return SqlRunner(self)
 
-    def load(self, uuid: UUID) -> Any:
+    def load(self, uuid: UUID, *, snapshots: bool = True) -> Any:
         """An aggregate as stored now, from the aggregate cache (api/store/aggregate_cache.py):
-        only the events after its cached version are read. AggregateNotFoundError if none."""
-        return self.cache.load(uuid, self.repository)
+        only the events after its cached version are read. AggregateNotFoundError if none.
+        ``snapshots=False`` for a class never snapshotted (read from its events alone)."""
+        return self.cache.load(uuid, self.repository, snapshots=snapshots)
 
     def save(self, *objs: Any, **kwargs: Any) -> Any:
         """The library's ``Application.save``, collecting each aggregate's events without its
