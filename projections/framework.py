@@ -265,25 +265,26 @@ class ReadModels:
         for that (the placer: no capacity, or a conflict) calls ``catch_up`` and asks again;
         correctness never rests on the read model (the aggregates refuse a double booking).
         """
-        seen = self._seen.get(name, -1)
-        if seen >= self.known_head and (self.head_source is None or seen >= self.head_source()):
+        seen, head = self._seen.get(name, -1), self._head()
+        if seen >= head:
             return False
         if seen >= 0:
-            known = self._known_after(seen, None)
+            known = self._kept(seen, head)
             if known and self._apply_known(self.get(name), known, seen):
                 return False
         self.catch_up(name)
         return True
 
-    def _known_after(self, start: int, until: int | None) -> Sequence[Notification] | None:
-        """The notifications after ``start`` that this process has without a read (its own
-        saves, what its event hub read: ``EventSource.recent``), up to the head it knows of
-        (and ``until``); None when it knows of nothing newer or lacks one of them."""
-        head = self.known_head
-        if self.head_source is not None:
-            head = max(head, self.head_source())
-        if until is not None:
-            head = min(head, until)
+    def _head(self) -> int:
+        """The newest sequence this process knows of: its own commits, what its hub read."""
+        if self.head_source is None:
+            return self.known_head
+        return max(self.known_head, self.head_source())
+
+    def _kept(self, start: int, head: int) -> Sequence[Notification] | None:
+        """The notifications after ``start`` up to ``head`` that this process has without a
+        read (its own saves, what its event hub read: ``EventSource.recent``); None when
+        there are none or it lacks one of them."""
         return self.source.recent(start, head) if head > start else None
 
     def _apply_known(self, projection: ReadModel, batch: Sequence[Notification], start: int
@@ -318,7 +319,7 @@ class ReadModels:
         anyway, and starts again from it when the hint was ahead (a rebuild elsewhere, an
         upgrade's reset); with nothing new, the position is read to tell. The read models
         this process saw at the same position come along (``_with_company``). What this
-        process already has after the hint (``_known_after``) is applied first, without a
+        process already has after the hint (``_kept``) is applied first, without a
         read: the read then finds only what no one here has read yet, usually nothing."""
         applied = 0
         start = self._seen.get(projection.name)
@@ -326,7 +327,8 @@ class ReadModels:
         if start is None:
             start = self.position(projection)
         else:  # what this process has of the log after the hint is applied without a read
-            known = self._known_after(start, until)
+            known = self._kept(start, self._head() if until is None
+                               else min(self._head(), until))
             if known:
                 try:
                     applied += self._apply_after(projection, known, start,
