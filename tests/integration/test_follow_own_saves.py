@@ -45,6 +45,15 @@ def _create(runtime: Any, pool: str, key: str) -> dict[str, Any]:
         OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h", key=key))
 
 
+def _followed_pool(runtime: Any, key: str) -> str:
+    """A pool with one reservation (``key``), the followed read models applied up to it."""
+    pool = offered_pool(runtime.service, nodes=3, gpus=24)
+    _create(runtime, pool, key)
+    for name in FOLLOWED:
+        runtime.projections.follow(name)
+    return pool
+
+
 def _rebuilt(env: dict[str, str], name: str) -> dict[str, Any]:
     other: Any = open_runtime(env)
     try:
@@ -77,10 +86,7 @@ def test_a_catch_up_reads_only_past_what_this_process_has(
     """``catch_up`` (a ``list``, a controller's pass) must see every process's commits, so it
     reads the log; what this process saved since the read model's hint is applied first,
     so that read starts at the newest of them and finds nothing."""
-    pool = offered_pool(runtime.service, nodes=3, gpus=24)
-    _create(runtime, pool, "known-0")
-    for name in FOLLOWED:
-        runtime.projections.follow(name)
+    pool = _followed_pool(runtime, "known-0")
     for i in range(1, 4):
         _create(runtime, pool, f"known-{i}")
     head = runtime.projections.source.head()
@@ -113,10 +119,7 @@ def test_another_process_s_save_in_between_is_read(runtime: Any, env: dict[str, 
 
 def test_a_position_reset_elsewhere_is_read_from_where_it_is(
         runtime: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    pool = offered_pool(runtime.service, nodes=3, gpus=24)
-    _create(runtime, pool, "reset-0")
-    for name in FOLLOWED:
-        runtime.projections.follow(name)
+    pool = _followed_pool(runtime, "reset-0")
     other: Any = open_runtime(env)
     try:  # an upgrade's reset: tables emptied, position 0; this process's hints are ahead
         with other.projections.sql.transaction(commit=True) as cursor:
@@ -139,10 +142,7 @@ def test_another_process_s_saves_the_hub_read_are_followed_without_a_second_read
         runtime: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     from better_compute.api.http.watch import running_hub
 
-    pool = offered_pool(runtime.service, nodes=3, gpus=24)
-    _create(runtime, pool, "mine-0")
-    for name in FOLLOWED:
-        runtime.projections.follow(name)
+    pool = _followed_pool(runtime, "mine-0")
     state = SimpleNamespace(runtime=runtime, extra={})
     reads: dict[str, list[int]] = {}
 
