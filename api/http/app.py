@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -47,6 +47,10 @@ from better_compute.domain.errors import BetterComputeError, PermissionDenied, R
 WRITER_THREADS = 1  # threads of the writers' lane on SQLite
 API_PREFIX = "/api/compute"
 RPC_PATH = f"{API_PREFIX}/rpc"
+# The status a call whose caller left mid-body is logged and counted with (nginx's
+# "client closed request"); nobody receives it.
+CLIENT_LEFT = 499
+
 # A lifespan task: ``async def task(state, *, task_status)``, started with tg.start.
 LifespanTask = Callable[..., Awaitable[Any]]
 MAX_BODY = http_limits.MAX_BODY
@@ -103,7 +107,13 @@ async def _rpc(request: Request) -> Response:
     refusal = http_limits.refuse_headers(request)  # size and content type, before reading
     if refusal is not None:
         return refusal
-    body = await http_limits.read_body(request)
+    try:
+        body = await http_limits.read_body(request)
+    except ClientDisconnect:  # the caller left mid-body: nothing done, nobody to answer
+        record = CURRENT.get()
+        if record is not None:
+            record.code = "client_left"
+        return Response(status_code=CLIENT_LEFT)
     if body is None:
         return http_limits.too_large()
     token = _bearer(request)

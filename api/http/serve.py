@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import sys
@@ -16,7 +17,7 @@ import uvicorn
 
 from better_compute.api import pki
 from better_compute.api.controllers.runner import run_controllers
-from better_compute.api.http import http_limits
+from better_compute.api.http import http_limits, introspect
 from better_compute.api.http.app import LifespanTask, build_app
 from better_compute.api.http.metrics import publish_state
 from better_compute.api.http.request_log import RequestFields
@@ -24,14 +25,27 @@ from better_compute.api.http.server_config import with_file
 from better_compute.api.http.watch import stop_streams
 from better_compute.api.net import is_loopback
 from better_compute.api.runtime import Runtime
+from better_compute.api.settings import env_seconds
 from better_compute.api.store.token_use import flush_token_use
 from better_compute.api.wire import logs
 from better_compute.api.wire.daemon import notify
 from better_compute.domain.errors import InvalidInput
 from better_compute.domain.placement import Lane
 
+log = logging.getLogger("better_compute.serve")
+
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 CLOSE_GRACE = 1.0  # seconds a peer has to answer a connection's close at shutdown
+# At shutdown (SIGTERM), calls in flight have the grace (BETTER_COMPUTE_SHUTDOWN_GRACE,
+# SHUTDOWN_GRACE seconds by default) to be answered. Then the connections still open are
+# ended (aborted): their callers get no answer, so nothing unanswered counts as
+# acknowledged, and a save under way still ends (its thread is never abandoned). Should a
+# call outlive that by CANCEL_AFTER seconds, uvicorn cancels it (a bug: it logs an error).
+# A shutdown still going after SLOW_SHUTDOWN_REPORT seconds (half the grace if shorter)
+# logs what it waits on (api/http/introspect.py).
+SHUTDOWN_GRACE = 15.0
+CANCEL_AFTER = 5
+SLOW_SHUTDOWN_REPORT = 5.0
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -63,16 +77,19 @@ class _Server(uvicorn.Server):
     serving on without its store: a service manager starts it again.
     """
 
-    def __init__(self, config: uvicorn.Config, ready_line: str) -> None:
+    def __init__(self, config: uvicorn.Config, ready_line: str,
+                 grace: float = SHUTDOWN_GRACE) -> None:
+        config.timeout_graceful_shutdown = math.ceil(grace) + CANCEL_AFTER
         super().__init__(config)
         self.ready_line = ready_line
+        self.grace = grace
         self.lifespan_died = False
 
     async def on_tick(self, counter: int) -> bool:
         if self.started and getattr(self.lifespan, "error_occurred", False) \
                 and not self.lifespan_died:
             self.lifespan_died = True
-            logging.getLogger("better_compute.serve").critical(
+            log.critical(
                 "the application's lifespan ended while serving; stopping (exit status 1)")
             self.should_exit = True
         return await super().on_tick(counter)
@@ -80,8 +97,15 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
+            introspect.report_on_signal(self.describe)  # kill -USR1: what it waits on
             print(self.ready_line, flush=True)
             notify("READY=1")  # Type=notify under systemd; nothing otherwise
+
+    def describe(self) -> str:
+        """One line: stopping or not, open connections, calls in flight (introspect.py)."""
+        return (f"pid {os.getpid()}, {'stopping' if self.should_exit else 'serving'}, "
+                f"{len(self.server_state.connections)} connection(s) open, "
+                f"{len(self.server_state.tasks)} call(s) in flight")
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn waits for open responses before the lifespan ends: end the
@@ -90,8 +114,28 @@ class _Server(uvicorn.Server):
         stop_streams(self.config.app)()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._cut_unanswered_closes)
+            tg.start_soon(self._report_if_slow)
+            tg.start_soon(self._end_calls_after_grace)
             await super().shutdown(sockets)
             tg.cancel_scope.cancel()
+
+    async def _report_if_slow(self) -> None:
+        after = min(SLOW_SHUTDOWN_REPORT, self.grace / 2)
+        await anyio.sleep(after)
+        log.warning("still stopping %gs after the signal (calls still running %gs after it "
+                    "are ended unanswered): %s; %s", after, self.grace, self.describe(),
+                    introspect.tasks_report())
+
+    async def _end_calls_after_grace(self) -> None:
+        await anyio.sleep(self.grace)
+        connections = list(self.server_state.connections)
+        if connections:
+            log.warning("ending %d connection(s) still open %gs after the signal; their "
+                        "calls in flight are not answered", len(connections), self.grace)
+        for connection in connections:
+            transport = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.abort()
 
     async def _cut_unanswered_closes(self) -> None:
         """Drop connections whose close the peer has not answered within CLOSE_GRACE seconds.
@@ -282,7 +326,8 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
                             log_config=None,  # our handler and format (logs.configure)
                             access_log=False, lifespan="on", http=http_limits.protocol_class(),
                             **ssl)  # type: ignore[arg-type]
-    server = _Server(config, ready)
+    server = _Server(config, ready, env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_GRACE",
+                                               SHUTDOWN_GRACE))
     try:
         # A worker serves on its parent's socket, as the TCP socket it is (not uvicorn's
         # ``fd=``, which reads it as a Unix socket and leaves Nagle on: workers.py).

@@ -98,6 +98,9 @@ SETTINGS: tuple[Setting, ...] = (
             "while a /watch stream reads (every 50 ms otherwise)"),
     Setting("watch.heartbeat", None, "BETTER_COMPUTE_WATCH_HEARTBEAT", "5s", "duration",
             "a /watch stream's heartbeat when no event comes"),
+    Setting("shutdown.grace", None, "BETTER_COMPUTE_SHUTDOWN_GRACE", "15s", "duration",
+            "after SIGTERM, calls still running this long are cancelled (unanswered) and "
+            "the server ends; keep it under the service manager's stop timeout"),
     Setting("controllers.tick", None, "BETTER_COMPUTE_CONTROLLER_TICK", "1s", "duration",
             "the controllers' pass at least this often"),
     Setting("controllers.settle", None, "BETTER_COMPUTE_CONTROLLER_SETTLE", "0.2s",

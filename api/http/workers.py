@@ -18,7 +18,8 @@ cannot start: with its status, 2 for a bad setting, after its one line on stderr
 worker dies with its parent (PR_SET_PDEATHSIG), so a parent killed with SIGKILL leaves no
 worker serving on. After SIGTERM the workers have ``STOP_TIMEOUT`` seconds together to end;
 those left are killed. ``kill -USR1 WORKER_PID`` writes every thread's stack of that worker
-to stderr (faulthandler), for one that seems stuck.
+to stderr, and once it serves also its event loop's tasks (api/http/introspect.py), for one
+that seems stuck.
 
 Metrics: the parent creates an empty directory for this run and names it to the workers in
 ``PROMETHEUS_MULTIPROC_DIR``; prometheus-client keeps each worker's counters in files
@@ -240,7 +241,8 @@ def worker_main() -> None:
     """A worker: ``serve`` on the inherited socket (see the module docstring)."""
     doc = json.loads(sys.argv[1])
     _die_with_parent(int(doc["parent"]))
-    # ``kill -USR1 PID``: every thread's stack on stderr, for a worker that seems stuck.
+    # ``kill -USR1 PID``: every thread's stack on stderr, for a worker that seems stuck (once
+    # it serves, its tasks too: api/http/introspect.py).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     from better_compute.api.http.metrics import as_worker_of
     from better_compute.api.http.serve import ServeOptions, serve

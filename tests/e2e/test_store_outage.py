@@ -64,9 +64,12 @@ FAST = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_NODE_UNREACHABLE_A
         "BETTER_COMPUTE_CONTROLLER_TICK": "0.2", "BETTER_COMPUTE_WATCH_HEARTBEAT": "1"}
 CALL_BOUND = 10.0  # seconds: every call during an outage is answered within this
 RECOVERY = 10.0  # seconds after the store's return by which everything works again
-# Seconds from SIGTERM until the parent and every worker have ended: 1-5 s measured, once
-# over 20 s in a full suite at load 12-15 (cause not found; a worker still alive then dumps
-# its threads' stacks into serve's log, api/http/workers.py). The unit's TimeoutStopSec: 60.
+# Seconds from SIGTERM until the parent and every worker have ended: 1-5 s measured. Twice
+# in full suites a worker was still alive after 20-30 s, its threads idle (so its event
+# loop waited on something); cause not found. A call in flight can no longer hold a stop
+# past the grace (15 s: api/http/serve.py), a slow stop logs every task's await chain after
+# 5 s, and a worker still alive here is asked for its stacks (SIGUSR1) into serve's log.
+# The unit's TimeoutStopSec: 60.
 STOP_BOUND = 30.0
 WORKERS = 2  # the default on a 2-core machine (a worker per core)
 
