@@ -40,6 +40,7 @@ from better_compute.api.http.request_log import (
     new_request_id,
 )
 from better_compute.api.runtime import Runtime
+from better_compute.api.settings import env_seconds
 from better_compute.api.supervise import supervised
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, PermissionDenied, RateLimited
@@ -66,9 +67,13 @@ class ServerState:
     admission: http_limits.Admission = field(init=False)
     # The writers' lane (see the module's docstring): the shared limiter on PostgreSQL.
     writers: anyio.CapacityLimiter = field(init=False)
+    # Seconds a call's body has after its head (http_limits.py; http.body_timeout).
+    body_timeout: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.admission = http_limits.Admission.for_limiter(self.limiter)
+        self.body_timeout = env_seconds(self.runtime.env, "BETTER_COMPUTE_HTTP_BODY_TIMEOUT",
+                                        http_limits.BODY_TIMEOUT)
         self.writers = anyio.CapacityLimiter(WRITER_THREADS) \
             if self.runtime.config.backend == "sqlite" else self.limiter
 
@@ -108,7 +113,9 @@ async def _rpc(request: Request) -> Response:
     if refusal is not None:
         return refusal
     try:
-        body = await http_limits.read_body(request)
+        body = await http_limits.read_body(request, timeout=state.body_timeout)
+    except http_limits.BodyTooSlow:
+        return http_limits.too_slow(state.body_timeout)
     except ClientDisconnect:  # the caller left mid-body: nothing done, nobody to answer
         record = CURRENT.get()
         if record is not None:

@@ -8,6 +8,14 @@
   ``protocol_class`` aborts it one second later if the body is still coming
   (a TLS close otherwise goes on reading, and decrypting, whatever the client
   sends for up to 30 s while it waits for the client's close_notify).
+- Time (slow clients, "slowloris"): a connection has ``HEAD_TIMEOUT`` (10 s) from its start
+  (after the TLS handshake), and each request from its first byte, to send the complete
+  request head, or it is ended (aborted: nothing to answer yet); between requests uvicorn's
+  keep-alive timeout (5 s) ends an idle one. A body must be complete within
+  ``BODY_TIMEOUT`` (30 s) of its head, or the call is refused with HTTP 408 and the
+  connection closed. So a client that sends slowly, or stops, never holds a connection, a
+  call in flight or its memory for long (and never holds a stopping server: serve.py).
+  Both are settings (``http.head_timeout``, ``http.body_timeout``).
 - The content type is ``application/json`` (parameters such as a charset
   allowed); anything else, or none, is HTTP 415.
 - Calls per token (``Admission``): the store's worker threads are shared by
@@ -46,6 +54,8 @@ from better_compute.domain.errors import RateLimited
 
 MAX_BODY = 1 << 20
 ABORT_UNREAD_BODY_AFTER = 1.0  # seconds a refused request's body may go on arriving
+HEAD_TIMEOUT = 10.0  # seconds to a request's complete head (module docstring)
+BODY_TIMEOUT = 30.0  # seconds from a request's head to its complete body
 QUEUE_PER_CALLER = 16
 JSON_TYPES = ("application/json",)
 
@@ -89,15 +99,29 @@ def refuse_headers(request: Request) -> Response | None:
     return None
 
 
-async def read_body(request: Request, limit: int = MAX_BODY) -> bytes | None:
-    """The body, read chunk by chunk; None (and no more reading) once it passes ``limit``."""
+def too_slow(timeout: float) -> Response:
+    return _rpc_error(408, f"the request body did not arrive within {timeout:g} s of its "
+                           "headers: send the whole body at once", headers=_CLOSE)
+
+
+class BodyTooSlow(Exception):
+    """The body was not complete within its time (``read_body``)."""
+
+
+async def read_body(request: Request, limit: int = MAX_BODY,
+                    timeout: float = BODY_TIMEOUT) -> bytes | None:
+    """The body, read chunk by chunk; None (and no more reading) once it passes ``limit``.
+    Raises BodyTooSlow when it is not complete within ``timeout`` seconds."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
+    with anyio.move_on_after(timeout) as scope:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+    if scope.cancelled_caught:
+        raise BodyTooSlow
     return b"".join(chunks)
 
 
@@ -167,21 +191,50 @@ class Admission:
                 del self._gates[key]
 
 
-def protocol_class() -> Any:
-    """uvicorn's HTTP/1.1 protocol (httptools) that ends a connection whose request body
-    is still arriving ``ABORT_UNREAD_BODY_AFTER`` seconds after its response completed
-    and closed the connection; "auto" where httptools is not installed."""
+def protocol_class(head_timeout: float = HEAD_TIMEOUT) -> Any:
+    """uvicorn's HTTP/1.1 protocol (httptools) that ends a connection whose request head is
+    not complete ``head_timeout`` seconds after the connection's start or the request's
+    first byte, and one whose request body is still arriving ``ABORT_UNREAD_BODY_AFTER``
+    seconds after its response completed and closed the connection; "auto" where
+    httptools is not installed."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # pragma: no cover - httptools is a dependency
         return "auto"
 
     class BoundedHttpProtocol(HttpToolsProtocol):
+        _head_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm_head_timer()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm_head_timer()
+
+        def on_headers_complete(self) -> None:
+            self._disarm_head_timer()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_head_timer()
+            super().connection_lost(exc)
+
         def on_response_complete(self) -> None:
             cycle = self.cycle
             super().on_response_complete()
             if self.transport.is_closing() and cycle is not None and cycle.more_body:
                 self.loop.call_later(ABORT_UNREAD_BODY_AFTER, _abort, self.transport)
+
+        def _arm_head_timer(self) -> None:
+            self._disarm_head_timer()
+            self._head_timer = self.loop.call_later(head_timeout, _abort, self.transport)
+
+        def _disarm_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
 
     return BoundedHttpProtocol
 

@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +284,19 @@ def _workers_that_fit(options: ServeOptions, env: dict[str, str] | None) -> Serv
     return dataclasses.replace(options, workers=workers)
 
 
+def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[str, str],
+             env: Mapping[str, str], ready: str) -> _Server:
+    """The uvicorn server of ``app``, with our protocol, timeouts and grace (http_limits)."""
+    head_timeout = env_seconds(env, "BETTER_COMPUTE_HTTP_HEAD_TIMEOUT", http_limits.HEAD_TIMEOUT)
+    config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
+                            log_config=None,  # our handler and format (logs.configure)
+                            access_log=False, lifespan="on",
+                            http=http_limits.protocol_class(head_timeout),
+                            **ssl)  # type: ignore[arg-type]
+    return _Server(config, ready,
+                   env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_GRACE", SHUTDOWN_GRACE))
+
+
 def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int | None = None,
           worker_index: int = 0, worker_count: int = 1) -> None:
     """Serve until a signal. ``fd``: a worker of ``--workers`` on its parent's socket (worker
@@ -322,12 +336,7 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"
              + (f" (certificate for {', '.join(names)})" if names else " (plain HTTP, loopback only)")
              + notes)
-    config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
-                            log_config=None,  # our handler and format (logs.configure)
-                            access_log=False, lifespan="on", http=http_limits.protocol_class(),
-                            **ssl)  # type: ignore[arg-type]
-    server = _Server(config, ready, env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_GRACE",
-                                               SHUTDOWN_GRACE))
+    server = _uvicorn(app, options, host, port, ssl, env, ready)
     try:
         # A worker serves on its parent's socket, as the TCP socket it is (not uvicorn's
         # ``fd=``, which reads it as a Unix socket and leaves Nagle on: workers.py).

@@ -98,6 +98,12 @@ SETTINGS: tuple[Setting, ...] = (
             "while a /watch stream reads (every 50 ms otherwise)"),
     Setting("watch.heartbeat", None, "BETTER_COMPUTE_WATCH_HEARTBEAT", "5s", "duration",
             "a /watch stream's heartbeat when no event comes"),
+    Setting("http.head_timeout", None, "BETTER_COMPUTE_HTTP_HEAD_TIMEOUT", "10s", "duration",
+            "a connection (after TLS) or a request (from its first byte) that has not sent "
+            "its complete request head within this is ended"),
+    Setting("http.body_timeout", None, "BETTER_COMPUTE_HTTP_BODY_TIMEOUT", "30s", "duration",
+            "a request body not complete within this of its head is refused (HTTP 408) "
+            "and its connection closed"),
     Setting("shutdown.grace", None, "BETTER_COMPUTE_SHUTDOWN_GRACE", "15s", "duration",
             "after SIGTERM, calls still running this long are cancelled (unanswered) and "
             "the server ends; keep it under the service manager's stop timeout"),

@@ -1,0 +1,135 @@
+"""Slow clients ("slowloris") never hold a connection for long (api/http/http_limits.py).
+
+A real ``serve`` over TLS, with the two timeouts set short (``http.head_timeout`` 1 s,
+``http.body_timeout`` 2 s) so the test is quick; the defaults are 10 s and 30 s. Before,
+a connection that finished its TLS handshake and then sent nothing, or part of a request
+head, or part of a body, stayed open for ever (seen: still open after 90 s), so an
+anonymous client could hold as many connections, and their memory, as it liked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import ssl
+import time
+from pathlib import Path
+
+from tests.support import eventually, initialize, serve, store_env
+
+HEAD, BODY = 1, 2  # seconds: the timeouts these servers run with
+IDLE = 50  # connections that say nothing, at once
+ENDED_WITHIN = 15.0  # seconds after a timeout by which the connection must be gone
+
+
+def _connect(port: int, ca: Path) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cafile=str(ca))
+    sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
+                               server_hostname="127.0.0.1")
+    sock.settimeout(HEAD + BODY + ENDED_WITHIN)
+    return sock
+
+
+def _read_all(sock: ssl.SSLSocket) -> bytes:
+    """Everything the server sends until it ends the connection."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:  # ended by abort: what was sent before still counts
+        pass
+    return data
+
+
+def _response(sock: ssl.SSLSocket) -> bytes:
+    """One HTTP response with a Content-Length: its head and body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection ended mid-response: {data[:300]!r}"
+        data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0].lower()
+    length = int(head.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+    while len(data) < len(head) + 4 + length:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection ended mid-response: {data[:300]!r}"
+        data += chunk
+    return data
+
+
+def _sockets(pid: int) -> int:
+    """The server's open sockets."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed meanwhile
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    return count
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**store_env("sqlite", tmp_path), "BETTER_COMPUTE_HTTP_HEAD_TIMEOUT": f"{HEAD}s",
+            "BETTER_COMPUTE_HTTP_BODY_TIMEOUT": f"{BODY}s"}
+
+
+def test_connections_that_stall_are_ended_and_complete_calls_are_not(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    token = initialize(env)
+    log = tmp_path / "serve.log"
+    ca = Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem"
+    with serve(env, log_file=log) as server:
+        # Nothing after the handshake; part of a head; a head and part of its body.
+        idle = _connect(server.port, ca)
+        head = _connect(server.port, ca)
+        head.sendall(b"POST /api/compute/rpc HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        body = _connect(server.port, ca)
+        body.sendall(b"POST /api/compute/rpc HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        started = time.monotonic()
+        # A client that is merely slow between complete requests on a kept-alive
+        # connection (within the keep-alive time) is served each time.
+        steady = _connect(server.port, ca)
+        call = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "system.whoami"}).encode()
+        request = (b"POST /api/compute/rpc HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   b"Content-Type: application/json\r\nAuthorization: Bearer " + token.encode()
+                   + b"\r\nContent-Length: " + str(len(call)).encode() + b"\r\n\r\n" + call)
+        for _ in range(3):
+            steady.sendall(request)
+            answer = _response(steady)
+            assert answer.startswith(b"HTTP/1.1 200 ") and b'"result"' in answer, answer[:300]
+            time.sleep(HEAD * 1.5)  # longer than the head timeout, between requests
+
+        assert _read_all(idle) == b"", "an idle connection got an answer"
+        assert _read_all(head) == b"", "a partial head got an answer"
+        refused = _read_all(body)
+        took = time.monotonic() - started
+        assert refused.startswith(b"HTTP/1.1 408 "), refused[:300]
+        error = json.loads(refused.split(b"\r\n\r\n", 1)[1])["error"]
+        assert error["data"]["code"] == "invalid_request", error
+        assert f"within {BODY} s" in error["message"], error
+        assert took < BODY + ENDED_WITHIN, took
+        for sock in (idle, head, body, steady):
+            sock.close()
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text and " ERROR " not in text, text[-4000:]
+
+
+def test_fifty_idle_connections_are_all_let_go(tmp_path: Path) -> None:
+    """What a slowloris client does: many connections that say nothing. Each is ended, so
+    the server's open files come back to where they were."""
+    env = _env(tmp_path)
+    initialize(env)
+    ca = Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem"
+    with serve(env) as server:
+        pid = server.process.pid
+        before = _sockets(pid)
+        sockets = [_connect(server.port, ca) for _ in range(IDLE)]
+        eventually(lambda: _sockets(pid) >= before + IDLE, "the server holds them all",
+                   timeout=ENDED_WITHIN)
+        for sock in sockets:
+            assert _read_all(sock) == b""
+            sock.close()
+        eventually(lambda: _sockets(pid) <= before,
+                   f"the server let go of the idle connections ({_sockets(pid)} sockets open, "
+                   f"{before} before)", timeout=ENDED_WITHIN)
