@@ -34,6 +34,12 @@
   of the server's in all (N x 2 running and N x 16 waiting at most). A kept-alive
   connection stays with its worker, so one connection meets the per-worker bound.
 
+- Log lines a client causes (``ClientNoise``): uvicorn logs a warning for each malformed
+  request ("Invalid HTTP request received."), so a client sending garbage on many small
+  connections wrote as many lines (and under journald's rate limit, pushed the server's own
+  lines out). Now one such line a minute per message, the next saying how many were left
+  out.
+
 The table of every bound is in docs/security.md ("Bounds").
 """
 
@@ -41,7 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,3 +251,34 @@ def protocol_class(head_timeout: float = HEAD_TIMEOUT) -> Any:
 def _abort(transport: Any) -> None:
     with contextlib.suppress(Exception):  # already gone: nothing to end
         transport.abort()
+
+
+class ClientNoise(logging.Filter):
+    """At most one line per ``window`` seconds for each warning uvicorn logs about a client's
+    malformed request; the next line that passes says how many were left out before it."""
+
+    MESSAGES = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
+
+    def __init__(self, window: float = 60.0, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        super().__init__()
+        self.window = window
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, int]] = {}  # message -> (logged at, left out since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "uvicorn.error" or record.msg not in self.MESSAGES:
+            return True
+        message = str(record.msg)
+        with self._lock:
+            now = self.clock()
+            logged_at, left_out = self._last.get(message, (None, 0))
+            if logged_at is not None and now - logged_at < self.window:
+                self._last[message] = (logged_at, left_out + 1)
+                return False
+            self._last[message] = (now, 0)
+        record.msg = (f"{message} (a client's; {left_out} more like it in the "
+                      f"{self.window:g} s before were not logged)" if left_out else
+                      f"{message} (a client's; more within {self.window:g} s are not logged)")
+        return True

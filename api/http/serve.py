@@ -303,7 +303,8 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     ``worker_index`` of ``worker_count``); only worker 0 runs the controllers, the gateway
     and the /metrics listener (api/http/workers.py). Each worker packs its own lane of nodes
     first (domain/placement.py)."""
-    logs.configure(options.log_level, options.log_format, filters=[RequestFields()])
+    logs.configure(options.log_level, options.log_format,
+                   filters=[RequestFields(), http_limits.ClientNoise()])
     host, port = parse_listen(options.listen)
     if options.workers < 1:
         raise InvalidInput(f"--workers {options.workers}: use 1 or more processes")

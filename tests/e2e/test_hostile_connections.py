@@ -1,4 +1,5 @@
-"""Slow clients ("slowloris") never hold a connection for long (api/http/http_limits.py).
+"""Hostile connections (api/http/http_limits.py): slow clients ("slowloris") never hold a
+connection for long, and a client sending garbage costs one log line a minute.
 
 A real ``serve`` over TLS, with the two timeouts set short (``http.head_timeout`` 1 s,
 ``http.body_timeout`` 2 s) so the test is quick; the defaults are 10 s and 30 s. Before,
@@ -133,3 +134,18 @@ def test_fifty_idle_connections_are_all_let_go(tmp_path: Path) -> None:
         eventually(lambda: _sockets(pid) <= before,
                    f"the server let go of the idle connections ({_sockets(pid)} sockets open, "
                    f"{before} before)", timeout=ENDED_WITHIN)
+
+
+def test_a_flood_of_malformed_requests_is_one_log_line(tmp_path: Path) -> None:
+    """uvicorn logs a warning for each: 200 connections of garbage were 200 lines."""
+    env = _env(tmp_path)
+    initialize(env)
+    log = tmp_path / "serve.log"
+    ca = Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem"
+    with serve(env, log_file=log) as server:
+        for _ in range(200):
+            with _connect(server.port, ca) as sock:
+                sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+                assert _read_all(sock).startswith(b"HTTP/1.1 400 ")
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line]
+    assert len(lines) == 1 and "Invalid HTTP request received." in lines[0], lines[:5]

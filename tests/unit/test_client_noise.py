@@ -1,0 +1,36 @@
+"""http_limits.ClientNoise: a client's malformed requests cost one log line a minute."""
+
+from __future__ import annotations
+
+import logging
+
+from better_compute.api.http.http_limits import ClientNoise
+
+
+def _record(name: str, msg: str) -> logging.LogRecord:
+    return logging.LogRecord(name, logging.WARNING, __file__, 1, msg, None, None)
+
+
+def test_one_line_a_window_then_how_many_were_left_out() -> None:
+    now = [100.0]
+    noise = ClientNoise(window=60, clock=lambda: now[0])
+    first = _record("uvicorn.error", "Invalid HTTP request received.")
+    assert noise.filter(first)
+    assert "more within 60 s are not logged" in first.getMessage()
+    passed = [noise.filter(_record("uvicorn.error", "Invalid HTTP request received."))
+              for _ in range(500)]
+    assert not any(passed)  # within the window: none
+    now[0] += 60
+    later = _record("uvicorn.error", "Invalid HTTP request received.")
+    assert noise.filter(later)
+    assert "500 more like it in the 60 s before were not logged" in later.getMessage()
+
+
+def test_each_message_has_its_own_window_and_other_lines_pass() -> None:
+    noise = ClientNoise(window=60, clock=lambda: 0.0)
+    assert noise.filter(_record("uvicorn.error", "Invalid HTTP request received."))
+    assert noise.filter(_record("uvicorn.error", "Unsupported upgrade request."))
+    assert not noise.filter(_record("uvicorn.error", "Unsupported upgrade request."))
+    for _ in range(3):  # the server's own lines, and other loggers', always pass
+        assert noise.filter(_record("uvicorn.error", "Exception in ASGI application"))
+        assert noise.filter(_record("better_compute.serve", "Invalid HTTP request received."))
