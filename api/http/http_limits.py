@@ -212,22 +212,30 @@ def protocol_class(head_timeout: float = HEAD_TIMEOUT) -> Any:
         return "auto"
 
     class BoundedHttpProtocol(HttpToolsProtocol):
+        # One timer per connection, not one per request: it checks when it fires whether a
+        # request head is still awaited and since when, and comes back when it could next
+        # be due (a timer armed and cancelled per request cost ~20 us of the event loop's).
         _head_timer: Any = None
+        _head_since: float | None = None  # when the awaited head's first byte (or the
+        # connection) came; None while no head is awaited
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._arm_head_timer()
+            self._head_since = self.loop.time()
+            self._head_timer = self.loop.call_later(head_timeout, self._check_head)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm_head_timer()
+            self._head_since = self.loop.time()
 
         def on_headers_complete(self) -> None:
-            self._disarm_head_timer()
+            self._head_since = None
             super().on_headers_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_head_timer()
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
             super().connection_lost(exc)
 
         def on_response_complete(self) -> None:
@@ -236,14 +244,16 @@ def protocol_class(head_timeout: float = HEAD_TIMEOUT) -> Any:
             if self.transport.is_closing() and cycle is not None and cycle.more_body:
                 self.loop.call_later(ABORT_UNREAD_BODY_AFTER, _abort, self.transport)
 
-        def _arm_head_timer(self) -> None:
-            self._disarm_head_timer()
-            self._head_timer = self.loop.call_later(head_timeout, _abort, self.transport)
-
-        def _disarm_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
+        def _check_head(self) -> None:
+            if self.transport.is_closing():
                 self._head_timer = None
+                return
+            waited = 0.0 if self._head_since is None else self.loop.time() - self._head_since
+            if waited >= head_timeout:
+                self._head_timer = None
+                _abort(self.transport)
+                return
+            self._head_timer = self.loop.call_later(head_timeout - waited, self._check_head)
 
     return BoundedHttpProtocol
 
