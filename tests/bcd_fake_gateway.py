@@ -13,11 +13,11 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
-from anyio.abc import ByteStream, TaskStatus
+from anyio.abc import ByteStream, SocketListener, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.tls import TLSAttribute, TLSStream
 from cryptography import x509
@@ -42,6 +42,7 @@ from better_compute.api.wire.gateway import (
     decode_to_gateway,
     encode,
 )
+from better_compute.api.wire.inventory import Inventory
 from better_compute.api.wire.sealing import verify_entry
 
 NODE_ID = "node_gw00000000000000000000001"
@@ -147,12 +148,26 @@ class FakeGateway:
     def last_report(self) -> Report | None:
         return self.reports[-1] if self.reports else None
 
+    @property
+    def report(self) -> Report:
+        """The newest report, where the caller knows one came (AssertionError if none)."""
+        assert self.reports, "the gateway has no report yet"
+        return self.reports[-1]
+
+    @property
+    def inventory(self) -> Inventory:
+        """The newest report's inventory, where the caller knows there is one."""
+        inventory = self.report.inventory
+        assert inventory is not None, "the newest report has no inventory"
+        return inventory
+
     # -- serving ---------------------------------------------------------------
 
     async def serve(self, *, task_status: TaskStatus[int]) -> None:
         context = server_context(self.bundle, self.folder)
         multi = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=self.port)
-        listener = multi.listeners[0]  # one address: 127.0.0.1
+        # one address: 127.0.0.1; a TCP listener (MultiListener types it as any Listener)
+        listener = cast(SocketListener, multi.listeners[0])
         self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
         with anyio.CancelScope() as scope:
             self._scope = scope
@@ -194,6 +209,7 @@ class FakeGateway:
         try:
             async with stream:
                 der = stream.extra(TLSAttribute.peer_certificate_binary)
+                assert der is not None, "CERT_REQUIRED: the node presents its certificate"
                 cert_node = pki.node_id_from_certificate(x509.load_der_x509_certificate(der))
                 hello = decode_to_gateway(await reader.receive_until(b"\n", 1 << 20))
                 if not isinstance(hello, Hello) or hello.node_id != cert_node:

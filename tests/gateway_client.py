@@ -112,7 +112,8 @@ class Plane:
         return self.nodes.get(LOCAL_OPERATOR, node_id)
 
     def capacity(self) -> dict[str, Any]:
-        return self.nodes.capacity(LOCAL_OPERATOR, self.pool)["resources"]["gpu"]
+        gpu: dict[str, Any] = self.nodes.capacity(LOCAL_OPERATOR, self.pool)["resources"]["gpu"]
+        return gpu
 
     async def reconcile(self) -> Any:
         return await anyio.to_thread.run_sync(self.lifecycle.reconcile)
@@ -246,9 +247,11 @@ class NodeClient:
         }, key=key)
 
     async def report(self, gpu_list: list[dict[str, Any]], applied: int = 0) -> None:
+        # The inventory as a raw JSON document (not wire.Inventory), encoded as it is.
         await self.send(wire.Report(epoch=self.epoch, applied_generation=applied,
                                     observed_generation=applied,
-                                    inventory={"gpus": gpu_list, "host": {}, "source": "fake"}))
+                                    inventory={"gpus": gpu_list, "host": {},  # type: ignore[arg-type]
+                                               "source": "fake"}))
 
     async def close(self) -> None:
         if self.stream is not None:

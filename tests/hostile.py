@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import httpx
+from starlette.types import Message, Scope
 
 import better_compute.api.http.methods  # noqa: F401  (registers every method)
 from better_compute.api.http.app import ServerState, build_app
@@ -132,9 +133,9 @@ def raw_post(runtime: Runtime, headers: dict[str, str], chunks: Iterator[bytes])
     app = build_app(runtime)
     app.state.bc = ServerState(runtime, anyio.CapacityLimiter(4))
     read = 0
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         nonlocal read
         chunk = next(chunks, None)
         if chunk is None:
@@ -142,15 +143,15 @@ def raw_post(runtime: Runtime, headers: dict[str, str], chunks: Iterator[bytes])
         read += 1
         return {"type": "http.request", "body": chunk, "more_body": True}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "https", "path": RPC, "raw_path": RPC.encode(),
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
-             "server": ("testserver", 443),
-             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-             "state": {}}
+    scope: Scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                    "method": "POST", "scheme": "https", "path": RPC, "raw_path": RPC.encode(),
+                    "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
+                    "server": ("testserver", 443),
+                    "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+                    "state": {}}
     anyio.run(app, scope, receive, send)
     start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")

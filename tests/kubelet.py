@@ -131,7 +131,8 @@ class Kubelet:
         self._disconnect()
         channel = grpc.insecure_channel(f"unix://{self.folder / request.endpoint}")
         grpc.channel_ready_future(channel).result(timeout=10)
-        plugin = api_pb2_grpc.DevicePluginStub(channel)
+        # the generated stub is untyped (agent/kubelet/api_pb2_grpc.py, as in service.py)
+        plugin = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
         options = plugin.GetDevicePluginOptions(api_pb2.Empty(), timeout=10)
         stream = plugin.ListAndWatch(api_pb2.Empty())
         self._channel, self._plugin, self._stream = channel, plugin, stream
@@ -192,7 +193,8 @@ class Kubelet:
     def allocate(self, ids: list[str]) -> api_pb2.ContainerAllocateResponse:
         response = self._plugin.Allocate(api_pb2.AllocateRequest(container_requests=[
             api_pb2.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
-        return response.container_responses[0]
+        allocated: api_pb2.ContainerAllocateResponse = response.container_responses[0]
+        return allocated
 
     def preferred(self, available: list[str], size: int,
                   must_include: tuple[str, ...] = ()) -> list[str]:

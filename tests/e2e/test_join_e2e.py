@@ -71,7 +71,8 @@ class Tutorial:
                  "--expect-serial", "SN-7701", "--key", key, "--out", out)
         listed = json.loads(self.cli("join-tokens", "list", "--output", "json"))
         items = listed["items"] if isinstance(listed, dict) else listed
-        return next(item["id"] for item in items if item.get("key", key) == key)
+        token_id: str = next(item["id"] for item in items if item.get("key", key) == key)
+        return token_id
 
     def uses(self, token_id: str) -> int:
         """The token's uses, asked of the server by the CLI in this process (a check, not a

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import ssl
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from better_compute.api.wire.join import HardwareFacts
 from tests.join_client import JoinAttempt, hardware, open_response, stored_text
 from tests.support import POLICY, cli_inprocess, client_env, initialize, open_runtime, serve
 
@@ -42,9 +44,9 @@ def test_join_over_tls_and_the_secret_is_nowhere(env: dict[str, str], tmp_path: 
             public = {"joinEncryptionPublicKey": known["joinEncryptionPublicKey"],
                       "joinSigningPublicKey": known["joinSigningPublicKey"]}
 
-            def join(facts: object) -> dict[str, object]:
+            def join(facts: HardwareFacts) -> Any:  # the JSON-RPC answer, as parsed
                 body = {"jsonrpc": "2.0", "id": 1, "method": "nodes.join",
-                        "params": JoinAttempt(secret, facts).params(public)}  # type: ignore[arg-type]
+                        "params": JoinAttempt(secret, facts).params(public)}
                 return http.post("/rpc", json=body).json()
 
             refused = join(hardware(serial="SN-0000"))

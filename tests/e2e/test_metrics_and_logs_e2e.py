@@ -129,7 +129,10 @@ def test_a_tutorial_run_through_metrics_and_logs(env: dict[str, str], tmp_path: 
         kept = acme.cli_json("reserve", "--pool", c.pool, "--gpus", "2", "--for", "2h")
         ended = c.cli_json("reserve", "--pool", c.pool, "--gpus", "4", "--for", "1h")
         for rsv in (kept, ended):
-            eventually(lambda r=rsv: c.state(r["id"]) == "active", "the reservation is active")
+            def active(r: Any = rsv) -> bool:
+                return c.state(r["id"]) == "active"
+
+            eventually(active, "the reservation is active")
         assert c.cli("release", ended["id"], "--query", "state") == "released"
         c.cli("nodes", "cordon", c.node, "--reason", "metrics test")
         url = f"http://127.0.0.1:{listener}/metrics"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from better_compute.api.runtime import Runtime
+from better_compute.domain.access import Principal
 from better_compute.domain.errors import Unavailable
 from tests.cluster import Operator
 from tests.pg_clusters import Cluster, Tls, cluster, enable_tls, standby_of
@@ -112,7 +113,7 @@ def test_a_unix_socket_url(tls_server: tuple[Cluster, Tls], tmp_path: Path) -> N
             runtime.close()
 
 
-def _root(runtime: Runtime) -> object:
+def _root(runtime: Runtime) -> Principal:
     from better_compute.domain.access import LOCAL_OPERATOR
 
     return LOCAL_OPERATOR

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from better_compute.domain.events import event_type
 from better_compute.domain.ids import parse_id
 from better_compute.domain.quota import quota_uuid
 from tests.cluster import Cluster, Operator, running_cluster
@@ -51,8 +52,8 @@ def store_facts(c: Cluster, rsv: str) -> tuple[list[str], list[str]]:
     """The reservation's own events and the quota events that name it, read from the store."""
     rt = open_runtime(c.store_env)
     try:
-        own = [str(type(e).TOPIC) for e in rt.store.events.get(parse_id("rsv", rsv))]
-        quota = [str(type(e).TOPIC) for e in rt.store.events.get(quota_uuid(c.pool, "acme"))
+        own = [event_type(e) for e in rt.store.events.get(parse_id("rsv", rsv))]
+        quota = [event_type(e) for e in rt.store.events.get(quota_uuid(c.pool, "acme"))
                  if getattr(e, "reservation_id", None) == rsv]
     finally:
         rt.close()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from better_compute.domain.bookings import bookings_uuid
+from better_compute.domain.bookings import NodeBookings, bookings_uuid
 from tests.cdi_support import check_cdi_spec
 from tests.cluster import Cluster, adopted_cluster
 from tests.support import cli_inprocess, eventually, open_runtime
@@ -58,7 +58,8 @@ def test_reserve_bind_use_release(cluster: Cluster) -> None:
         # Exactly the GPUs the store booked, read from the store itself.
         rt = open_runtime(c.store_env)
         try:
-            booked = rt.store.repository.get(bookings_uuid(c.node)).bookings[alloc]["gpus"]
+            node_bookings: NodeBookings = rt.store.repository.get(bookings_uuid(c.node))
+            booked = node_bookings.bookings[alloc]["gpus"]
         finally:
             rt.close()
         assert sorted(binding["cdiDevices"]) == sorted(f"bcd.dev/gpu={g}" for g in booked)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from eventsourcing.persistence import StoredEvent
+
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.ids import parse_id
 from better_compute.domain.reservation import Reservation
@@ -179,8 +181,12 @@ def test_a_token_is_kept_and_a_revocation_elsewhere_counts_at_the_next_call(
     decoded: list[Any] = []
     mapper = runtime.store.mapper  # this runtime's alone (the other one below decodes too)
     real = mapper.to_domain_event
-    monkeypatch.setattr(mapper, "to_domain_event",
-                        lambda stored: decoded.append(stored) or real(stored))
+
+    def to_domain_event(stored: StoredEvent) -> Any:
+        decoded.append(stored)
+        return real(stored)
+
+    monkeypatch.setattr(mapper, "to_domain_event", to_domain_event)
     for _ in range(3):
         assert service.authenticate(made["token"]).tenant_id == "root"
     assert decoded == []  # nothing new: nothing read back into events

@@ -83,7 +83,7 @@ async def test_acceptance_passes_journals_once_and_status_shows_the_node(tmp_pat
         assert gateway.hellos[0].node_id == NODE_ID
         await gateway.wait_for(lambda: len(gateway.heartbeats) >= 2)
         assert {beat.epoch for beat in gateway.heartbeats} == {1}
-        report = gateway.last_report
+        report = gateway.report
         assert report.sections["acceptance"].state == "passed"
         assert report.inventory is not None and len(report.inventory.gpus) == 8
         assert report.telemetry is not None and len(report.telemetry.gpus) == 8
@@ -123,15 +123,15 @@ async def test_a_failed_acceptance_is_sticky_until_a_new_attempt(tmp_path: Path)
         # The GPU is fixed, but the same attempt (a resend, a new generation) is not rerun.
         set_fake_gpu_health(root.gpu_file, 3, healthy=True)
         await gateway.push(2, {"acceptance": ACCEPTANCE})
-        await gateway.wait_for(lambda: gateway.last_report.applied_generation == 2)
+        await gateway.wait_for(lambda: gateway.report.applied_generation == 2)
         assert list(gateway.accepted) == [1]
-        assert gateway.last_report.sections["acceptance"].state == "failed"
+        assert gateway.report.sections["acceptance"].state == "failed"
 
         await gateway.push(3, {"acceptance": ACCEPTANCE | {"attempt": 2}})
         await gateway.wait_for(lambda: 2 in gateway.accepted)
         assert gateway.accepted[2]["passed"] is True and gateway.accepted[2]["attempt"] == 2
-        await gateway.wait_for(lambda: gateway.last_report.applied_generation == 3)
-        assert gateway.last_report.sections["acceptance"].state == "passed"
+        await gateway.wait_for(lambda: gateway.report.applied_generation == 3)
+        assert gateway.report.sections["acceptance"].state == "passed"
         group.cancel_scope.cancel()
 
 
@@ -208,7 +208,7 @@ async def test_an_unhealthy_gpu_or_a_lost_session_never_drops_a_hold(tmp_path: P
         assert spec.exists() and (root.paths.allocations / "alloc_1.env").exists()
 
         set_fake_gpu_health(root.gpu_file, 2, healthy=False, reasons=["ecc-uncorrected"])
-        await gateway.wait_for(lambda: gateway.last_report.inventory.gpus[2].healthy is False)
+        await gateway.wait_for(lambda: gateway.inventory.gpus[2].healthy is False)
         status = await _status(root.paths)
         assert status["gpus"][2]["healthy"] is False and status["gpus"][2]["heldBy"] == "alloc_1"
         assert "held by alloc_1" in render_status(status)
@@ -222,7 +222,7 @@ async def test_an_unhealthy_gpu_or_a_lost_session_never_drops_a_hold(tmp_path: P
         await group.start(gateway.serve)
         await gateway.wait_for(lambda: gateway.epoch == 2 and gateway.last_report is not None
                                and gateway.last_report.epoch == 2)
-        assert gateway.last_report.inventory.gpus[2].healthy is True
+        assert gateway.inventory.gpus[2].healthy is True
         assert agent.state.holds == {uuid: "alloc_1"}
         # The assignment leaves the desired state: only then is the hold released.
         await gateway.push(2, {"acceptance": ACCEPTANCE, "devices": {"assignments": []}})
@@ -243,7 +243,7 @@ async def test_devices_without_a_binding_module_say_so(tmp_path: Path) -> None:
         await group.start(_agent(root, io.StringIO(), devices=unsupported).run)
         await gateway.wait_for(lambda: gateway.last_report is not None
                                and gateway.last_report.applied_generation == 1)
-        sections = gateway.last_report.sections
+        sections = gateway.report.sections
         assert sections["devices"].state == "unsupported"
         assert "not supported by this bcd yet" in sections["devices"].message
         assert sections["firmware"].state == "unsupported"

@@ -83,15 +83,18 @@ def https_server(plane: FakeControlPlane, signer: pki.PkiBundle, tmp: Path) -> I
         thread.join(timeout=10)
 
 
+Machine = tuple[Paths, dict[str, str]]  # the machine fixture: its Paths and its environment
+
+
 @pytest.fixture
-def machine(tmp_path: Path) -> tuple[Paths, dict[str, str]]:
+def machine(tmp_path: Path) -> Machine:
     write_fake_fleet_file(tmp_path / "gpus.json", serial="SN-7701")
     env = {"BCD_ROOT": str(tmp_path / "root"), "BCD_GPU_SOURCE": f"fake:{tmp_path / 'gpus.json'}",
            "BCD_JOIN_TOKEN": TOKEN}
     return Paths.from_env(env), env
 
 
-def _join(url: str, plane: FakeControlPlane, machine, **pins: str) -> str:
+def _join(url: str, plane: FakeControlPlane, machine: Machine, **pins: str) -> str:
     paths, env = machine
     out = io.StringIO()
     opts = JoinOptions(server=url, **{**plane.pins(), **pins})
@@ -99,7 +102,7 @@ def _join(url: str, plane: FakeControlPlane, machine, **pins: str) -> str:
     return out.getvalue()
 
 
-def test_join_over_pinned_tls(machine, tmp_path: Path) -> None:
+def test_join_over_pinned_tls(machine: Machine, tmp_path: Path) -> None:
     plane = FakeControlPlane()
     with https_server(plane, plane.bundle, tmp_path) as (url, posts):
         out = _join(url + "/", plane, machine)
@@ -108,7 +111,8 @@ def test_join_over_pinned_tls(machine, tmp_path: Path) -> None:
     assert machine[0].config.exists()
 
 
-def test_a_wrong_serving_ca_pin_is_refused_before_any_post(machine, tmp_path: Path) -> None:
+def test_a_wrong_serving_ca_pin_is_refused_before_any_post(machine: Machine,
+                                                           tmp_path: Path) -> None:
     plane = FakeControlPlane()
     other_pin = FakeControlPlane(bundle=pki.generate_bundle()).pins()["serving_ca_pin"]
     with https_server(plane, plane.bundle, tmp_path) as (url, posts), \
@@ -117,7 +121,8 @@ def test_a_wrong_serving_ca_pin_is_refused_before_any_post(machine, tmp_path: Pa
     assert posts == [] and not machine[0].etc.exists()
 
 
-def test_an_impostor_serving_the_genuine_document_is_refused(machine, tmp_path: Path) -> None:
+def test_an_impostor_serving_the_genuine_document_is_refused(machine: Machine,
+                                                             tmp_path: Path) -> None:
     """The document (CA certificate, pins) is copied, but the TLS key is the impostor's."""
     plane = FakeControlPlane()
     impostor = pki.generate_bundle()
@@ -127,7 +132,8 @@ def test_an_impostor_serving_the_genuine_document_is_refused(machine, tmp_path: 
     assert posts == [] and not machine[0].etc.exists()
 
 
-def test_the_control_planes_json_rpc_error_message_is_shown(machine, tmp_path: Path) -> None:
+def test_the_control_planes_json_rpc_error_message_is_shown(machine: Machine,
+                                                            tmp_path: Path) -> None:
     plane = FakeControlPlane(token="bcjt_someone-else")
     with https_server(plane, plane.bundle, tmp_path) as (url, _), \
             pytest.raises(BcdError, match="the join token is not valid") as refused:

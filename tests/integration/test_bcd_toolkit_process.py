@@ -80,8 +80,8 @@ async def test_nvidia_json_before_the_hold_and_again_after_a_driver_upgrade(tmp_
         assert len(log.read_text().splitlines()) == 1
 
         set_fake_gpu_health(root.gpu_file, 3, healthy=False, reasons=["xid-79"])
-        await gateway.wait_for(lambda: gateway.last_report.inventory is not None and any(
-            not g.healthy for g in gateway.last_report.inventory.gpus))
+        await gateway.wait_for(lambda: gateway.report.inventory is not None and any(
+            not g.healthy for g in gateway.report.inventory.gpus))
         assert len(log.read_text().splitlines()) == 1  # health is not the GPU set
 
         document = json.loads(root.gpu_file.read_text())

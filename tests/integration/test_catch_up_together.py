@@ -25,7 +25,7 @@ def _positions(runtime: Any) -> dict[str, int]:
 
 def _in_step(runtime: Any) -> int:
     runtime.projections.catch_up()
-    head = runtime.projections.source.head()
+    head: int = runtime.projections.source.head()
     assert set(_positions(runtime).values()) == {head}
     return head
 

@@ -24,6 +24,7 @@ from better_compute.domain.placement import PlacementRequest
 from better_compute.domain.reservation import new_allocation_id
 from better_compute.domain.selectors import parse_selector
 from better_compute.projections.earliest_index import timeline_of
+from better_compute.projections.framework import Sql
 from tests.integration.test_reservations_service import node, setup
 
 
@@ -186,9 +187,12 @@ def test_a_batch_marks_nodes_and_settling_computes_each_once(
     before = {n: index_rows(runtime, n) for n in nodes}
     refreshed: list[str] = []
     real = earliest_index.refresh_blocks
-    monkeypatch.setattr(earliest_index, "refresh_blocks",
-                        lambda sql, cursor, node_id: (refreshed.append(node_id),
-                                                      real(sql, cursor, node_id))[1])
+
+    def refresh_blocks(sql: Sql, cursor: Any, node_id: str) -> None:
+        refreshed.append(node_id)
+        real(sql, cursor, node_id)
+
+    monkeypatch.setattr(earliest_index, "refresh_blocks", refresh_blocks)
     placed = [reserve(rs, pool, 1, duration="1h")["nodeId"] for _ in range(5)]
     runner.catch_up("free_gpus")
     assert len(set(placed)) == 1  # the placer packs one node first

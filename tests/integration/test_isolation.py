@@ -894,7 +894,7 @@ def test_isolation(method: str, runtime: Any) -> None:
     CASES[method](world)
 
 
-ROLE_MATRIX = [
+ROLE_MATRIX: list[tuple[str, Callable[[World], dict[str, Any]]]] = [
     # (method, params) that every token below admin, of any tenant, must be refused
     ("tokens.create", lambda w: {"role": "read-only"}),
     ("sites.create", lambda w: {"kind": "shared", "region": "eu-9", "key": "role-site"}),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ def _pool(env: dict[str, str], tmp_path: Path) -> tuple[str, str]:
     return site.strip(), pool.strip()
 
 
-def _tokens(env: dict[str, str]) -> list[dict[str, object]]:
+def _tokens(env: dict[str, str]) -> Any:  # the parsed JSON
     code, out, err = cli_inprocess(["join-tokens", "list"], env)
     assert code == 0, err
     return json.loads(out)

@@ -41,7 +41,7 @@ def kubernetes_pool(service: Any, resource: str | None = None) -> str:
 
 def placed_events(runtime: Any) -> list[dict[str, Any]]:
     page = EventLog(runtime.store).page(filter_for(OP, "reservation.placed"), 0, 100)
-    return decode_lines(page.entries)  # type: ignore[no-any-return]
+    return decode_lines(page.entries)
 
 
 def test_kubernetes_is_refused_on_a_pool_without_policy_kubernetes(runtime: Any) -> None:

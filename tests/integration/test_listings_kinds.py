@@ -76,7 +76,7 @@ def test_the_kinds_skipped_by_their_event_class_are_real_and_never_listed() -> N
     from better_compute.domain.base import TenantOwned
     from better_compute.projections.listings import _UNLISTED
 
-    def subclasses(cls: type) -> set[str]:
+    def subclasses(cls: type[TenantOwned]) -> set[str]:
         out: set[str] = set()
         for sub in cls.__subclasses__():
             out |= {sub.__name__.lower(), *subclasses(sub)}

@@ -18,6 +18,7 @@ import anyio
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import NameOID
 
 from better_compute.agent import config as agent_config
@@ -59,7 +60,7 @@ async def renew(client: NodeClient, csr_pem: str, epoch: int | None = None) -> w
                 return message
 
 
-def spki(key: Any) -> bytes:
+def spki(key: PublicKeyTypes) -> bytes:
     return key.public_bytes(serialization.Encoding.DER,
                             serialization.PublicFormat.SubjectPublicKeyInfo)
 

@@ -44,13 +44,15 @@ def test_the_newest_report_is_kept_and_shown_by_nodes_get(env: dict[str, str],
 
         async def send(applied: int, observed: int, message: str) -> None:
             seen = gateway.stats["reports"]
+            # Raw JSON documents in place of the typed structs (SectionState, Inventory,
+            # Telemetry), encoded as they are: an unknown field ("extra") included.
             await client.send(wire.Report(
                 epoch=client.epoch, applied_generation=applied, observed_generation=observed,
-                sections={"acceptance": {"state": "passed", "message": message,
+                sections={"acceptance": {"state": "passed", "message": message,  # type: ignore[dict-item]
                                          "generation": 0, "attempt": 1,
                                          "since": "2030-01-01T00:00:00.000Z", "extra": "x"}},
-                inventory={"gpus": gpus(8, healthy=7), "host": {}, "source": "fake"},
-                telemetry=telemetry(8)))
+                inventory={"gpus": gpus(8, healthy=7), "host": {}, "source": "fake"},  # type: ignore[arg-type]
+                telemetry=telemetry(8)))  # type: ignore[arg-type]
             await wait_for(lambda: gateway.stats["reports"] > seen)
             await gateway.flush_heartbeats()
 

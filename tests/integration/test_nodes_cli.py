@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import msgspec
@@ -15,7 +16,7 @@ from tests.gateway_client import gpus, make_plane
 from tests.support import cli_inprocess
 
 
-def _json(env: dict[str, str], *argv: str) -> object:
+def _json(env: dict[str, str], *argv: str) -> Any:  # the parsed JSON
     code, out, err = cli_inprocess([*argv, "--output", "json"], env)
     assert code == 0, err
     return json.loads(out)
@@ -26,13 +27,13 @@ def test_nodes_commands_and_maintenance_in_capacity(env: dict[str, str], tmp_pat
     try:
         node = plane.join().node_id
         listed = _json(env, "nodes", "list", "--pool", plane.pool)
-        assert [n["id"] for n in listed] == [node]  # type: ignore[index]
+        assert [n["id"] for n in listed] == [node]
         code, out, _ = cli_inprocess(["nodes", "get", node, "--query", "provisionState"], env)
         assert (code, out) == (0, "adopting\n")
         conditions = _json(env, "nodes", "get", node, "--query", "conditions")
-        assert [c["type"] for c in conditions] == [  # type: ignore[union-attr]
+        assert [c["type"] for c in conditions] == [
             "Connected", "AcceptancePassed", "Healthy", "Schedulable"]
-        assert [e["type"] for e in _json(env, "nodes", "events", node)] == [  # type: ignore[union-attr]
+        assert [e["type"] for e in _json(env, "nodes", "events", node)] == [
             "node.joined"]
 
         # Adopt it as the gateway would, then put it in maintenance and back.
@@ -42,13 +43,13 @@ def test_nodes_commands_and_maintenance_in_capacity(env: dict[str, str], tmp_pat
             "kind": "acceptance.result", "attempt": 1, "passed": True, "gpus": gpus(8),
             "checks": [{"kind": "diag.nvml", "passed": True}]}, AcceptanceResult))
         capacity = _json(env, "capacity", "--pool", plane.pool)
-        assert capacity["resources"]["gpu"]["allocatable"] == 8  # type: ignore[index]
+        assert capacity["resources"]["gpu"]["allocatable"] == 8
         cordoned = _json(env, "nodes", "cordon", node, "--reason", "firmware update")
-        assert cordoned["maintenance"]["cordoned"] is True  # type: ignore[index]
-        gpu = _json(env, "capacity", "--pool", plane.pool)["resources"]["gpu"]  # type: ignore[index]
+        assert cordoned["maintenance"]["cordoned"] is True
+        gpu = _json(env, "capacity", "--pool", plane.pool)["resources"]["gpu"]
         assert (gpu["maintenance"], gpu["allocatable"]) == (8, 0)
         _json(env, "nodes", "uncordon", node)
-        gpu = _json(env, "capacity", "--pool", plane.pool)["resources"]["gpu"]  # type: ignore[index]
+        gpu = _json(env, "capacity", "--pool", plane.pool)["resources"]["gpu"]
         assert (gpu["maintenance"], gpu["allocatable"]) == (0, 8)
         types = [e["type"] for e in plane.nodes.events(LOCAL_OPERATOR, node)]
         assert types[-2:] == ["node.cordoned", "node.uncordoned"]

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from better_compute.api.runtime import Runtime
+from better_compute.domain.base import TenantOwned
 from better_compute.domain.token import ApiToken, token_hash
 from tests.forking import forker
 from tests.support import open_runtime, quick_init
@@ -104,7 +105,7 @@ def _check(runtime: Runtime, rng: random.Random) -> int:
     assert {u: (r[4], r[5]) for u, r in rows.items()} == expected, f"at position {position}"
     for uuid in rng.sample(sorted(rows), min(15, len(rows))):  # documents, from the aggregates
         row = rows[uuid]
-        aggregate = runtime.store.repository.get(runtime_uuid(uuid), version=row[5])
+        aggregate: TenantOwned = runtime.store.repository.get(runtime_uuid(uuid), version=row[5])
         assert row[6] == aggregate.to_doc()
     return position
 

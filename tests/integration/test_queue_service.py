@@ -43,7 +43,7 @@ def quota_events(runtime: Any, pool: str, tenant: str, rsv: str) -> list[str]:
 
 
 def booked(runtime: Any, node_ids: list[str], rsv: str) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for node_id in node_ids:
         try:
             agg = bookings(runtime, node_id)
@@ -230,7 +230,7 @@ def test_cancel_and_timeout_leave_nothing_booked_and_refund_nothing_twice(
 
 def test_bad_queue_flags_are_refused_and_change_nothing(runtime: Any) -> None:
     rs, _, pool, _ = setup(runtime, nodes=1)
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"queue": True, "start": "+2h"}, "--queue starts as early as it can"),
         ({"queue_timeout": "1h"}, "--queue-timeout goes with --queue"),
         ({"queue": True, "queue_timeout": "8d"}, "out of range"),

@@ -32,6 +32,7 @@ def test_a_quota_use_is_loaded_from_its_latest_snapshot(runtime: Any,
 
     fresh = open_runtime(env)  # nothing cached
     try:
+        assert fresh.store.snapshots is not None  # the store keeps snapshots
         snapshots = list(fresh.store.snapshots.get(use.id, desc=True, limit=1))
         assert snapshots and snapshots[0].originator_version == 100, snapshots
         after = list(fresh.store.events.get(use.id, gt=snapshots[0].originator_version))

@@ -22,6 +22,7 @@ from better_compute.domain.bookings import NodeBookings, bookings_uuid
 from better_compute.domain.errors import Conflict, NoCapacity, QuotaExceeded
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
+from better_compute.projections.framework import Sql
 from tests.fleet import add_nodes, make_pool
 
 ACME = Principal("acme", Role.MEMBER, "tok_acme")
@@ -190,8 +191,12 @@ def test_a_reservation_that_starts_now_binds_in_its_create_s_one_save(runtime: A
     rs, clock, pool, _ = setup(runtime)
     saves: list[list[str]] = []
     real = runtime.store.save
-    monkeypatch.setattr(runtime.store, "save", lambda *aggs: saves.append(
-        [type(a).__name__ for a in aggs]) or real(*aggs))
+
+    def save(*aggs: Any) -> Any:
+        saves.append([type(a).__name__ for a in aggs])
+        return real(*aggs)
+
+    monkeypatch.setattr(runtime.store, "save", save)
     a = reserve(rs, pool, 4, who=ACME)
     assert a["state"] == "placed"  # the answer: what the placer did
     assert saves == [["Reservation", "NodeBookings", "QuotaUse", "Node"]]
@@ -328,12 +333,17 @@ def test_a_booking_takes_the_node_s_host_share_from_the_placer_s_candidate(
     GPU and its GPU count: the booking checks the node's whole share with them, without
     reading the row again."""
     import better_compute.api.services.reservation_base as base
+    from better_compute.projections import free_gpus
 
     rs, _, pool, _ = setup(runtime)
     reads: list[str] = []
-    real_share = base.node_host_share
-    monkeypatch.setattr(base, "node_host_share",
-                        lambda sql, node_id: reads.append(node_id) or real_share(sql, node_id))
+    real_share = free_gpus.node_host_share  # the function reservation_base imported
+
+    def node_host_share(sql: Sql, node_id: str) -> tuple[int, int, int] | None:
+        reads.append(node_id)
+        return real_share(sql, node_id)
+
+    monkeypatch.setattr(base, "node_host_share", node_host_share)
     caps: list[tuple[Any, Any]] = []
     real_book = NodeBookings.book
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from better_compute.api.controllers.reservations import ReservationTimers
+from better_compute.api.services.reservations import ReservationService
 from better_compute.api.services.usage import usage_report
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
@@ -51,7 +52,7 @@ def world(runtime: Any) -> tuple[Any, Clock, str, str]:
         service.tenants_create(OP, tenant, None)
         for pool in (pool_a, pool_b):
             service.pools_offer(OP, pool, tenant, {"gpu": 16})
-    rs = runtime.services.reservations
+    rs: ReservationService = runtime.services.reservations
     timers = ReservationTimers(rs)
 
     def reserve(tenant: str, pool: str, gpus: int, duration: str, start: str | None = None
@@ -157,7 +158,7 @@ def test_the_cli_writes_csv_for_billing(world: Any, capsys: pytest.CaptureFixtur
     args = build_parser().parse_args(["usage", "--from", DAY[0], "--to", DAY[1],
                                       "--by", "tenant,day", "-o", "csv"])
     ctx = Context(env={}, args=args)
-    ctx._client = InProcess()  # type: ignore[assignment]
+    ctx._client = InProcess()
     args.run(ctx, args)
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert list(rows[0]) == ["tenantId", "day", "reservations", "bookedGpuSeconds",

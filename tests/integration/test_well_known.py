@@ -70,7 +70,7 @@ def test_well_known_publishes_gateway_and_pins_without_a_token(client: Client) -
     response = client.get("/api/compute/.well-known/better-compute")
     assert response.status_code == 200
     doc = msgspec.json.decode(response.content, type=WellKnown)
-    pki = client.app.state.bc.runtime.service.pki().public  # type: ignore[attr-defined]
+    pki = client.app.state.bc.runtime.service.pki().public
     assert doc.gateway_url == GATEWAY
     assert doc.api_url == "https://compute.test/api/compute"
     assert (doc.serving_ca_spki_pin, doc.join_signing_key_pin, doc.join_encryption_key_pin) == (

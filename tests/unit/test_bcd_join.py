@@ -28,9 +28,11 @@ from tests.bcd_fake_control_plane import NODE_ID, SITE_ID, TOKEN, FakeControlPla
 
 SERVER = "https://compute.example.com/api/compute"
 
+Host = tuple[Paths, dict[str, str]]  # the host fixture: its Paths and its environment
+
 
 @pytest.fixture
-def host(tmp_path: Path) -> tuple[Paths, dict[str, str]]:
+def host(tmp_path: Path) -> Host:
     """A machine under a temp BCD_ROOT with a fake 8-GPU source whose serial is SN-7701."""
     root = tmp_path / "root"
     root.mkdir()
@@ -46,7 +48,8 @@ def token_file(tmp_path: Path, mode: int = 0o600, text: str = TOKEN + "\n") -> P
     return path
 
 
-def options(plane: FakeControlPlane, tmp_path: Path | None = None, **overrides: str) -> JoinOptions:
+def options(plane: FakeControlPlane, tmp_path: Path | None = None,
+            **overrides: str | None) -> JoinOptions:
     values: dict[str, str | None] = {"server": SERVER, **plane.pins()}
     values["token_file"] = str(token_file(tmp_path)) if tmp_path else None
     values.update(overrides)
@@ -66,7 +69,7 @@ def assert_nothing_written(paths: Paths) -> None:
     assert not paths.etc.exists() or list(paths.etc.iterdir()) == []
 
 
-def test_join_writes_identity_only_after_verifying(host, tmp_path: Path) -> None:
+def test_join_writes_identity_only_after_verifying(host: Host, tmp_path: Path) -> None:
     paths, env = host
     plane = FakeControlPlane()
     opts = options(plane, tmp_path)
@@ -101,7 +104,7 @@ def test_join_writes_identity_only_after_verifying(host, tmp_path: Path) -> None
     assert csr.public_key() == key.public_key()
 
 
-def test_second_join_says_already_joined_and_contacts_nothing(host, tmp_path: Path) -> None:
+def test_second_join_says_already_joined_and_contacts_nothing(host: Host, tmp_path: Path) -> None:
     paths, env = host
     plane = FakeControlPlane()
     run_join(options(plane, tmp_path), plane, paths, env)
@@ -112,7 +115,7 @@ def test_second_join_says_already_joined_and_contacts_nothing(host, tmp_path: Pa
     assert again.calls == 0 and paths.config.read_bytes() == before
 
 
-def test_token_from_environment_and_from_standard_input(host) -> None:
+def test_token_from_environment_and_from_standard_input(host: Host) -> None:
     paths, env = host
     plane = FakeControlPlane()
     run_join(options(plane), plane, paths, {**env, "BCD_JOIN_TOKEN": TOKEN})
@@ -122,7 +125,7 @@ def test_token_from_environment_and_from_standard_input(host) -> None:
     assert [r.token for r in plane.requests] == [TOKEN, TOKEN]
 
 
-def test_pre_join_config_supplies_server_and_pins(host) -> None:
+def test_pre_join_config_supplies_server_and_pins(host: Host) -> None:
     paths, env = host
     plane = FakeControlPlane()
     pins = plane.pins()
@@ -141,7 +144,8 @@ def _refused(plane: FakeControlPlane, opts: JoinOptions, paths: Paths, env: dict
 
 
 @pytest.mark.parametrize("pin", ["serving_ca_pin", "join_signing_pin", "join_encryption_pin"])
-def test_a_wrong_pin_of_each_kind_is_refused_before_the_token_is_sent(host, tmp_path, pin) -> None:
+def test_a_wrong_pin_of_each_kind_is_refused_before_the_token_is_sent(host: Host, tmp_path: Path,
+                                                                      pin: str) -> None:
     paths, env = host
     plane = FakeControlPlane()
     other = FakeControlPlane(bundle=pki.generate_bundle()).pins()[pin]
@@ -150,7 +154,8 @@ def test_a_wrong_pin_of_each_kind_is_refused_before_the_token_is_sent(host, tmp_
     assert plane.calls == 0 and Path(opts.token_file or "").exists()
 
 
-def test_a_document_whose_key_does_not_match_its_published_pin_is_refused(host, tmp_path) -> None:
+def test_a_document_whose_key_does_not_match_its_published_pin_is_refused(host: Host,
+                                                                          tmp_path: Path) -> None:
     paths, env = host
     plane = FakeControlPlane()
     stranger = pki.public_parts(pki.generate_bundle())
@@ -168,8 +173,8 @@ def test_a_document_whose_key_does_not_match_its_published_pin_is_refused(host, 
     ("foreign-ca", "not issued by the node CA"),
     ("other-key", "not for this machine's key"),
 ])
-def test_a_bad_join_response_is_refused_and_nothing_written(host, tmp_path, misbehave,
-                                                             match) -> None:
+def test_a_bad_join_response_is_refused_and_nothing_written(host: Host, tmp_path: Path,
+                                                             misbehave: str, match: str) -> None:
     paths, env = host
     plane = FakeControlPlane(misbehave=misbehave)
     opts = options(plane, tmp_path)
@@ -177,7 +182,7 @@ def test_a_bad_join_response_is_refused_and_nothing_written(host, tmp_path, misb
     assert Path(opts.token_file or "").exists()  # kept: the operator may need it to retry
 
 
-def test_the_control_planes_refusal_is_shown_as_it_said_it(host, tmp_path) -> None:
+def test_the_control_planes_refusal_is_shown_as_it_said_it(host: Host, tmp_path: Path) -> None:
     paths, env = host
     plane = FakeControlPlane(token="bcjt_another-one")
     _refused(plane, options(plane, tmp_path), paths, env, "the join token is not valid")
@@ -185,14 +190,14 @@ def test_the_control_planes_refusal_is_shown_as_it_said_it(host, tmp_path) -> No
 
 @pytest.mark.parametrize("missing", ["server", "serving_ca_pin", "join_signing_pin",
                                      "join_encryption_pin"])
-def test_missing_server_or_pin_is_named(host, tmp_path, missing) -> None:
+def test_missing_server_or_pin_is_named(host: Host, tmp_path: Path, missing: str) -> None:
     paths, env = host
     plane = FakeControlPlane()
     flag = "--" + missing.replace("_", "-")
     _refused(plane, options(plane, tmp_path, **{missing: None}), paths, env, flag)
 
 
-def test_plain_http_and_malformed_pins_are_refused(host, tmp_path) -> None:
+def test_plain_http_and_malformed_pins_are_refused(host: Host, tmp_path: Path) -> None:
     paths, env = host
     plane = FakeControlPlane()
     _refused(plane, options(plane, tmp_path, server="http://compute.example.com/api/compute"),
@@ -200,7 +205,7 @@ def test_plain_http_and_malformed_pins_are_refused(host, tmp_path) -> None:
     _refused(plane, options(plane, tmp_path, join_signing_pin="abc"), paths, env, "not a pin")
 
 
-def test_a_broken_gpu_source_stops_the_join(host, tmp_path) -> None:
+def test_a_broken_gpu_source_stops_the_join(host: Host, tmp_path: Path) -> None:
     paths, env = host
     plane = FakeControlPlane()
     env = {**env, "BCD_GPU_SOURCE": f"fake:{tmp_path / 'missing.json'}"}

@@ -22,19 +22,20 @@ def test_positional_arguments_to_join_are_refused_without_echoing_them(
 
 
 @pytest.mark.parametrize(("command", "says"), [("node", "bcd join"), ("status", "not running")])
-def test_node_and_status_on_a_machine_that_never_joined(command: str, says: str, tmp_path: Path,
-                                                        monkeypatch, capsys) -> None:
+def test_node_and_status_on_a_machine_that_never_joined(
+        command: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("BCD_ROOT", str(tmp_path))
     assert main([command]) == 1
     assert says in capsys.readouterr().err
 
 
-def test_no_command_prints_help(capsys) -> None:
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "join" in capsys.readouterr().err
 
 
-def test_version(capsys) -> None:
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert exit_info.value.code == 0

@@ -59,6 +59,7 @@ def test_with_the_vendor_spec_each_device_carries_exactly_its_gpus_nodes_and_hoo
     every_node = [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
     assert not {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia7"} & set(every_node)
     links = spec["devices"][0]["containerEdits"]["hooks"][0]["args"]
+    assert gpu2.pci_bus_id is not None
     assert f"../card3::/dev/dri/by-path/pci-{gpu2.pci_bus_id.lower()}-card" in links
     vendor = vendor_document()
     assert spec["containerEdits"] == vendor["containerEdits"]  # control nodes, libraries, hooks

@@ -8,12 +8,12 @@ event that can grow capacity or add to a line wakes it; the 1-second tick runs i
 from __future__ import annotations
 
 from better_compute.api.controllers.runner import _WAKE_ON, _WAKE_TIMERS
-from better_compute.api.store.eventlog import LogEntry
+from better_compute.api.store.eventlog import EventFilter, LogEntry
 from tests.unit.test_events_reference import public_types
 
 
-def wakes(flt: object, type_: str) -> bool:
-    return flt.matches(LogEntry(sequence=1, type=type_, tenant_id="t", line=b""))  # type: ignore[attr-defined]
+def wakes(flt: EventFilter, type_: str) -> bool:
+    return flt.matches(LogEntry(sequence=1, type=type_, tenant_id="t", line=b""))
 
 
 # What a reservation that starts now writes, from its create to its node's report.

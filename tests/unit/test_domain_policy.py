@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,8 @@ def test_an_empty_policy_accepts_without_checks() -> None:
      ["unknown field `timeout`", "$.acceptance[0]"]),
     ({"expect": {"gpu_count": 8}}, ["unknown field `gpu_count`"]),
 ])
-def test_unknown_fields_are_named_with_their_path(doc: dict, needles: list[str]) -> None:
+def test_unknown_fields_are_named_with_their_path(doc: dict[str, Any],
+                                                  needles: list[str]) -> None:
     with pytest.raises(PolicyError) as err:
         parse_policy(json.dumps(doc), source="pool-policy.json")
     for needle in needles:

@@ -174,10 +174,10 @@ def test_ties_pack_like_the_placer_unless_the_reservations_own_node_fits() -> No
         busy = frozenset(g.uuid for g in gpus[free:])
         return Timeline(name, gpus, 4, bookings=(Booking("a", busy, 0.0, 50.0),) if busy else ())
     nodes = [node("node_a", 4), node("node_b", 2)]
-    assert earliest_start(PlacementRequest(gpus=2), 10.0, 0.0, nodes).placement.node_id == \
-        "node_b"
-    assert earliest_start(PlacementRequest(gpus=2), 10.0, 0.0, nodes,
-                          prefer="node_a").placement.node_id == "node_a"
+    packed = earliest_start(PlacementRequest(gpus=2), 10.0, 0.0, nodes)
+    assert packed is not None and packed.placement.node_id == "node_b"
+    preferred = earliest_start(PlacementRequest(gpus=2), 10.0, 0.0, nodes, prefer="node_a")
+    assert preferred is not None and preferred.placement.node_id == "node_a"
 
 
 def test_instants_round_trip_to_the_microsecond() -> None:

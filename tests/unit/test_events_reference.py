@@ -15,8 +15,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
 PENDING: set[str] = set()
 
 
-def _event_classes(cls: type) -> list[type]:
-    out: list[type] = []
+def _event_classes(cls: type[TenantOwned.Event]) -> list[type[TenantOwned.Event]]:
+    out: list[type[TenantOwned.Event]] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_event_classes(sub))

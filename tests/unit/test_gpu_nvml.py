@@ -186,7 +186,7 @@ class FakeNvml:
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> int:
         pending = self._device(device, "nvmlDeviceGetRetiredPagesPendingStatus").pages_pending
-        return pynvml.NVML_FEATURE_ENABLED if pending else pynvml.NVML_FEATURE_DISABLED
+        return int(pynvml.NVML_FEATURE_ENABLED if pending else pynvml.NVML_FEATURE_DISABLED)
 
     def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
         return self._device(device, "nvmlDeviceGetRemappedRows").rows
@@ -203,7 +203,7 @@ class FakeNvml:
         info.cliqueId = clique
         info.status = pynvml.NVML_SUCCESS
         info.state = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
-        return pynvml.NVML_SUCCESS
+        return int(pynvml.NVML_SUCCESS)
 
     def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:
         gpu = self._device(device, "nvmlDeviceGetNvLinkState")
@@ -211,7 +211,7 @@ class FakeNvml:
             raise pynvml.NVMLError_NotSupported()
         if link >= len(gpu.links):
             raise pynvml.NVMLError_InvalidArgument()
-        return pynvml.NVML_FEATURE_ENABLED
+        return int(pynvml.NVML_FEATURE_ENABLED)
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
         return self._device(handle, "nvmlDeviceGetNvLinkRemoteDeviceType").links[link][0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,6 @@ from better_compute.agent.gpu import (
     smi,
     write_fake_fleet_file,
 )
-from better_compute.agent.gpu import source as source_module
 
 
 class Sentinel:
@@ -63,14 +63,14 @@ def test_default_prefers_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_default_falls_back_to_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nvml, "NvmlSource", _nvml_raises(GpuSourceUnavailable("no libnvidia-ml")))
-    monkeypatch.setattr(source_module.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    monkeypatch.setattr(smi.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    # source.py and smi.py both look nvidia-smi up with shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     assert isinstance(open_source(None), NvidiaSmiSource)
 
 
 def test_default_with_nothing_installed_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nvml, "NvmlSource", _nvml_raises(GpuSourceUnavailable("no libnvidia-ml")))
-    monkeypatch.setattr(source_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(GpuSourceUnavailable) as caught:
         open_source(None)
     message = str(caught.value)
@@ -81,6 +81,6 @@ def test_default_with_nothing_installed_says_what_to_do(monkeypatch: pytest.Monk
 
 def test_a_failing_nvml_is_not_hidden_by_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nvml, "NvmlSource", _nvml_raises(GpuSourceError("NVML: version mismatch")))
-    monkeypatch.setattr(source_module.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     with pytest.raises(GpuSourceError, match="version mismatch"):
         open_source(None)

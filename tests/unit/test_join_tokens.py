@@ -13,7 +13,7 @@ from better_compute.domain.errors import (
     PermissionDenied,
     Unauthenticated,
 )
-from better_compute.domain.events import public_event
+from better_compute.domain.events import event_type, public_event
 from better_compute.domain.join_token import (
     JoinToken,
     check_binding,
@@ -110,7 +110,7 @@ def test_uses_then_exhausted() -> None:
     assert (token.state, token.uses, token.node_ids) == ("exhausted", 2, ["node_a", "node_b"])
     with pytest.raises(PermissionDenied, match="used up"):
         token.use("node_c", "serial:SN-3", NOW)
-    types = [type(e).TOPIC for e in token.collect_events()]
+    types = [event_type(e) for e in token.collect_events()]
     assert types == ["joinToken.created", "joinToken.used", "joinToken.used",
                      "joinToken.exhausted"]
 

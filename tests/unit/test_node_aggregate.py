@@ -61,9 +61,12 @@ def _state(node: Node) -> dict[str, Any]:
 
 
 def test_every_node_event_keeps_its_topic_and_its_data() -> None:
-    events = {cls.TOPIC: tuple(sorted(cls.__annotations__)) for cls in vars(Node).values()
+    # TOPIC: each event class has one (the domain's TenantOwned.Event declares it), but the
+    # library's CanMutateAggregate, which picks them out here, does not.
+    events = {cls.TOPIC: tuple(sorted(cls.__annotations__))  # type: ignore[attr-defined]
+              for cls in vars(Node).values()
               if isinstance(cls, type) and issubclass(cls, CanMutateAggregate)
-              and cls.TOPIC.startswith("node.")}
+              and cls.TOPIC.startswith("node.")}  # type: ignore[attr-defined]
     assert events == STORED
 
 

@@ -12,6 +12,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from better_compute.api.pki import (
@@ -49,8 +50,8 @@ def master_key() -> bytes:
     return parse_master_key(new_master_key())
 
 
-def _spki(key: object) -> bytes:
-    return key.public_bytes(  # type: ignore[attr-defined]
+def _spki(key: PublicKeyTypes) -> bytes:
+    return key.public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,8 @@ def test_extended_resource_names(name: str) -> None:
                                                         "$.nodeProfile"]),
     ({"nodeProfile": {"units": ["container-toolkit", "container-toolkit"]}}, ["twice"]),
 ])
-def test_mistakes_are_named_with_their_field(doc: dict, needles: list[str]) -> None:
+def test_mistakes_are_named_with_their_field(doc: dict[str, Any],
+                                             needles: list[str]) -> None:
     with pytest.raises(PolicyError) as err:
         parse_policy(doc, source="pool-policy.json")
     assert str(err.value).startswith("pool-policy.json")

@@ -124,8 +124,12 @@ def test_the_sqlite_store_s_writes_wait_for_the_lock_and_its_reads_do_not(tmp_pa
                         os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(other, fcntl.LOCK_EX)  # another process writes
         done = threading.Event()
-        writer = threading.Thread(target=lambda: (
-            runtime.service.tenants_create(OP, "initech", None), done.set()))
+
+        def write() -> None:
+            runtime.service.tenants_create(OP, "initech", None)
+            done.set()
+
+        writer = threading.Thread(target=write)
         writer.start()
         tenant = runtime.services.aggregates.get(Tenant, tenant_uuid("acme"))
         assert tenant is not None  # reads go on

@@ -47,7 +47,8 @@ def test_a_listener_on_a_long_path_is_reached_at_its_real_path(tmp_path: Path) -
                     await conn.aclose()
 
                 group.start_soon(serve)
-                return await anyio.to_thread.run_sync(client)
+                received = await anyio.to_thread.run_sync(client)
+        return received
 
     assert anyio.run(main) == b"hello"
 
