@@ -39,7 +39,9 @@ def store_env(backend: str, pg_url: str | None, tmp: Path) -> dict[str, str]:
     if backend == "postgres":
         if not pg_url:
             raise SystemExit("--backend postgres needs --pg-url (or BC_TEST_PG_URL)")
-        env["BETTER_COMPUTE_DATABASE_URL"] = f"{pg_url}?schema=bench_{uuid.uuid4().hex[:12]}"
+        from better_compute.api.store.store_url import with_schema
+
+        env["BETTER_COMPUTE_DATABASE_URL"] = with_schema(pg_url, f"bench_{uuid.uuid4().hex[:12]}")
     return env
 
 
@@ -49,7 +51,9 @@ def drop_schema(env: dict[str, str]) -> None:
     if url:
         import psycopg
 
-        base, _, schema = url.partition("?schema=")
+        from better_compute.api.store.store_url import without_schema
+
+        base, schema = without_schema(url)
         with psycopg.connect(base, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 

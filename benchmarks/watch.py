@@ -70,7 +70,9 @@ class Bench:
         if backend == "postgres":
             assert pg_url
             self.schema = "bench_" + uuid.uuid4().hex[:12]
-            self.env["BETTER_COMPUTE_DATABASE_URL"] = f"{pg_url}?schema={self.schema}"
+            from better_compute.api.store.store_url import with_schema
+
+            self.env["BETTER_COMPUTE_DATABASE_URL"] = with_schema(pg_url, self.schema)
         self.pg_url = pg_url
         self.server_env = dict(item.split("=", 1) for item in args.server_env)
 

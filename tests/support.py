@@ -23,6 +23,7 @@ import psycopg
 
 from better_compute.api import pki
 from better_compute.api.runtime import Runtime
+from better_compute.api.store.store_url import with_schema, without_schema
 
 VENV_BIN = Path(sys.executable).parent
 # The tutorial's pool policy.
@@ -48,7 +49,7 @@ def store_env(backend: str, tmp: Path) -> dict[str, str]:
     env = {"BETTER_COMPUTE_DATA_DIR": str(data), "PATH": os.environ.get("PATH", "")}
     if backend == "postgres":
         schema = "t_" + uuid.uuid4().hex[:16]
-        env["BETTER_COMPUTE_DATABASE_URL"] = f"{pg_url()}?schema={schema}"
+        env["BETTER_COMPUTE_DATABASE_URL"] = with_schema(pg_url(), schema)
     return env
 
 
@@ -56,9 +57,9 @@ def drop_schema(env: Mapping[str, str]) -> None:
     url = env.get("BETTER_COMPUTE_DATABASE_URL")
     if not url:
         return
-    base, _, query = url.partition("?schema=")
+    base, schema = without_schema(url)
     with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{query}" CASCADE')
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def initialize(env: Mapping[str, str]) -> str:

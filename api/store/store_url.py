@@ -40,7 +40,13 @@ def redacted(url: str) -> str:
     return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", shown)
 
 
-def _without_schema(url: str) -> tuple[str, str | None]:
+def with_schema(url: str, schema: str) -> str:
+    """``url`` with our ``schema`` parameter added to its query (which it may already have)."""
+    base, hash_sep, fragment = url.partition("#")
+    return f"{base}{'&' if '?' in base else '?'}schema={schema}{hash_sep}{fragment}"
+
+
+def without_schema(url: str) -> tuple[str, str | None]:
     """The URL with our ``schema`` parameter taken out of its query, and that schema."""
     base, sep, rest = url.partition("?")
     if not sep:
@@ -65,7 +71,7 @@ def parse_database_url(url: str) -> dict[str, str]:
         raise InvalidInput(
             f"BETTER_COMPUTE_DATABASE_URL {shown!r} is not a PostgreSQL URL: write {URL_FORM} "
             "(docs/configuration.md), or unset it to use SQLite")
-    libpq_url, schema = _without_schema(url)
+    libpq_url, schema = without_schema(url)
     if schema is not None and not _SCHEMA_RE.match(schema):
         raise InvalidInput(
             f"BETTER_COMPUTE_DATABASE_URL's schema {schema[:70]!r} is not a schema name: use "

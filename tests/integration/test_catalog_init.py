@@ -17,6 +17,7 @@ import pytest
 
 from better_compute.api import pki
 from better_compute.api.runtime import Runtime
+from better_compute.api.store.store_url import without_schema
 from tests.support import cli_inprocess, open_runtime
 
 TOKEN_RE = re.compile(r"biam_[A-Za-z0-9_-]{20,}")
@@ -37,7 +38,7 @@ def stored_bytes(env: Mapping[str, str]) -> Iterator[bytes]:
         for path in Path(env["BETTER_COMPUTE_DATA_DIR"]).glob("store.sqlite*"):
             yield path.read_bytes()
         return
-    base, _, schema = url.partition("?schema=")
+    base, schema = without_schema(url)
     with psycopg.connect(base) as conn:
         tables = [r[0] for r in conn.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",

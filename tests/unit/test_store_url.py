@@ -13,6 +13,8 @@ from better_compute.api.store.store_url import (
     describe,
     parse_database_url,
     redacted,
+    with_schema,
+    without_schema,
 )
 from better_compute.domain.errors import InvalidInput
 
@@ -81,3 +83,14 @@ def test_the_password_is_in_no_message_and_no_description() -> None:
 def test_bad_urls_name_the_problem(url: str, needle: str) -> None:
     with pytest.raises(InvalidInput, match=needle):
         parse_database_url(url)
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://bc@db/x",
+    "postgresql://bc@/x?host=/run/postgresql",
+    "postgresql://bc@db/x?sslmode=verify-full#frag",
+])
+def test_a_schema_is_added_to_any_url_and_taken_out_again(url: str) -> None:
+    added = with_schema(url, "bc_s1")
+    assert without_schema(added) == (url, "bc_s1")
+    assert parse_database_url(added)["POSTGRES_SCHEMA"] == "bc_s1"
