@@ -42,9 +42,11 @@ def test_the_feed_resumes_without_gap_or_duplicate_after_the_server_restarts(
                        timeout=10)
             stopping = time.monotonic()
             server.kill(signal.SIGTERM)
-            # A browser's idle TLS connection must not hold the shutdown (api/http/serve.py).
-            assert time.monotonic() - stopping < 10
+            took = time.monotonic() - stopping
             outputs += [server.process.stdout.read(), server.process.stderr.read()]  # type: ignore[union-attr]
+            # A browser's idle TLS connection must not hold the shutdown (api/http/serve.py);
+            # a slow one logs what it waited on (its tasks' await chains) after 5 s.
+            assert took < 10, f"stopped in {took:.1f}s; serve's log: {outputs[-1][-8000:]}"
         page.page.locator("#live[data-state=reconnecting]").wait_for()
         missed = write_sites(runtime, 5)  # while no server runs
         with serve(watch_env(env), port=port) as server:
