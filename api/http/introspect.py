@@ -1,4 +1,5 @@
-"""What a serving process is waiting on, for one that seems stuck (docs/operations.md).
+"""What a serving process is waiting on, for one that seems stuck (docs/configuration.md,
+"A server that seems stuck").
 
 ``kill -USR1 PID`` of any ``serve`` process that serves (the only one, or a worker of
 ``--workers``) writes every thread's stack (faulthandler, at once, even with the event loop

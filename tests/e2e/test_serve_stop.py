@@ -6,7 +6,7 @@ A real ``serve --workers 2`` (what ships on a 2-core machine) and a real TLS cli
 sends a call's headers and only part of its body, then nothing: that call stays in flight
 until its body comes, which it never does. Before the grace, uvicorn waited for such a
 call for ever, so one silent client held a stopping server until the service manager's
-SIGKILL (docs/operations.md).
+SIGKILL (docs/configuration.md, "Stopping").
 """
 
 from __future__ import annotations
