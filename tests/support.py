@@ -106,10 +106,34 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = 45.0) -> N
     raise AssertionError(f"timed out waiting until {what}")
 
 
+# Ports for the tests' servers: below the kernel's ephemeral range (32768-60999), where the
+# port the kernel picks for an outgoing connection (a client's, PostgreSQL's) never lands,
+# and a band of its own for each pytest-xdist worker, so two workers never pick one port.
+# A port from bind(("127.0.0.1", 0)) was in the ephemeral range: between the test picking it
+# and its server binding it, another worker's test (or any outgoing connection) could take
+# it (seen in CI: a gateway's bind failed with "Address already in use").
+PORT_BAND = 2000
+PORT_BASE = 20000
+_next_port: list[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port no one listens on, from this worker's band, each call a different one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    start = PORT_BASE + (index % 6) * PORT_BAND
+    if not _next_port:
+        _next_port.append(start + (os.getpid() * 7) % PORT_BAND)
+    for _ in range(PORT_BAND):
+        port = start + (_next_port[0] - start) % PORT_BAND
+        _next_port[0] = port + 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use (another run's server, a cluster): the next one
+                continue
+            return port
+    raise AssertionError(f"no free port in {start}-{start + PORT_BAND - 1}")
 
 
 @dataclass
