@@ -378,17 +378,17 @@ class SqlRunner:
                     yield cursor
             return
         with self.datastore.transaction(commit=commit) as cursor:
-            if not (commit and not durable):
-                yield cursor
-                return
-            # A read model's transaction is mostly writes whose results nobody reads (rows,
-            # counts, the tracking position): in psycopg's pipeline mode they go without
-            # waiting for each answer, and only a read waits (its fetch syncs), so a follow
-            # of a create is ~5 round trips instead of ~15 (docs/performance.md, eleventh
-            # round). An error still raises from the statement's fetch or the block's end,
-            # and the transaction rolls back.
-            with cursor.connection.pipeline():
-                cursor.execute("SET LOCAL synchronous_commit TO off")
+            if commit and not durable:
+                # A read model's transaction is mostly writes whose results nobody reads
+                # (rows, counts, the tracking position): in psycopg's pipeline mode they go
+                # without waiting for each answer, and only a read waits (its fetch syncs),
+                # so a follow of a create is ~5 round trips instead of ~15
+                # (docs/performance.md, eleventh round). An error still raises from the
+                # statement's fetch or the block's end, and the transaction rolls back.
+                with cursor.connection.pipeline():
+                    cursor.execute("SET LOCAL synchronous_commit TO off")
+                    yield cursor
+            else:
                 yield cursor
 
     def execute(self, cursor: Any, statement: str, params: Sequence[Any] = ()) -> None:
