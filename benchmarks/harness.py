@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +45,7 @@ def store_env(backend: str, pg_url: str | None, tmp: Path) -> dict[str, str]:
     return env
 
 
-def drop_schema(env: dict[str, str]) -> None:
+def drop_schema(env: Mapping[str, str]) -> None:
     """Drop the PostgreSQL schema ``store_env`` named (nothing on SQLite)."""
     url = env.get("BETTER_COMPUTE_DATABASE_URL")
     if url:

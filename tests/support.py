@@ -19,11 +19,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
-
 from better_compute.api import pki
 from better_compute.api.runtime import Runtime
-from better_compute.api.store.store_url import with_schema, without_schema
+from better_compute.api.store.store_url import with_schema
+from better_compute.benchmarks.harness import drop_schema as drop_schema  # the tests use it too
 
 VENV_BIN = Path(sys.executable).parent
 # The tutorial's pool policy.
@@ -51,15 +50,6 @@ def store_env(backend: str, tmp: Path) -> dict[str, str]:
         schema = "t_" + uuid.uuid4().hex[:16]
         env["BETTER_COMPUTE_DATABASE_URL"] = with_schema(pg_url(), schema)
     return env
-
-
-def drop_schema(env: Mapping[str, str]) -> None:
-    url = env.get("BETTER_COMPUTE_DATABASE_URL")
-    if not url:
-        return
-    base, schema = without_schema(url)
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def initialize(env: Mapping[str, str]) -> str:
