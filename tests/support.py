@@ -139,20 +139,33 @@ class Server:
 
 
 def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float = 60) -> str:
-    """Read the process's stdout until a line contains ``needle`` (no sleeping)."""
+    """Read the process's stdout until a line contains ``needle`` (no sleeping).
+
+    Reads the pipe a byte at a time, never through ``process.stdout``'s buffer: a buffered
+    read takes every line already in the pipe, where ``select`` no longer sees them (two
+    lines printed together, and the second was never found), and lines after the one found
+    stay in the pipe for whoever reads ``process.stdout`` next."""
     assert process.stdout is not None
+    fd = process.stdout.fileno()
     deadline = time.monotonic() + timeout
     seen: list[str] = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+    line = bytearray()
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
         if not ready:
             break
-        line = process.stdout.readline()
-        if not line:
+        byte = os.read(fd, 1)
+        if not byte:
             break
-        seen.append(line)
-        if needle in line:
-            return line
+        line += byte
+        if byte == b"\n":
+            text = line.decode(errors="replace")
+            line.clear()
+            seen.append(text)
+            if needle in text:
+                return text
+    if line:
+        seen.append(line.decode(errors="replace"))
     process.kill()
     stderr = process.stderr.read() if process.stderr else ""
     raise AssertionError(f"no line with {needle!r}; stdout={seen!r} stderr={stderr[-3000:]}")
