@@ -21,3 +21,14 @@ def env_seconds(env: Mapping[str, str] | None, name: str, default: float) -> flo
     if value <= 0:
         raise InvalidInput(f"{name}={text!r} must be more than 0")
     return value
+
+
+def env_count(env: Mapping[str, str] | None, name: str, default: int) -> int:
+    """``name`` from ``env`` as a whole number, 0 or more, else ``default``."""
+    text = (env or {}).get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or len(text) > 9:
+        raise InvalidInput(f"{name}={text!r} is not a whole number from 0 to 999999999 "
+                           "(0: no bound)")
+    return int(text)

@@ -2,7 +2,8 @@
 
     .venv/bin/python -m better_compute.benchmarks.hostile [--backend sqlite|postgres]
         [--pg-url postgresql://…] [--posts 4] [--post-mb 300] [--watchers 100]
-        [--names 150] [--name-mb 1] [--selectors 10] [--events 2000] [--seconds 10]
+        [--names 150] [--name-mb 1] [--selectors 10] [--events 2000] [--flood 600]
+        [--seconds 10]
 
 It makes a fresh store, starts a real ``better-compute serve`` over TLS, and
 runs at once (issue #10's acceptance):
@@ -18,6 +19,12 @@ runs at once (issue #10's acceptance):
   maximal length (domain/selectors.py MAX_LENGTH), over and over, as acme's read-only token;
 - ``--events`` sites created meanwhile by another root administrator's token (events
   the watchers do not read);
+- ``--flood`` TLS connections opened from another address (127.0.0.9, so that the
+  per-address bound is the attacker's, not root's) as fast as one thread can, just before
+  the rest start, each held open saying nothing through the run: past
+  ``http.max_connections_per_address`` they are refused (the server runs with a head
+  timeout longer than the run, so that the held ones stay; the bounds' variables
+  ``BETTER_COMPUTE_HTTP_MAX_CONNECTIONS*`` are passed on to it, to compare);
 - root's ``system.whoami`` in a loop on one kept-alive connection, from a
   separate process (so the attackers' threads do not delay its own timing).
 
@@ -55,6 +62,7 @@ from better_compute.benchmarks.harness import (
 )
 
 MB = 1_000_000
+FLOOD_FROM = "127.0.0.9"  # another client address than the others' (all on loopback)
 
 
 @dataclass
@@ -66,6 +74,7 @@ class Scenario:
     name_mb: float = 1.0
     selectors: int = 10
     events: int = 500
+    flood: int = 600
     seconds: float = 10.0
 
 
@@ -113,11 +122,14 @@ def _tls(target: Target) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=target.ca_file)
 
 
-def _raw(target: Target, rcvbuf: int | None = None) -> ssl.SSLSocket:
+def _raw(target: Target, rcvbuf: int | None = None, source: str | None = None
+         ) -> ssl.SSLSocket:
     host, port = target.url.removeprefix("https://").split(":")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if rcvbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    if source is not None:
+        sock.bind((source, 0))
     sock.settimeout(30)
     sock.connect((host, int(port)))
     return _tls(target).wrap_socket(sock, server_hostname=host)
@@ -195,13 +207,14 @@ class _Attack:
         self.report = Report(rss_before_mb=rss_mb(target.pid))
         self.outcomes: dict[str, Counter[str]] = {k: Counter() for k in
                                                   ("posts", "names", "selectors", "events",
-                                                   "whoami")}
+                                                   "whoami", "flood")}
         self.stop = threading.Event()
         self.lock = threading.Lock()
 
     def run(self) -> Report:
         target, scenario, report = self.target, self.scenario, self.report
         threading.Thread(target=self.sample, daemon=True).start()
+        flood = self.open_flood()
         silent = [silent_watcher(target, target.tokens["reader" if i % 2 else "root"])
                   for i in range(scenario.watchers)]
         background = [threading.Thread(target=self.whoami, daemon=True)]
@@ -218,6 +231,7 @@ class _Attack:
         for thread in background:
             thread.join(timeout=60)
         report.rss_peak_mb = max(report.rss_peak_mb, rss_mb(target.pid))
+        self.end_flood(flood)
         for sock in silent:
             sock.close()
         report.rss_after_mb = rss_mb(target.pid)
@@ -271,6 +285,32 @@ class _Attack:
                 self.note("events", _rpc(http, self.target.tokens["writer"], "sites.create",
                                          {"kind": "shared", "region": "eu-1",
                                           "name": f"site {i} " + "s" * 180}))
+
+    def open_flood(self) -> list[ssl.SSLSocket]:
+        """Open ``scenario.flood`` connections from one address, before the other attacks
+        start (so that the handshakes do not queue behind them), and keep each open."""
+        sockets = []
+        for _ in range(self.scenario.flood):
+            try:
+                sockets.append(_raw(self.target, source=FLOOD_FROM))
+            except OSError as exc:  # ended during its handshake
+                self.note("flood", type(exc).__name__)
+        return sockets
+
+    def end_flood(self, sockets: list[ssl.SSLSocket]) -> None:
+        """What became of each flood connection: ``held`` (open, nothing said), the HTTP
+        status it was answered with (a refusal comes as soon as the handshake is done), or
+        how it ended; then close them."""
+        for sock in sockets:
+            sock.setblocking(False)  # what has come, not what may: a held one says nothing
+            try:
+                head = sock.recv(4096)
+                self.note("flood", head.split(b" ", 2)[1].decode() if head else "closed")
+            except ssl.SSLWantReadError:  # no data (perhaps a TLS session ticket): held
+                self.note("flood", "held")
+            except OSError as exc:
+                self.note("flood", type(exc).__name__)
+            sock.close()
 
     def whoami(self) -> None:
         target = self.target
@@ -364,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
             tokens["root"] = done.stdout.strip().splitlines()[-1]
             port = free_port()
             # one process: the memory bound is a worker's (serve --workers N: each its own)
+            env["BETTER_COMPUTE_HTTP_HEAD_TIMEOUT"] = "600s"  # the flood's held ones stay
+            # The connection bounds as set where it runs (0 turns one off, to compare).
+            env.update({k: v for k, v in os.environ.items()
+                        if k.startswith("BETTER_COMPUTE_HTTP_MAX_CONNECTIONS")})
             with serving(env, port, "--workers", "1") as server:
                 target = Target(f"https://127.0.0.1:{port}", server.pid,
                                 str(Path(tmp) / "serving-ca.pem"), tokens, pool)

@@ -16,6 +16,15 @@
   connection closed. So a client that sends slowly, or stops, never holds a connection, a
   call in flight or its memory for long (and never holds a stopping server: serve.py).
   Both are settings (``http.head_timeout``, ``http.body_timeout``).
+- Connections (``ConnectionLimits``): a server process keeps at most
+  ``MAX_CONNECTIONS_PER_ADDRESS`` (256) connections of one client address and
+  ``MAX_CONNECTIONS`` (4,096) in all open at once (``http.max_connections_per_address``,
+  ``http.max_connections``; 0 for no bound). A connection past either is answered at once,
+  before it sends anything, with HTTP 429 ``rate_limited`` (``data.per``: ``address``) or
+  HTTP 503 ``unavailable`` (``data.per``: ``server``) and closed, and aborted a second
+  later: it holds the server's memory (~47 KB each once TLS is up) for one second, not for
+  the head timeout. So one client that opens connections as fast as it can neither runs
+  the process out of file descriptors nor holds its memory, and the rest are served.
 - The content type is ``application/json`` (parameters such as a charset
   allowed); anything else, or none, is HTTP 415.
 - Calls per token (``Admission``): the store's worker threads are shared by
@@ -45,6 +54,7 @@ The table of every bound is in docs/security.md ("Bounds").
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -59,13 +69,15 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from better_compute.domain.errors import RateLimited
+from better_compute.domain.errors import RateLimited, Unavailable
 
 MAX_BODY = 1 << 20
 ABORT_UNREAD_BODY_AFTER = 1.0  # seconds a refused request's body may go on arriving
 HEAD_TIMEOUT = 10.0  # seconds to a request's complete head (module docstring)
 BODY_TIMEOUT = 30.0  # seconds from a request's head to its complete body
 QUEUE_PER_CALLER = 16
+MAX_CONNECTIONS_PER_ADDRESS = 256  # open connections of one client address, per process
+MAX_CONNECTIONS = 4096  # open connections in all, per process
 JSON_TYPES = ("application/json",)
 
 
@@ -200,18 +212,129 @@ class Admission:
                 del self._gates[key]
 
 
-def protocol_class(head_timeout: float = HEAD_TIMEOUT) -> Any:
-    """uvicorn's HTTP/1.1 protocol (httptools) that ends a connection whose request head is
-    not complete ``head_timeout`` seconds after the connection's start or the request's
-    first byte, and one whose request body is still arriving ``ABORT_UNREAD_BODY_AFTER``
-    seconds after its response completed and closed the connection; "auto" where
-    httptools is not installed."""
+class ConnectionLimits:
+    """The connections one server process keeps open: in all and per client address.
+
+    ``admit`` at a connection's start (after TLS) says whether it may stay; ``release`` at
+    its end. ``on_open`` hears the number open after each change (a gauge), ``on_refused``
+    each refusal's reason (``address`` or ``server``). 0 is no bound."""
+
+    def __init__(self, total: int = MAX_CONNECTIONS,
+                 per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
+                 on_open: Callable[[int], None] | None = None,
+                 on_refused: Callable[[str], None] | None = None) -> None:
+        self.total = total
+        self.per_address = per_address
+        self.on_open = on_open
+        self.on_refused = on_refused
+        self.open = 0
+        self.by_address: dict[str, int] = {}
+
+    def admit(self, address: str | None) -> bytes | None:
+        """None when the connection may stay (and it is counted); else the response that
+        refuses it (an HTTP/1.1 answer to send before closing it)."""
+        held = self.by_address.get(address, 0) if address is not None else 0
+        if self.per_address and address is not None and held >= self.per_address:
+            return self._refuse("address", 429, RateLimited.code, RateLimited.rpc_code,
+                                f"this address already has {held} connections open to this "
+                                f"server process (at most {self.per_address}, "
+                                "http.max_connections_per_address): reuse kept-alive "
+                                "connections, close idle ones, then retry", held)
+        if self.total and self.open >= self.total:
+            return self._refuse("server", 503, Unavailable.code, Unavailable.rpc_code,
+                                f"this server process has {self.open} connections open (at "
+                                f"most {self.total}, http.max_connections): retry in a "
+                                "moment, or on another replica", self.open)
+        self.open += 1
+        if address is not None:
+            self.by_address[address] = held + 1
+        if self.on_open is not None:
+            self.on_open(self.open)
+        return None
+
+    def take(self, address: str | None, transport: Any, loop: Any) -> bool:
+        """``admit`` a new connection: True if it may stay, else it was sent its refusal and
+        closed, and is aborted a second later (a TLS close otherwise waits for the client)."""
+        refusal = self.admit(address)
+        if refusal is None:
+            return True
+        transport.write(refusal)
+        transport.close()
+        loop.call_later(ABORT_UNREAD_BODY_AFTER, _abort, transport)
+        return False
+
+    def release(self, address: str | None) -> None:
+        self.open -= 1
+        if address is not None:
+            held = self.by_address.pop(address, 1) - 1
+            if held > 0:
+                self.by_address[address] = held
+        if self.on_open is not None:
+            self.on_open(self.open)
+
+    def _refuse(self, per: str, status: int, code: str, rpc_code: int, message: str,
+                held: int) -> bytes:
+        if self.on_refused is not None:
+            self.on_refused(per)
+        limit = self.per_address if per == "address" else self.total
+        body = msgspec.json.encode({
+            "jsonrpc": "2.0", "id": None,
+            "error": {"code": rpc_code, "message": message,
+                      "data": {"code": code, "per": per, "connections": held,
+                               "limit": limit}}})
+        reason = "Too Many Requests" if status == 429 else "Service Unavailable"
+        return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n"
+                "\r\n").encode() + body
+
+
+def _peer_host(transport: Any) -> str | None:
+    """The client's address (without its port); None on a Unix socket."""
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple | list) and peer:
+        return str(peer[0])
+    return None
+
+
+class _Counted(asyncio.Protocol):
+    """The ``ConnectionLimits`` part of ``protocol_class``'s protocol (a mixin before
+    uvicorn's class)."""
+
+    limits: ConnectionLimits | None = None
+    loop: Any
+    _counted = False  # holds a place in ``limits``, released when the connection ends
+    _refused = False  # answered at its start and closing: what it sends is dropped
+    _address: str | None = None
+
+    def _admit(self, transport: Any) -> bool:
+        """Whether the new connection may stay (else it was answered and is ending)."""
+        if self.limits is None:
+            return True
+        self._address = _peer_host(transport)
+        self._refused = not self.limits.take(self._address, transport, self.loop)
+        self._counted = not self._refused
+        return self._counted
+
+    def _release(self) -> None:
+        if self._counted and self.limits is not None:
+            self._counted = False
+            self.limits.release(self._address)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+
+def protocol_class(head_timeout: float = HEAD_TIMEOUT,
+                   limits: ConnectionLimits | None = None) -> Any:
+    """uvicorn's HTTP/1.1 protocol (httptools) with the bounds of the module docstring: the
+    head timeout, the unread body's abort and ``limits``; "auto" without httptools."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # pragma: no cover - httptools is a dependency
         return "auto"
 
-    class BoundedHttpProtocol(HttpToolsProtocol):
+    class BoundedHttpProtocol(_Counted, HttpToolsProtocol):
         # One timer per connection, not one per request: it checks when it fires whether a
         # request head is still awaited and since when, and comes back when it could next
         # be due (so a request does no timer work).
@@ -221,8 +344,9 @@ def protocol_class(head_timeout: float = HEAD_TIMEOUT) -> Any:
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._head_since = self.loop.time()
-            self._head_timer = self.loop.call_later(head_timeout, self._check_head)
+            if self._admit(transport):
+                self._head_since = self.loop.time()
+                self._head_timer = self.loop.call_later(head_timeout, self._check_head)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -236,6 +360,7 @@ def protocol_class(head_timeout: float = HEAD_TIMEOUT) -> Any:
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
+            self._release()
             super().connection_lost(exc)
 
         def on_response_complete(self) -> None:
@@ -255,6 +380,7 @@ def protocol_class(head_timeout: float = HEAD_TIMEOUT) -> Any:
                 return
             self._head_timer = self.loop.call_later(head_timeout - waited, self._check_head)
 
+    BoundedHttpProtocol.limits = limits
     return BoundedHttpProtocol
 
 

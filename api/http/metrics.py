@@ -106,6 +106,13 @@ class ServerMetrics:
         self.gateway_sessions = Gauge(f"{NS}_gateway_sessions", "agent sessions open on the "
                                       "server's gateway", multiprocess_mode="livesum",
                                       registry=own)
+        self.connections = Gauge(f"{NS}_http_connections", "HTTP connections open on the "
+                                 "server's API listener", multiprocess_mode="livesum",
+                                 registry=own)
+        self.connections_refused = Counter(
+            f"{NS}_http_connections_refused", "HTTP connections refused at their start: past "
+            "the bound per client address (address) or per server process (server)",
+            ["per"], registry=own)
         self.leader = Gauge(f"{NS}_controllers_leader", "1 while the server runs the "
                             "controllers", multiprocess_mode="livemax", registry=own)
         if shared:
@@ -125,6 +132,9 @@ class ServerMetrics:
         gateway = extra.get("gateway")
         self.gateway_sessions.set(len(gateway.sessions) if gateway is not None else 0)
         self.leader.set(1 if extra.get("controllers_leader") else 0)
+
+    def connection_refused(self, per: str) -> None:
+        self.connections_refused.labels(per).inc()
 
     def observe(self, record: RequestRecord, seconds: float) -> None:
         key = (record.method, record.code)

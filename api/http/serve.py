@@ -26,7 +26,7 @@ from better_compute.api.http.server_config import with_file
 from better_compute.api.http.watch import stop_streams
 from better_compute.api.net import is_loopback
 from better_compute.api.runtime import Runtime
-from better_compute.api.settings import env_seconds
+from better_compute.api.settings import env_count, env_seconds
 from better_compute.api.store.token_use import flush_token_use
 from better_compute.api.wire import logs
 from better_compute.api.wire.daemon import notify
@@ -288,10 +288,17 @@ def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[st
              env: Mapping[str, str], ready: str) -> _Server:
     """The uvicorn server of ``app``, with our protocol, timeouts and grace (http_limits)."""
     head_timeout = env_seconds(env, "BETTER_COMPUTE_HTTP_HEAD_TIMEOUT", http_limits.HEAD_TIMEOUT)
+    metrics = getattr(getattr(app, "state", None), "metrics", None)
+    limits = http_limits.ConnectionLimits(
+        total=env_count(env, "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS", http_limits.MAX_CONNECTIONS),
+        per_address=env_count(env, "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS_PER_ADDRESS",
+                              http_limits.MAX_CONNECTIONS_PER_ADDRESS),
+        on_open=metrics.connections.set if metrics is not None else None,
+        on_refused=metrics.connection_refused if metrics is not None else None)
     config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
                             log_config=None,  # our handler and format (logs.configure)
                             access_log=False, lifespan="on",
-                            http=http_limits.protocol_class(head_timeout),
+                            http=http_limits.protocol_class(head_timeout, limits),
                             **ssl)  # type: ignore[arg-type]
     return _Server(config, ready,
                    env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_GRACE", SHUTDOWN_GRACE))

@@ -104,6 +104,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http.body_timeout", None, "BETTER_COMPUTE_HTTP_BODY_TIMEOUT", "30s", "duration",
             "a request body not complete within this of its head is refused (HTTP 408) "
             "and its connection closed"),
+    Setting("http.max_connections_per_address", None,
+            "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "256", "number",
+            "connections one client address may hold open to a server process at once; past "
+            "it a connection is answered HTTP 429 and closed (0: no bound, as behind a proxy "
+            "that bounds them)"),
+    Setting("http.max_connections", None, "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS", "4096",
+            "number", "connections a server process holds open at once; past it a connection "
+            "is answered HTTP 503 and closed (0: no bound)"),
     Setting("shutdown.grace", None, "BETTER_COMPUTE_SHUTDOWN_GRACE", "15s", "duration",
             "after SIGTERM, calls still running this long are cancelled (unanswered) and "
             "the server ends; keep it under the service manager's stop timeout"),

@@ -4,7 +4,8 @@ The acceptance scenario of benchmarks/hostile.py, run against a real server
 over TLS on each store: 4 anonymous 300 MB posts (two announced by
 Content-Length, two streamed chunked), 100 /watch streams that never read,
 150 attempts at 1 MB token names, 10 threads of maximal selectors, events
-written meanwhile, and root's whoami. The server's peak resident memory must
+written meanwhile, 600 connections held open from one other address, and
+root's whoami. The server's peak resident memory must
 stay under 300 MB (it was 1.76 GB before: bodies were read whole, the watch
 window and every write were bounded in events, not bytes). Memory is not
 timing, so it is asserted; root's latency is the benchmark's to print.
@@ -33,6 +34,8 @@ def test_the_server_stays_under_300_mb_under_hostile_load(env: dict[str, str]) -
     ca_file = str(Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem")
     # One process, whose memory is measured: the bound is a worker's (under --workers N,
     # the default, each worker is such a process; docs/performance.md).
+    # The flood's held connections stay for the run (not ended by the 10 s head timeout).
+    env = {**env, "BETTER_COMPUTE_HTTP_HEAD_TIMEOUT": "120s"}
     with serve(env, "--workers", "1") as server:
         target = Target(server.url, server.process.pid, ca_file, tokens, pool)
         report = attack(target, Scenario(seconds=5))
@@ -48,6 +51,8 @@ def test_the_server_stays_under_300_mb_under_hostile_load(env: dict[str, str]) -
     assert outcomes["selectors"].get("ok", 0) > 0
     assert outcomes["events"] == {"ok": 500}
     assert outcomes["whoami"] == {}  # every whoami answered
+    # One address's flood: 256 held (http.max_connections_per_address), the rest refused.
+    assert outcomes["flood"] == {"held": 256, "429": 600 - 256}, outcomes["flood"]
     assert summary["whoami_calls"] > 0
 
 
