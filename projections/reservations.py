@@ -113,6 +113,15 @@ def count_reservations(sql: Sql) -> list[tuple[str, str, str, int]]:
                 for r in cursor.fetchall()]
 
 
+def count_in_state(sql: Sql, tenant_id: str, pool_id: str, state: str) -> int:
+    """How many of ``tenant_id``'s reservations in ``pool_id`` are in ``state`` now."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT n FROM bc_rsv_count WHERE tenant_id = ? AND pool_id = ? "
+                    "AND state = ?", (tenant_id, pool_id, state))
+        row = cursor.fetchone()
+    return int(row["n"]) if row is not None else 0
+
+
 def list_reservations(sql: Sql, *, tenant_id: str | None = None, pool_id: str | None = None,
                       states: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     clauses, params = ["1 = 1"], []

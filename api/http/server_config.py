@@ -115,6 +115,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shutdown.grace", None, "BETTER_COMPUTE_SHUTDOWN_GRACE", "15s", "duration",
             "after SIGTERM, calls still running this long are cancelled (unanswered) and "
             "the server ends; keep it under the service manager's stop timeout"),
+    Setting("reservations.max_queued", None, "BETTER_COMPUTE_RESERVATIONS_MAX_QUEUED", "100",
+            "number", "queued reservations one tenant may have in one pool; past it `reserve "
+            "--queue` is refused (quota_exceeded) when it would queue (0: no bound)"),
     Setting("controllers.tick", None, "BETTER_COMPUTE_CONTROLLER_TICK", "1s", "duration",
             "the controllers' pass at least this often"),
     Setting("controllers.settle", None, "BETTER_COMPUTE_CONTROLLER_SETTLE", "0.2s",

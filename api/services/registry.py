@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.join import JoinService
 from better_compute.api.services.nodes import NodeService
+from better_compute.api.services.reservation_queue import MAX_QUEUED
 from better_compute.api.services.reservations import ReservationService
 from better_compute.api.services.tokens import TokenService
 from better_compute.api.services.unit import Aggregates
@@ -34,10 +35,12 @@ class Services:
 
 def build_services(aggregates: Aggregates, *, lifetimes: TokenLifetimes,
                    master_key_text: Callable[[], str] | None,
-                   gateway_url: str | None = None, lane: Lane | None = None) -> Services:
-    """``lane``: the placing process's share of the nodes (one of ``serve --workers``)."""
+                   gateway_url: str | None = None, lane: Lane | None = None,
+                   max_queued: int = MAX_QUEUED) -> Services:
+    """``lane``: the placing process's share of the nodes (one of ``serve --workers``);
+    ``max_queued``: a tenant's queued reservations in one pool, at most (0: no bound)."""
     compute = ComputeService(aggregates, token_use=TokenUse(aggregates.sql), lifetimes=lifetimes,
                              master_key_text=master_key_text, gateway_url=gateway_url)
     return Services(aggregates=aggregates, compute=compute, tokens=compute.tokens,
                     nodes=NodeService(compute), join=JoinService(compute),
-                    reservations=ReservationService(compute, lane))
+                    reservations=ReservationService(compute, lane, max_queued))

@@ -36,9 +36,14 @@ from better_compute.domain.placement import PlacementRequest
 from better_compute.domain.pool import Pool
 from better_compute.domain.queue import Shadow, StartMode, delays_head
 from better_compute.domain.reservation import PLACED, Reservation, new_allocation_id
-from better_compute.projections.reservations import queue_positions, waiting_in_pool
+from better_compute.projections.reservations import (
+    count_in_state,
+    queue_positions,
+    waiting_in_pool,
+)
 
 RETRIES = 5  # a change decided again after this many concurrent writers gives up (next pass)
+MAX_QUEUED = 100  # queued reservations of one tenant in one pool (reservations.max_queued)
 
 
 @dataclass
@@ -66,7 +71,9 @@ class _Outcome:
 class ReservationQueue:
     """The line of each pool and its dispatch, on the earliest start and the shared access."""
 
-    def __init__(self, core: ReservationCore, earliest: EarliestStart) -> None:
+    def __init__(self, core: ReservationCore, earliest: EarliestStart,
+                 max_queued: int = MAX_QUEUED) -> None:
+        self.max_queued = max_queued  # 0: no bound
         self.core = core
         self.store = core.store
         self.sql = core.sql
@@ -99,6 +106,13 @@ class ReservationQueue:
         limit = pool.quota_for(tenant)
         if limit is not None and request.gpus > limit:
             raise refused  # more than the whole quota: waiting would never end
+        full = self._queue_full(tenant, pool.public_id)
+        if full is not None:
+            existing = self.core.get(Reservation, uuid)  # a retry of one queued before
+            if existing is None:
+                raise full
+            existing.check_retry(fp, "reservation", key)
+            return self.doc_of(existing)
         rsv = Reservation.enqueue(
             id=uuid, tenant_id=tenant, pool_id=pool.public_id, gpu_count=request.gpus,
             request=fields, key=key, fingerprint=fp, created_by=created_by, at=now,
@@ -113,6 +127,22 @@ class ReservationQueue:
             existing.check_retry(fp, "reservation", key)
             return self.doc_of(existing)
         return self.doc_of(rsv)
+
+    def _queue_full(self, tenant: str, pool_id: str) -> QuotaExceeded | None:
+        """The refusal when ``tenant`` has ``max_queued`` reservations queued in the pool.
+        Read from the reservations read model as the request finds it (so creates racing
+        in other processes may each pass it once: docs/reservations.md)."""
+        if not self.max_queued:
+            return None
+        self.projections.catch_up("reservations")
+        queued = count_in_state(self.sql, tenant, pool_id, "queued")
+        if queued < self.max_queued:
+            return None
+        return QuotaExceeded(
+            f"tenant {tenant} already has {queued} reservations queued in pool {pool_id} (at "
+            f"most {self.max_queued}, reservations.max_queued): wait until some are placed, or "
+            "take some out of the queue with `better-compute release --cancel RSV`",
+            data={"per": "queued", "queued": queued, "limit": self.max_queued})
 
     # ---------------------------------------------------------------- dispatch
 

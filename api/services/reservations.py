@@ -31,7 +31,11 @@ from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.reservation_base import ReservationCore
 from better_compute.api.services.reservation_binding import ReservationBinding
 from better_compute.api.services.reservation_earliest import EarliestStart
-from better_compute.api.services.reservation_queue import DispatchReport, ReservationQueue
+from better_compute.api.services.reservation_queue import (
+    MAX_QUEUED,
+    DispatchReport,
+    ReservationQueue,
+)
 from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned, fingerprint, iso
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
@@ -87,7 +91,8 @@ class ReservationService:
     here; the controllers' and the gateway's entry points are delegated below.
     """
 
-    def __init__(self, service: ComputeService, lane: Lane | None = None) -> None:
+    def __init__(self, service: ComputeService, lane: Lane | None = None,
+                 max_queued: int = MAX_QUEUED) -> None:
         self.service = service
         self.aggregates = service.aggregates
         self.store = service.store
@@ -95,7 +100,7 @@ class ReservationService:
         self.projections = service.projections
         self.core = ReservationCore(service, lane)
         self.earliest = EarliestStart(self.core)
-        self.queue = ReservationQueue(self.core, self.earliest)
+        self.queue = ReservationQueue(self.core, self.earliest, max_queued)
         self.binding = ReservationBinding(self.core)
 
     # ------------------------------------------------ entry points of the parts
