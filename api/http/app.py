@@ -63,8 +63,10 @@ class ServerState:
     limiter: anyio.CapacityLimiter
     gateway_url: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    # Calls per token (api/http/http_limits.py): a quarter of the limiter's workers at most.
+    # Calls per token (api/http/http_limits.py): a quarter of the limiter's workers at most,
+    # half of them per tenant, whose tokens' tenants are learnt as they authenticate.
     admission: http_limits.Admission = field(init=False)
+    tenants: http_limits.Tenants = field(default_factory=http_limits.Tenants)
     # The writers' lane (see the module's docstring): the shared limiter on PostgreSQL.
     writers: anyio.CapacityLimiter = field(init=False)
     # Seconds a call's body has after its head (http_limits.py; http.body_timeout).
@@ -125,14 +127,17 @@ async def _rpc(request: Request) -> Response:
         return http_limits.too_large()
     token = _bearer(request)
     service = state.runtime.service
+    key = http_limits.caller_key(request, token)
 
     def authenticate() -> Principal:
         principal = service.authenticate(token)
         authenticated(principal)
+        if token:
+            state.tenants.learn(key, principal.tenant_id)
         return principal
 
     try:
-        async with state.admission.slot(http_limits.caller_key(request, token)):
+        async with state.admission.slot(key, state.tenants.of(key)):
             answer = await anyio.to_thread.run_sync(
                 rpc.handle, body, state.runtime.services, authenticate,
                 limiter=state.limiter_for(body),

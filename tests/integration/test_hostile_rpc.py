@@ -231,6 +231,38 @@ def test_a_token_with_too_many_calls_is_rate_limited_and_others_are_not(
     assert app.call("system.whoami", world.tokens["reader"])["result"]["role"] == "read-only"
 
 
+def test_a_tenants_tokens_together_are_rate_limited_and_other_tenants_are_not(
+        fresh_app: App, fresh_world: World) -> None:
+    """Each token has its own bound, but a tenant admin can mint many: the calls of one
+    tenant's tokens together have a bound too, once the server knows the token's tenant
+    (learnt when one of its calls authenticates)."""
+    app, world = fresh_app, fresh_world
+    admission = app.app.state.bc.admission
+    reader = world.tokens["reader"]  # acme's
+    assert app.call("system.whoami", reader)["result"]["tenantId"] == "acme"  # learnt
+    release = app.portal.call(anyio.Event)
+    full = admission.per_tenant + admission.tenant_queue
+
+    async def hold(n: int) -> None:  # calls of other tokens of acme, one each
+        async with admission.slot(f"token:other-{n}", "acme"):
+            await release.wait()
+
+    for n in range(full):
+        app.portal.start_task_soon(hold, n)
+    app.portal.call(_until, lambda: admission._gates["tenant:acme"].users == full)
+    body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "system.whoami"}).encode()
+    refused = app.post(body, reader)
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["data"] == {
+        "code": "rate_limited", "running": admission.per_tenant,
+        "waiting": admission.tenant_queue, "per": "worker", "of": "tenant"}
+    assert "tenant acme already has" in refused.json()["error"]["message"]
+    assert app.call("system.whoami", world.tokens["root"])["result"]["tenantId"] == "root"
+    app.portal.call(release.set)
+    app.portal.call(_until, lambda: "tenant:acme" not in admission._gates)
+    assert app.call("system.whoami", reader)["result"]["role"] == "read-only"
+
+
 async def _until(condition: Any) -> None:
     with anyio.fail_after(20):
         while not condition():

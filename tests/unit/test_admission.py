@@ -53,3 +53,38 @@ def test_one_caller_runs_half_the_workers_and_queues_a_bounded_number() -> None:
         assert admission._gates == {}  # nothing kept for callers that are done
 
     anyio.run(main)
+
+
+def test_a_call_that_stops_waiting_leaves_the_line_and_takes_no_turn() -> None:
+    """The gate's own line (not a semaphore: http_limits._Gate): a waiting call cancelled
+    (its client left) leaves the line, and the turn goes to the next one in it."""
+    async def main() -> None:
+        admission = Admission(per_caller=1, queue=5)
+        release_a = anyio.Event()
+        order: list[str] = []
+
+        async def call(name: str, scope: anyio.CancelScope, until: anyio.Event | None = None
+                       ) -> None:
+            with scope:
+                async with admission.slot("token:a"):
+                    order.append(name)
+                    if until is not None:
+                        await until.wait()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, "a", anyio.CancelScope(), release_a)
+            await wait_all_tasks_blocked()
+            left = anyio.CancelScope()
+            tg.start_soon(call, "left", left)
+            await wait_all_tasks_blocked()
+            tg.start_soon(call, "c", anyio.CancelScope())
+            await wait_all_tasks_blocked()
+            left.cancel()  # it leaves the line while waiting
+            await wait_all_tasks_blocked()
+            gate = admission._gates["token:a"]
+            assert (order, gate.users, gate.running, len(gate.line)) == (["a"], 2, 1, 1)
+            release_a.set()
+        assert order == ["a", "c"]
+        assert admission._gates == {}
+
+    anyio.run(main)
