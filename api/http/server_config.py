@@ -87,6 +87,9 @@ SETTINGS: tuple[Setting, ...] = (
             "longest lifetime a token may be given"),
     Setting("tokens.rotation_grace", None, "BETTER_COMPUTE_TOKEN_ROTATION_GRACE", "1h",
             "duration", "how long a rotated token's old secret keeps working"),
+    Setting("tokens.max_per_tenant", None, "BETTER_COMPUTE_TOKEN_MAX_PER_TENANT", "1000",
+            "number", "live API tokens a tenant other than root may hold; past it `tokens "
+            "create` is refused (quota_exceeded) (0: no bound)"),
     Setting("tokens.use_flush", None, "BETTER_COMPUTE_TOKEN_USE_FLUSH", "10s", "duration",
             "how often tokens' last use is written"),
     Setting("watch.window", None, "BETTER_COMPUTE_WATCH_WINDOW", "10000", "number",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from better_compute.api.settings import env_seconds
 from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.durations import format_duration
-from better_compute.domain.errors import Conflict, InvalidInput, NotFound
+from better_compute.domain.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from better_compute.domain.ids import parse_id
 from better_compute.domain.text import check_name
 from better_compute.domain.token import (
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from better_compute.domain.join_token import JoinToken
 
 RESCAN_S = 30.0  # the controller looks for newly due tokens at least this often
+MAX_PER_TENANT = 1000  # live API tokens of one tenant (tokens.max_per_tenant; root: none)
 
 
 def new_token_secret() -> str:
@@ -96,14 +97,30 @@ class TokenService:
             )
         lifetime = service.lifetimes.ttl(ttl)
         service.aggregates.tenant(tenant)
-        secret = new_token_secret()
         now = service.clock()
+        self._check_room(tenant, now)
+        secret = new_token_secret()
         token = ApiToken(tenant_id=tenant, role=role_enum.value,
                          name=name or f"{role_enum.value} token", secret_hash=token_hash(secret),
                          created_by=principal.token_id, expires_at=now + lifetime,
                          ttl=format_duration(lifetime))
         service.aggregates.save(token)
         return {**token.to_doc(now), "token": secret}
+
+    def _check_room(self, tenant: str, now: datetime) -> None:
+        """Refuse a new token of a tenant that has ``max_tokens_per_tenant`` live ones (read
+        from the listing as the call finds it: racing creates may each pass it once)."""
+        limit = self.service.max_tokens_per_tenant
+        if not limit or tenant == ROOT_TENANT:
+            return
+        live = sum(1 for doc in self.service.listing("apitoken", tenant_id=tenant)
+                   if effective_token_state(doc, now) in ("active", "rotated"))
+        if live >= limit:
+            raise QuotaExceeded(
+                f"tenant {tenant} already has {live} live tokens (at most {limit}, "
+                "tokens.max_per_tenant): revoke the ones no longer used with `better-compute "
+                "tokens revoke TOKEN` (`tokens list` shows each one's last use), then retry",
+                data={"per": "tokens", "tokens": live, "limit": limit})
 
     def list(self, principal: Principal, tenant_id: str | None) -> builtins.list[dict[str, Any]]:
         service = self.service
