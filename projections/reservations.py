@@ -122,9 +122,21 @@ def count_in_state(sql: Sql, tenant_id: str, pool_id: str, state: str) -> int:
     return int(row["n"]) if row is not None else 0
 
 
+def created_seq_of(sql: Sql, tenant_id: str, reservation_id: str) -> int | None:
+    """Where ``reservation_id`` stands in ``tenant_id``'s list (None: not one of its)."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT created_seq FROM bc_rsv WHERE id = ? AND tenant_id = ?",
+                    (reservation_id, tenant_id))
+        row = cursor.fetchone()
+    return int(row["created_seq"]) if row is not None else None
+
+
 def list_reservations(sql: Sql, *, tenant_id: str | None = None, pool_id: str | None = None,
-                      states: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    clauses, params = ["1 = 1"], []
+                      states: tuple[str, ...] = (), after_seq: int | None = None,
+                      limit: int | None = None) -> list[dict[str, Any]]:
+    """Oldest first; with ``after_seq`` only those created after it, at most ``limit``."""
+    clauses: list[str] = ["1 = 1"]
+    params: list[str | int] = []
     if tenant_id is not None:
         clauses.append("tenant_id = ?")
         params.append(tenant_id)
@@ -134,9 +146,13 @@ def list_reservations(sql: Sql, *, tenant_id: str | None = None, pool_id: str | 
     if states:
         clauses.append(f"state IN ({', '.join('?' for _ in states)})")
         params.extend(states)
+    if after_seq is not None:
+        clauses.append("created_seq > ?")
+        params.append(after_seq)
+    bound = f" LIMIT {int(limit)}" if limit is not None else ""
     with sql.transaction(commit=False) as cursor:
         sql.execute(cursor, f"SELECT doc FROM bc_rsv WHERE {' AND '.join(clauses)} "
-                    "ORDER BY created_seq", params)
+                    f"ORDER BY created_seq{bound}", params)
         return [jsontext.loads(row["doc"]) for row in cursor.fetchall()]
 
 

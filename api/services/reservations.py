@@ -67,9 +67,10 @@ from better_compute.domain.reservation_rules import (
     check_length,
 )
 from better_compute.domain.selectors import parse_selector
-from better_compute.projections.reservations import list_reservations
+from better_compute.projections.reservations import created_seq_of, list_reservations
 
 PLACEMENT_DEADLINE_S = 30.0  # how long a create keeps placing again after conflicts
+MAX_PAGE = 1000  # reservations one reservations.list call answers at most (its default)
 
 
 def check_kubernetes(pool: Pool) -> None:
@@ -338,18 +339,35 @@ class ReservationService:
         return self.queue.doc_of(self.reservation(principal, reservation_id))
 
     def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None,
-             state: str | None) -> list[dict[str, Any]]:
+             state: str | None, limit: int | None = None, after: str | None = None
+             ) -> list[dict[str, Any]]:
+        """One page of a tenant's reservations, oldest first: at most ``limit`` (default and
+        most ``MAX_PAGE``) created after ``after``; a page shorter than ``limit`` is the
+        last (docs/api.md)."""
         tenant = self.service.aggregates.scope(principal, tenant_id)
         if pool_id:
             parse_id("pool", pool_id)
+        page = MAX_PAGE if limit is None else limit
+        if not 1 <= page <= MAX_PAGE:
+            raise InvalidInput(f"limit {limit}: ask for 1 to {MAX_PAGE} reservations a call, "
+                               "and for the next page pass after = the last id of this one")
+        if after is not None:
+            parse_id("rsv", after)
         self.projections.catch_up("reservations")
         states = tuple(s.strip() for s in state.split(",") if s.strip()) if state else ()
         unknown = [s for s in states if s not in STATES]
         if unknown:
             raise InvalidInput(f"--state {', '.join(unknown)} is not a reservation state: use "
                                f"{', '.join(STATES)} (comma-separated)")
-        return self.queue.add_positions(list_reservations(self.sql, tenant_id=tenant,
-                                                    pool_id=pool_id or None, states=states))
+        after_seq = None
+        if after is not None:
+            after_seq = created_seq_of(self.sql, tenant, after)
+            if after_seq is None:
+                raise InvalidInput(f"after: no reservation {after} of tenant {tenant}: pass the "
+                                   "id of the last reservation of the page before")
+        return self.queue.add_positions(list_reservations(
+            self.sql, tenant_id=tenant, pool_id=pool_id or None, states=states,
+            after_seq=after_seq, limit=page))
 
     # --------------------------------------------------------------- changing
 

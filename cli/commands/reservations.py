@@ -22,6 +22,7 @@ from better_compute.cli.tables import RESERVATIONS
 from better_compute.domain.errors import InvalidInput, Unavailable
 
 DEFAULT_WAIT_S = 20.0
+PAGE = 1000  # reservations asked for per reservations.list call (the most a call answers)
 
 
 def new_key() -> str:
@@ -91,8 +92,17 @@ def reservations_get(ctx: Context, a: argparse.Namespace) -> None:
 
 
 def reservations_list(ctx: Context, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("reservations.list", tenantId=ctx.tenant, poolId=a.pool, state=a.state),
-             RESERVATIONS)
+    """Every one: the server answers a page at a time (at most ``PAGE``), oldest first."""
+    listed: list[Any] = []
+    after = None
+    while True:
+        page = ctx.call("reservations.list", tenantId=ctx.tenant, poolId=a.pool, state=a.state,
+                        limit=PAGE, after=after)
+        listed.extend(page)
+        if len(page) < PAGE:
+            break
+        after = page[-1]["id"]
+    ctx.emit(listed, RESERVATIONS)
 
 
 def _narrowing(p: argparse.ArgumentParser) -> None:

@@ -46,6 +46,8 @@ class ReservationsList(Params, kw_only=True):
     tenant_id: str | None = None
     pool_id: str | None = None
     state: str | None = None  # one state or a comma-separated list
+    limit: int | None = None  # at most this many (1 to 1,000, the default)
+    after: str | None = None  # only those created after this reservation (the next page)
 
 
 class ReservationsExtend(Params, kw_only=True):
@@ -72,9 +74,11 @@ def reservations_get(call: Call, p: ReservationRef) -> dict[str, Any]:
     return call.services.reservations.get_doc(call.principal, p.reservation_id)
 
 
-@method("reservations.list", ReservationsList, "A tenant's reservations, oldest first.")
+@method("reservations.list", ReservationsList,
+        "A tenant's reservations, oldest first, a page of at most limit (1,000) after after.")
 def reservations_list(call: Call, p: ReservationsList) -> list[dict[str, Any]]:
-    return call.services.reservations.list(call.principal, p.tenant_id, p.pool_id, p.state)
+    return call.services.reservations.list(call.principal, p.tenant_id, p.pool_id, p.state,
+                                           p.limit, p.after)
 
 
 @method("reservations.release", ReservationRef,

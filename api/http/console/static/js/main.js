@@ -92,6 +92,21 @@ function showView(name) {
   }
 }
 
+/** Every reservation of tenant ``t`` (the caller's own when null): the server answers a page
+ * of at most RESERVATION_PAGE a call, oldest first; a shorter page is the last (docs/api.md). */
+const RESERVATION_PAGE = 1000;
+async function allReservations(api, t) {
+  const all = [];
+  let after;
+  for (;;) {
+    const page = await api.call('reservations.list', {
+      ...(t ? { tenantId: t } : {}), limit: RESERVATION_PAGE, ...(after ? { after } : {}) });
+    all.push(...page);
+    if (page.length < RESERVATION_PAGE) return all;
+    after = page[page.length - 1].id;
+  }
+}
+
 /** Everything the views show, read with the caller's token (so with its isolation). */
 async function load(api, me) {
   const [pools, sites, nodeList] = await Promise.all([
@@ -103,8 +118,7 @@ async function load(api, me) {
   const nodes = await Promise.all(nodeList.map((n) => api.call('nodes.get', { nodeId: n.id })));
   // A root-tenant token reads every tenant's reservations; any other token its own.
   const tenants = me.tenantId === 'root' ? (await api.call('tenants.list')).map((t) => t.id) : [null];
-  const lists = await Promise.all(tenants.map(
-    (t) => api.call('reservations.list', t ? { tenantId: t } : {})));
+  const lists = await Promise.all(tenants.map((t) => allReservations(api, t)));
   const reservations = lists.flat();
   return { pools, sites, capacity, nodes, reservations };
 }
