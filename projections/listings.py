@@ -96,11 +96,22 @@ def _owner(event_type: type[Any]) -> str:
     return event_type.__qualname__.split(".", 1)[0].lower()
 
 
+def listing_seq_of(sql: Sql, kind: str, tenant_id: str, object_id: str) -> int | None:
+    """Where ``object_id`` (of ``kind``, owned by ``tenant_id``) stands in its listing."""
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, "SELECT created_seq FROM bc_listing WHERE kind = ? AND id = ? "
+                    "AND tenant_id = ?", (kind, object_id, tenant_id))
+        row = cursor.fetchone()
+    return int(row["created_seq"]) if row is not None else None
+
+
 def query_listing(
     sql: Sql, kind: str, *, tenant_id: str | None = None, visible_to: str | None = None,
-    where: dict[str, str] | None = None,
+    where: dict[str, str] | None = None, after_seq: int | None = None,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Documents of one kind, oldest first; filtered by owner or by audience."""
+    """Documents of one kind, oldest first; filtered by owner or by audience; with
+    ``after_seq`` only those created after it, at most ``limit`` (before ``where``)."""
     clauses = ["kind = ?"]
     params: list[Any] = [kind]
     if tenant_id is not None:
@@ -109,10 +120,15 @@ def query_listing(
     if visible_to is not None:
         clauses.append("audience LIKE ?")
         params.append(f"%,{visible_to},%")
+    if after_seq is not None:
+        clauses.append("created_seq > ?")
+        params.append(after_seq)
+    bound = f" LIMIT {int(limit)}" if limit is not None else ""
     with sql.transaction(commit=False) as cursor:
         sql.execute(
             cursor,
-            f"SELECT doc FROM bc_listing WHERE {' AND '.join(clauses)} ORDER BY created_seq",
+            f"SELECT doc FROM bc_listing WHERE {' AND '.join(clauses)} "
+            f"ORDER BY created_seq{bound}",
             params,
         )
         docs = [jsontext.loads(row["doc"]) for row in cursor.fetchall()]

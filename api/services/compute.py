@@ -209,8 +209,9 @@ class ComputeService:
                       name: str | None, ttl: str | None = None) -> dict[str, Any]:
         return self.tokens.create(principal, tenant_id, role, name, ttl)
 
-    def tokens_list(self, principal: Principal, tenant_id: str | None) -> list[dict[str, Any]]:
-        return self.tokens.list(principal, tenant_id)
+    def tokens_list(self, principal: Principal, tenant_id: str | None, limit: int | None = None,
+                    after: str | None = None) -> list[dict[str, Any]]:
+        return self.tokens.list(principal, tenant_id, limit, after)
 
     def tokens_revoke(self, principal: Principal, token_id: str) -> dict[str, Any]:
         return self.tokens.revoke(principal, token_id)

@@ -29,6 +29,7 @@ from better_compute.domain.token import (
     effective_token_state,
     token_hash,
 )
+from better_compute.projections.listings import listing_seq_of, query_listing
 
 if TYPE_CHECKING:
     from better_compute.api.services.compute import ComputeService
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 RESCAN_S = 30.0  # the controller looks for newly due tokens at least this often
 MAX_PER_TENANT = 1000  # live API tokens of one tenant (tokens.max_per_tenant; root: none)
+MAX_PAGE = 1000  # tokens one tokens.list call answers at most (its default)
 
 
 def new_token_secret() -> str:
@@ -122,11 +124,28 @@ class TokenService:
                 "tokens revoke TOKEN` (`tokens list` shows each one's last use), then retry",
                 data={"per": "tokens", "tokens": live, "limit": limit})
 
-    def list(self, principal: Principal, tenant_id: str | None) -> builtins.list[dict[str, Any]]:
+    def list(self, principal: Principal, tenant_id: str | None, limit: int | None = None,
+             after: str | None = None) -> builtins.list[dict[str, Any]]:
+        """One page of a tenant's tokens, oldest first: at most ``limit`` (default and most
+        ``MAX_PAGE``) created after the token ``after``; a shorter page is the last."""
         service = self.service
         tenant = service.aggregates.scope(principal, tenant_id)
         principal.require_admin_of(tenant, "list tokens")
-        docs = service.listing("apitoken", tenant_id=tenant)
+        page = MAX_PAGE if limit is None else limit
+        if not 1 <= page <= MAX_PAGE:
+            raise InvalidInput(f"limit {limit}: ask for 1 to {MAX_PAGE} tokens a call, and for "
+                               "the next page pass after = the last id of this one")
+        after_seq = None
+        if after is not None:
+            parse_id("tok", after)
+            service.projections.catch_up("listings")
+            after_seq = listing_seq_of(service.sql, "apitoken", tenant, after)
+            if after_seq is None:
+                raise InvalidInput(f"after: no token {after} of tenant {tenant}: pass the id "
+                                   "of the last token of the page before")
+        service.projections.catch_up("listings")
+        docs = query_listing(service.sql, "apitoken", tenant_id=tenant, after_seq=after_seq,
+                             limit=page)
         used = service.token_use.last_used(d["id"] for d in docs)
         now = service.clock()
         for doc in docs:

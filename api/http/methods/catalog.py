@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 from better_compute.api.http.rpc import Call, method
-from better_compute.api.http.schemas import NoParams, Params, TenantScope
+from better_compute.api.http.schemas import NoParams, Params
 
 
 class TenantsCreate(Params, kw_only=True):
@@ -48,10 +48,17 @@ def tokens_create(call: Call, p: TokensCreate) -> dict[str, Any]:
     return call.service.tokens_create(call.principal, p.tenant_id, p.role, p.name, p.ttl)
 
 
-@method("tokens.list", TenantScope,
-        "A tenant's tokens (never their secrets), with their state, end and last use.")
-def tokens_list(call: Call, p: TenantScope) -> list[dict[str, Any]]:
-    return call.service.tokens_list(call.principal, p.tenant_id)
+class TokensList(Params, kw_only=True):
+    tenant_id: str | None = None
+    limit: int | None = None  # at most this many (1 to 1,000, the default)
+    after: str | None = None  # only those created after this token (the next page)
+
+
+@method("tokens.list", TokensList,
+        "A tenant's tokens (never their secrets), with their state, end and last use; a page "
+        "of at most limit (1,000) after after.")
+def tokens_list(call: Call, p: TokensList) -> list[dict[str, Any]]:
+    return call.service.tokens_list(call.principal, p.tenant_id, p.limit, p.after)
 
 
 class TokensRevoke(Params, kw_only=True):
