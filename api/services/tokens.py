@@ -135,15 +135,15 @@ class TokenService:
         if not 1 <= page <= MAX_PAGE:
             raise InvalidInput(f"limit {limit}: ask for 1 to {MAX_PAGE} tokens a call, and for "
                                "the next page pass after = the last id of this one")
-        after_seq = None
         if after is not None:
             parse_id("tok", after)
-            service.projections.catch_up("listings")
+        service.projections.catch_up("listings")
+        after_seq = None
+        if after is not None:
             after_seq = listing_seq_of(service.sql, "apitoken", tenant, after)
             if after_seq is None:
                 raise InvalidInput(f"after: no token {after} of tenant {tenant}: pass the id "
                                    "of the last token of the page before")
-        service.projections.catch_up("listings")
         docs = query_listing(service.sql, "apitoken", tenant_id=tenant, after_seq=after_seq,
                              limit=page)
         used = service.token_use.last_used(d["id"] for d in docs)
