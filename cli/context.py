@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from better_compute.cli.client import Client
     from better_compute.cli.tables import Table
 
+PAGE = 1000  # items asked for per call of a paged list method (the most a call answers)
+
 
 class Caller(Protocol):
     """Calls the API as the command's tenant."""
@@ -48,6 +50,18 @@ class Context:
 
     def call(self, method: str, **params: Any) -> Any:
         return self.client.call(method, {k: v for k, v in params.items() if v is not None})
+
+    def call_pages(self, method: str, **params: Any) -> list[Any]:
+        """Every item of a paged list method (``reservations.list``, ``tokens.list``): pages
+        of ``PAGE``, each after the last id of the one before, until a shorter page."""
+        items: list[Any] = []
+        after = None
+        while True:
+            page = self.call(method, **params, limit=PAGE, after=after)
+            items.extend(page)
+            if len(page) < PAGE:
+                return items
+            after = page[-1]["id"]
 
     @property
     def output(self) -> str | None:

@@ -51,6 +51,7 @@ from better_compute.domain.errors import (
 from better_compute.domain.gpu_models import same_model
 from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.ids import check_key, parse_id, public_id
+from better_compute.domain.paging import page_size, position_after
 from better_compute.domain.placement import Lane, PlacementRequest
 from better_compute.domain.policy import kubernetes_resource
 from better_compute.domain.pool import Pool
@@ -70,7 +71,6 @@ from better_compute.domain.selectors import parse_selector
 from better_compute.projections.reservations import created_seq_of, list_reservations
 
 PLACEMENT_DEADLINE_S = 30.0  # how long a create keeps placing again after conflicts
-MAX_PAGE = 1000  # reservations one reservations.list call answers at most (its default)
 
 
 def check_kubernetes(pool: Pool) -> None:
@@ -342,15 +342,12 @@ class ReservationService:
              state: str | None, limit: int | None = None, after: str | None = None
              ) -> list[dict[str, Any]]:
         """One page of a tenant's reservations, oldest first: at most ``limit`` (default and
-        most ``MAX_PAGE``) created after ``after``; a page shorter than ``limit`` is the
-        last (docs/api.md)."""
+        most ``MAX_PAGE``, domain/paging.py) created after ``after``; a page shorter than
+        ``limit`` is the last (docs/api.md)."""
         tenant = self.service.aggregates.scope(principal, tenant_id)
         if pool_id:
             parse_id("pool", pool_id)
-        page = MAX_PAGE if limit is None else limit
-        if not 1 <= page <= MAX_PAGE:
-            raise InvalidInput(f"limit {limit}: ask for 1 to {MAX_PAGE} reservations a call, "
-                               "and for the next page pass after = the last id of this one")
+        page = page_size(limit, "reservation")
         if after is not None:
             parse_id("rsv", after)
         self.projections.catch_up("reservations")
@@ -359,12 +356,8 @@ class ReservationService:
         if unknown:
             raise InvalidInput(f"--state {', '.join(unknown)} is not a reservation state: use "
                                f"{', '.join(STATES)} (comma-separated)")
-        after_seq = None
-        if after is not None:
-            after_seq = created_seq_of(self.sql, tenant, after)
-            if after_seq is None:
-                raise InvalidInput(f"after: no reservation {after} of tenant {tenant}: pass the "
-                                   "id of the last reservation of the page before")
+        after_seq = position_after(after, lambda rsv: created_seq_of(self.sql, tenant, rsv),
+                                   "reservation", tenant)
         return self.queue.add_positions(list_reservations(
             self.sql, tenant_id=tenant, pool_id=pool_id or None, states=states,
             after_seq=after_seq, limit=page))

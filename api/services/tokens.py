@@ -21,6 +21,7 @@ from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.durations import format_duration
 from better_compute.domain.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from better_compute.domain.ids import parse_id
+from better_compute.domain.paging import page_size, position_after
 from better_compute.domain.text import check_name
 from better_compute.domain.token import (
     TOKEN_PREFIX,
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 RESCAN_S = 30.0  # the controller looks for newly due tokens at least this often
 MAX_PER_TENANT = 1000  # live API tokens of one tenant (tokens.max_per_tenant; root: none)
-MAX_PAGE = 1000  # tokens one tokens.list call answers at most (its default)
 
 
 def new_token_secret() -> str:
@@ -127,23 +127,18 @@ class TokenService:
     def list(self, principal: Principal, tenant_id: str | None, limit: int | None = None,
              after: str | None = None) -> builtins.list[dict[str, Any]]:
         """One page of a tenant's tokens, oldest first: at most ``limit`` (default and most
-        ``MAX_PAGE``) created after the token ``after``; a shorter page is the last."""
+        ``MAX_PAGE``, domain/paging.py) created after the token ``after``; a shorter page is
+        the last."""
         service = self.service
         tenant = service.aggregates.scope(principal, tenant_id)
         principal.require_admin_of(tenant, "list tokens")
-        page = MAX_PAGE if limit is None else limit
-        if not 1 <= page <= MAX_PAGE:
-            raise InvalidInput(f"limit {limit}: ask for 1 to {MAX_PAGE} tokens a call, and for "
-                               "the next page pass after = the last id of this one")
+        page = page_size(limit, "token")
         if after is not None:
             parse_id("tok", after)
         service.projections.catch_up("listings")
-        after_seq = None
-        if after is not None:
-            after_seq = listing_seq_of(service.sql, "apitoken", tenant, after)
-            if after_seq is None:
-                raise InvalidInput(f"after: no token {after} of tenant {tenant}: pass the id "
-                                   "of the last token of the page before")
+        after_seq = position_after(
+            after, lambda tok: listing_seq_of(service.sql, "apitoken", tenant, tok), "token",
+            tenant)
         docs = query_listing(service.sql, "apitoken", tenant_id=tenant, after_seq=after_seq,
                              limit=page)
         used = service.token_use.last_used(d["id"] for d in docs)

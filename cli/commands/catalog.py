@@ -13,8 +13,6 @@ from better_compute.cli.registry import add_group, add_verb
 from better_compute.cli.tables import POOLS, SITES, TOKENS
 from better_compute.domain.errors import InvalidInput
 
-TOKENS_PAGE = 1000  # tokens asked for per tokens.list call (the most a call answers)
-
 
 def tenants_create(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("tenants.create", tenantId=a.id, name=a.name))
@@ -40,16 +38,8 @@ def tokens_create(ctx: Context, a: argparse.Namespace) -> None:
 
 
 def tokens_list(ctx: Context, a: argparse.Namespace) -> None:
-    """Every one: the server answers a page at a time (at most ``TOKENS_PAGE``)."""
-    listed: list[Any] = []
-    after = None
-    while True:
-        page = ctx.call("tokens.list", tenantId=ctx.tenant, limit=TOKENS_PAGE, after=after)
-        listed.extend(page)
-        if len(page) < TOKENS_PAGE:
-            break
-        after = page[-1]["id"]
-    ctx.emit(listed, TOKENS)
+    """Every one: the server answers a page at a time."""
+    ctx.emit(ctx.call_pages("tokens.list", tenantId=ctx.tenant), TOKENS)
 
 
 def tokens_revoke(ctx: Context, a: argparse.Namespace) -> None:

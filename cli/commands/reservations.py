@@ -22,7 +22,6 @@ from better_compute.cli.tables import RESERVATIONS
 from better_compute.domain.errors import InvalidInput, Unavailable
 
 DEFAULT_WAIT_S = 20.0
-PAGE = 1000  # reservations asked for per reservations.list call (the most a call answers)
 
 
 def new_key() -> str:
@@ -92,17 +91,9 @@ def reservations_get(ctx: Context, a: argparse.Namespace) -> None:
 
 
 def reservations_list(ctx: Context, a: argparse.Namespace) -> None:
-    """Every one: the server answers a page at a time (at most ``PAGE``), oldest first."""
-    listed: list[Any] = []
-    after = None
-    while True:
-        page = ctx.call("reservations.list", tenantId=ctx.tenant, poolId=a.pool, state=a.state,
-                        limit=PAGE, after=after)
-        listed.extend(page)
-        if len(page) < PAGE:
-            break
-        after = page[-1]["id"]
-    ctx.emit(listed, RESERVATIONS)
+    """Every one: the server answers a page at a time, oldest first."""
+    ctx.emit(ctx.call_pages("reservations.list", tenantId=ctx.tenant, poolId=a.pool,
+                            state=a.state), RESERVATIONS)
 
 
 def _narrowing(p: argparse.ArgumentParser) -> None:

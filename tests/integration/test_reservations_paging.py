@@ -3,7 +3,7 @@
 Before, a call answered the tenant's whole history, oldest first: 5,000 reservations were
 3.5 MB of JSON and ~75 ms of the server's CPU per call, growing with every reservation a
 member makes, so repeated lists by one tenant slowed the server for all. Now a call answers
-at most ``limit`` (default and most ``MAX_PAGE``) after the reservation ``after``, oldest
+at most ``limit`` (default and most ``MAX_PAGE`` (domain/paging.py)) after the reservation ``after``, oldest
 first; a page shorter than ``limit`` is the last. The CLI pages through, so `reservations
 list` still prints every one. Here the page is made small (3) to show it with 7.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from better_compute.api.services import reservations as service_module
-from better_compute.cli.commands import reservations as cli_module
+from better_compute.cli import context
+from better_compute.domain import paging
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.errors import InvalidInput
 from better_compute.domain.ids import public_id
@@ -30,8 +30,8 @@ GHOST = public_id("rsv", uuid.UUID(int=7))  # well formed, never made (fixed: te
 
 @pytest.fixture
 def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service_module, "MAX_PAGE", PAGE)
-    monkeypatch.setattr(cli_module, "PAGE", PAGE)
+    monkeypatch.setattr(paging, "MAX_PAGE", PAGE)
+    monkeypatch.setattr(context, "PAGE", PAGE)
 
 
 def test_a_call_answers_one_page_and_after_reads_on(runtime: Any, small_pages: None) -> None:

@@ -3,7 +3,7 @@
 Revoked and expired tokens stay listed (their history), so a tenant admin who mints and
 revokes in a loop grew every later `tokens list` without end (live ones are bounded at
 1,000: test_token_bound.py). Now a call answers at most ``limit`` (default and most
-``MAX_PAGE``) created after the token ``after``, oldest first, a shorter page being the last;
+``MAX_PAGE`` (domain/paging.py)) created after the token ``after``, oldest first, a shorter page being the last;
 the CLI pages through. Here the page is made small (2) to show it with 5.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from better_compute.api.services import tokens as service_module
-from better_compute.cli.commands import catalog as cli_module
+from better_compute.cli import context
+from better_compute.domain import paging
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.errors import InvalidInput
 from better_compute.domain.ids import public_id
@@ -28,8 +28,8 @@ GHOST = public_id("tok", uuid.UUID(int=7))  # well formed, never made
 
 @pytest.fixture
 def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service_module, "MAX_PAGE", PAGE)
-    monkeypatch.setattr(cli_module, "TOKENS_PAGE", PAGE)
+    monkeypatch.setattr(paging, "MAX_PAGE", PAGE)
+    monkeypatch.setattr(context, "PAGE", PAGE)
 
 
 def _made(runtime: Any, count: int) -> list[str]:
