@@ -11,6 +11,7 @@ import os
 import select
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -136,6 +137,30 @@ class Server:
         if self.process.poll() is None:
             self.process.send_signal(sig)
             self.process.wait(timeout=30)
+
+
+def tls_connect(port: int, ca: Path, *, timeout: float, source: str = "127.0.0.1"
+                ) -> ssl.SSLSocket:
+    """A raw TLS connection from ``source`` to a test server on loopback that trusts ``ca``;
+    its reads time out after ``timeout`` seconds (tests of what the server does to it)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    raw = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
+    sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
+    sock.settimeout(timeout)
+    return sock
+
+
+def read_until_closed(sock: ssl.SSLSocket,
+                      ended: tuple[type[BaseException], ...] = (ConnectionResetError,)) -> bytes:
+    """Everything the server sends until it ends the connection (an ``ended`` error is how
+    an abort shows: what came before it still counts)."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ended:
+        pass
+    return data
 
 
 def wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float = 60) -> str:

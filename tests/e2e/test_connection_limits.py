@@ -16,41 +16,34 @@ quick; the defaults are 256 and 4,096. Loopback has many addresses (127.0.0.2, â
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import subprocess
 from pathlib import Path
 
 import httpx
 
-from tests.support import CLI, client_env, eventually, initialize, serve, store_env
+from tests.support import (
+    CLI,
+    client_env,
+    eventually,
+    initialize,
+    read_until_closed,
+    serve,
+    store_env,
+    tls_connect,
+)
 
 PER_ADDRESS, TOTAL = 3, 5
 ENDED_WITHIN = 10.0  # seconds by which a refused connection must be gone
 
 
 def _connect(port: int, ca: Path, source: str = "127.0.0.1") -> ssl.SSLSocket:
-    context = ssl.create_default_context(cafile=str(ca))
-    raw = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
-    sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
-    sock.settimeout(ENDED_WITHIN)
-    return sock
-
-
-def _read_all(sock: ssl.SSLSocket) -> bytes:
-    """Everything the server sends until it ends the connection."""
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except (ConnectionResetError, ssl.SSLError):  # ended by abort: what came before counts
-        pass
-    return data
+    return tls_connect(port, ca, timeout=ENDED_WITHIN, source=source)
 
 
 def _refusal(sock: ssl.SSLSocket) -> tuple[bytes, dict[str, object]]:
     """The status line and the JSON-RPC error of a refused connection, which then ends."""
-    data = _read_all(sock)
+    data = read_until_closed(sock, (ConnectionResetError, ssl.SSLError))  # aborted
     head, _, body = data.partition(b"\r\n\r\n")
     assert b"\r\nconnection: close" in head.lower() and b"retry-after: 1" in head.lower(), head
     return head.split(b"\r\n", 1)[0], json.loads(body)["error"]

@@ -13,12 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import ssl
 import time
 from pathlib import Path
 
-from tests.support import eventually, initialize, serve, store_env
+from tests.support import eventually, initialize, read_until_closed, serve, store_env, tls_connect
 
 HEAD, BODY = 1, 2  # seconds: the timeouts these servers run with
 IDLE = 50  # connections that say nothing, at once
@@ -26,22 +25,7 @@ ENDED_WITHIN = 15.0  # seconds after a timeout by which the connection must be g
 
 
 def _connect(port: int, ca: Path) -> ssl.SSLSocket:
-    context = ssl.create_default_context(cafile=str(ca))
-    sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
-                               server_hostname="127.0.0.1")
-    sock.settimeout(HEAD + BODY + ENDED_WITHIN)
-    return sock
-
-
-def _read_all(sock: ssl.SSLSocket) -> bytes:
-    """Everything the server sends until it ends the connection."""
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except ConnectionResetError:  # ended by abort: what was sent before still counts
-        pass
-    return data
+    return tls_connect(port, ca, timeout=HEAD + BODY + ENDED_WITHIN)
 
 
 def _response(sock: ssl.SSLSocket) -> bytes:
@@ -101,9 +85,9 @@ def test_connections_that_stall_are_ended_and_complete_calls_are_not(tmp_path: P
             assert answer.startswith(b"HTTP/1.1 200 ") and b'"result"' in answer, answer[:300]
             time.sleep(HEAD * 1.5)  # longer than the head timeout, between requests
 
-        assert _read_all(idle) == b"", "an idle connection got an answer"
-        assert _read_all(head) == b"", "a partial head got an answer"
-        refused = _read_all(body)
+        assert read_until_closed(idle) == b"", "an idle connection got an answer"
+        assert read_until_closed(head) == b"", "a partial head got an answer"
+        refused = read_until_closed(body)
         took = time.monotonic() - started
         assert refused.startswith(b"HTTP/1.1 408 "), refused[:300]
         error = json.loads(refused.split(b"\r\n\r\n", 1)[1])["error"]
@@ -129,7 +113,7 @@ def test_fifty_idle_connections_are_all_let_go(tmp_path: Path) -> None:
         eventually(lambda: _sockets(pid) >= before + IDLE, "the server holds them all",
                    timeout=ENDED_WITHIN)
         for sock in sockets:
-            assert _read_all(sock) == b""
+            assert read_until_closed(sock) == b""
             sock.close()
         eventually(lambda: _sockets(pid) <= before,
                    f"the server let go of the idle connections ({_sockets(pid)} sockets open, "
@@ -146,6 +130,6 @@ def test_a_flood_of_malformed_requests_is_one_log_line(tmp_path: Path) -> None:
         for _ in range(200):
             with _connect(server.port, ca) as sock:
                 sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
-                assert _read_all(sock).startswith(b"HTTP/1.1 400 ")
+                assert read_until_closed(sock).startswith(b"HTTP/1.1 400 ")
     lines = [line for line in log.read_text(errors="replace").splitlines() if line]
     assert len(lines) == 1 and "Invalid HTTP request received." in lines[0], lines[:5]
