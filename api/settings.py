@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 
 from better_compute.domain.durations import parse_duration
@@ -32,3 +33,21 @@ def env_count(env: Mapping[str, str] | None, name: str, default: int) -> int:
         raise InvalidInput(f"{name}={text!r} is not a whole number from 0 to 999999999 "
                            "(0: no bound)")
     return int(text)
+
+
+def env_networks(env: Mapping[str, str] | None, name: str, key: str) -> list[str]:
+    """``name`` from ``env``: addresses and networks (``10.0.0.5``, ``10.0.0.0/8``, ``::1``)
+    separated by commas, or ``*`` for every address; [] when unset."""
+    text = (env or {}).get(name, "").strip()
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    for item in items:
+        if item == "*":
+            continue
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise InvalidInput(
+                f"{key} ({name}): {item!r} is not an IP address or network; give addresses "
+                "and networks separated by commas (10.0.0.5, 10.0.0.0/8, fd00::/8), or * "
+                "for every peer") from None
+    return items

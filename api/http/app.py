@@ -96,7 +96,8 @@ def _bearer(request: Request) -> str | None:
 async def rpc_endpoint(request: Request) -> Response:
     """One JSON-RPC request, counted in the metrics and logged (api/http/request_log.py)."""
     started = time.perf_counter()
-    record = RequestRecord(new_request_id(request.headers.get(REQUEST_ID_HEADER)))
+    record = RequestRecord(new_request_id(request.headers.get(REQUEST_ID_HEADER)),
+                           client=request.client.host if request.client else None)
     current = CURRENT.set(record)
     try:
         response = await _rpc(request)

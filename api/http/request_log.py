@@ -36,6 +36,7 @@ class RequestRecord:
     tenant: str | None = None
     actor: str | None = None
     store_error: bool = False
+    client: str | None = None  # the caller's address (api/http/serve.py: trusted proxies)
 
 
 _current: ContextVar[RequestRecord | None] = ContextVar("better_compute_request", default=None)
@@ -100,4 +101,4 @@ def log_request(record: RequestRecord, seconds: float) -> None:
         log.info("rpc %s %s", record.method, record.code, extra={"fields": {
             "request_id": record.request_id, "method": record.method, "tenant": record.tenant,
             "actor": record.actor, "duration_ms": round(seconds * 1000, 3),
-            "code": record.code}})
+            "code": record.code, "client": record.client}})

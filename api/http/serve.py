@@ -26,7 +26,7 @@ from better_compute.api.http.server_config import with_file
 from better_compute.api.http.watch import stop_streams
 from better_compute.api.net import is_loopback
 from better_compute.api.runtime import Runtime
-from better_compute.api.settings import env_count, env_seconds
+from better_compute.api.settings import env_count, env_networks, env_seconds
 from better_compute.api.store.token_use import flush_token_use
 from better_compute.api.wire import logs
 from better_compute.api.wire.daemon import notify
@@ -284,6 +284,11 @@ def _workers_that_fit(options: ServeOptions, env: dict[str, str] | None) -> Serv
     return dataclasses.replace(options, workers=workers)
 
 
+def trusted_proxies(env: Mapping[str, str] | None) -> list[str]:
+    """``http.trusted_proxies``: the peers whose X-Forwarded-For names the client."""
+    return env_networks(env, "BETTER_COMPUTE_HTTP_TRUSTED_PROXIES", "http.trusted_proxies")
+
+
 def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[str, str],
              env: Mapping[str, str], ready: str) -> _Server:
     """The uvicorn server of ``app``, with our protocol, timeouts and grace (http_limits)."""
@@ -295,9 +300,13 @@ def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[st
                               http_limits.MAX_CONNECTIONS_PER_ADDRESS),
         on_open=metrics.connections.set if metrics is not None else None,
         on_refused=metrics.connection_refused if metrics is not None else None)
+    proxies = trusted_proxies(env)
     config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
                             log_config=None,  # our handler and format (logs.configure)
                             access_log=False, lifespan="on",
+                            # X-Forwarded-For only from the proxies named (uvicorn's
+                            # default believes it from loopback: any local process)
+                            proxy_headers=bool(proxies), forwarded_allow_ips=proxies or [],
                             http=http_limits.protocol_class(head_timeout, limits),
                             **ssl)  # type: ignore[arg-type]
     return _Server(config, ready,
@@ -316,6 +325,7 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     if options.workers < 1:
         raise InvalidInput(f"--workers {options.workers}: use 1 or more processes")
     if fd is None:  # the server's process, not a worker of it
+        trusted_proxies(with_file(os.environ if env is None else env))  # refused here, once
         options = _workers_that_fit(options, env)
     if options.workers > 1 and fd is None:
         from better_compute.api.http.workers import supervise

@@ -115,6 +115,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http.max_connections", None, "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS", "4096",
             "number", "connections a server process holds open at once; past it a connection "
             "is answered HTTP 503 and closed (0: no bound)"),
+    Setting("http.trusted_proxies", None, "BETTER_COMPUTE_HTTP_TRUSTED_PROXIES", "(none)",
+            "list", "reverse proxies (addresses or networks; * for every peer) whose "
+            "X-Forwarded-For names the client; from any other peer the header is ignored "
+            "and the client is the connection's address"),
     Setting("shutdown.grace", None, "BETTER_COMPUTE_SHUTDOWN_GRACE", "15s", "duration",
             "after SIGTERM, calls still running this long are cancelled (unanswered) and "
             "the server ends; keep it under the service manager's stop timeout"),
@@ -195,6 +199,8 @@ def load_file(path: Path, named_by: str = "--config") -> dict[str, Any]:
 
 
 def _as_env(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(value)
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from better_compute.api.http.serve import trusted_proxies
 from better_compute.api.http.server_config import SETTINGS, resolve, with_file
 from better_compute.cli.main import build_parser
 from better_compute.domain.errors import InvalidInput
@@ -84,6 +85,14 @@ def test_the_environment_names_the_file_for_in_process_commands(tmp_path: Path) 
     merged = with_file({"BETTER_COMPUTE_CONFIG": path})
     assert merged["BETTER_COMPUTE_DATA_DIR"] == "/srv/bc"
     assert with_file({}) == {}
+
+
+def test_a_list_in_the_file_reaches_the_environment_comma_separated(tmp_path: Path) -> None:
+    path = _file(tmp_path, '[http]\ntrusted_proxies = ["10.0.0.5", "fd00::/8"]\n')
+    merged = with_file({"BETTER_COMPUTE_CONFIG": path})
+    assert merged["BETTER_COMPUTE_HTTP_TRUSTED_PROXIES"] == "10.0.0.5,fd00::/8"
+    assert trusted_proxies(merged) == ["10.0.0.5", "fd00::/8"]
+    assert trusted_proxies({}) == []  # none by default: X-Forwarded-For is never believed
 
 
 @pytest.mark.parametrize(("text", "needle"), [
