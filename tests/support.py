@@ -150,7 +150,7 @@ def tls_connect(port: int, ca: Path, *, timeout: float, source: str = "127.0.0.1
     return sock
 
 
-def read_until_closed(sock: ssl.SSLSocket,
+def read_until_closed(sock: socket.socket,
                       ended: tuple[type[BaseException], ...] = (ConnectionResetError,)) -> bytes:
     """Everything the server sends until it ends the connection (an ``ended`` error is how
     an abort shows: what came before it still counts)."""

@@ -8,8 +8,9 @@
   ``protocol_class`` aborts it one second later if the body is still coming
   (a TLS close otherwise goes on reading, and decrypting, whatever the client
   sends for up to 30 s while it waits for the client's close_notify).
-- Time (slow clients, "slowloris"): a connection has ``HEAD_TIMEOUT`` (10 s) from its start
-  (after the TLS handshake), and each request from its first byte, to send the complete
+- Time (slow clients, "slowloris"): the TLS handshake has ``HEAD_TIMEOUT`` (10 s; serve.py
+  sets it on the listeners), then a connection has ``HEAD_TIMEOUT`` from the handshake's
+  end, and each request from its first byte, to send the complete
   request head, or it is ended (aborted: nothing to answer yet); between requests uvicorn's
   keep-alive timeout (5 s) ends an idle one. A body must be complete within
   ``BODY_TIMEOUT`` (30 s) of its head, or the call is refused with HTTP 408 and the

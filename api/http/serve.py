@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
@@ -9,7 +11,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,26 @@ class ServeOptions:
     workers_from_default: bool = False  # ``workers`` is the core count, not --workers
 
 
+@contextlib.contextmanager
+def _handshake_timeout(loop: asyncio.AbstractEventLoop, seconds: float) -> Iterator[None]:
+    """The listeners uvicorn creates meanwhile end a TLS handshake not done within
+    ``seconds`` (asyncio's default is 60 s, and uvicorn passes none): a connection that
+    never finishes its handshake is not yet counted by the connection bounds
+    (http_limits.ConnectionLimits), so this is what bounds how long it holds a descriptor."""
+    create_server = loop.create_server
+
+    def with_timeout(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("ssl") is not None:  # plain HTTP (--insecure-loopback) has none
+            kwargs["ssl_handshake_timeout"] = seconds
+        return create_server(*args, **kwargs)
+
+    loop.create_server = with_timeout  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del loop.create_server  # the loop's own method again
+
+
 class _Server(uvicorn.Server):
     """Announces readiness on stdout once the socket is bound, so callers never sleep.
 
@@ -79,11 +101,13 @@ class _Server(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, ready_line: str,
-                 grace: float = SHUTDOWN_GRACE) -> None:
+                 grace: float = SHUTDOWN_GRACE,
+                 handshake_timeout: float = http_limits.HEAD_TIMEOUT) -> None:
         config.timeout_graceful_shutdown = math.ceil(grace) + CANCEL_AFTER
         super().__init__(config)
         self.ready_line = ready_line
         self.grace = grace
+        self.handshake_timeout = handshake_timeout
         self.lifespan_died = False
 
     async def on_tick(self, counter: int) -> bool:
@@ -96,7 +120,8 @@ class _Server(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        with _handshake_timeout(asyncio.get_running_loop(), self.handshake_timeout):
+            await super().startup(sockets)
         if self.started:
             introspect.report_on_signal(self.describe)  # kill -USR1: what it waits on
             print(self.ready_line, flush=True)
@@ -310,7 +335,8 @@ def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[st
                             http=http_limits.protocol_class(head_timeout, limits),
                             **ssl)  # type: ignore[arg-type]
     return _Server(config, ready,
-                   env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_GRACE", SHUTDOWN_GRACE))
+                   env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
+                   handshake_timeout=head_timeout)
 
 
 def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int | None = None,

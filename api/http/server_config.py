@@ -102,8 +102,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("watch.heartbeat", None, "BETTER_COMPUTE_WATCH_HEARTBEAT", "5s", "duration",
             "a /watch stream's heartbeat when no event comes"),
     Setting("http.head_timeout", None, "BETTER_COMPUTE_HTTP_HEAD_TIMEOUT", "10s", "duration",
-            "a connection (after TLS) or a request (from its first byte) that has not sent "
-            "its complete request head within this is ended"),
+            "a TLS handshake not done within this, or a connection (after TLS) or a request "
+            "(from its first byte) that has not sent its complete request head within this, "
+            "is ended"),
     Setting("http.body_timeout", None, "BETTER_COMPUTE_HTTP_BODY_TIMEOUT", "30s", "duration",
             "a request body not complete within this of its head is refused (HTTP 408) "
             "and its connection closed"),

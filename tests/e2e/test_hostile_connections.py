@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -117,6 +118,32 @@ def test_fifty_idle_connections_are_all_let_go(tmp_path: Path) -> None:
             sock.close()
         eventually(lambda: _sockets(pid) <= before,
                    f"the server let go of the idle connections ({_sockets(pid)} sockets open, "
+                   f"{before} before)", timeout=ENDED_WITHIN)
+
+
+def test_connections_that_never_finish_the_tls_handshake_are_let_go(tmp_path: Path) -> None:
+    """Before, a TCP connection that never began its TLS handshake, or sent part of it,
+    was kept for asyncio's 60 s handshake timeout, uncounted by the connection bounds (they
+    count from the handshake's end): one client could hold that many file descriptors.
+    Now the handshake has ``http.head_timeout``, as the request head after it has."""
+    env = _env(tmp_path)
+    initialize(env)
+    with serve(env) as server:
+        pid = server.process.pid
+        before = _sockets(pid)
+        started = time.monotonic()
+        silent = [socket.create_connection(("127.0.0.1", server.port), timeout=ENDED_WITHIN)
+                  for _ in range(IDLE)]
+        partial = socket.create_connection(("127.0.0.1", server.port), timeout=ENDED_WITHIN)
+        partial.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
+        eventually(lambda: _sockets(pid) >= before + IDLE + 1, "the server holds them all",
+                   timeout=ENDED_WITHIN)
+        for sock in [*silent, partial]:
+            assert read_until_closed(sock, (ConnectionResetError,)) == b""
+            sock.close()
+        assert time.monotonic() - started < HEAD + ENDED_WITHIN
+        eventually(lambda: _sockets(pid) <= before,
+                   f"the server let go of the handshakes ({_sockets(pid)} sockets open, "
                    f"{before} before)", timeout=ENDED_WITHIN)
 
 
