@@ -78,14 +78,16 @@ def _open_bundle(service: ComputeService) -> pki.PkiBundle:
 
 
 class _QuietTLSListener(TLSListener):
-    """A failed handshake (no or wrong client certificate) is one warning line, no traceback."""
+    """A failed handshake (no or wrong client certificate, or none in time) is one warning
+    line, no traceback; serve's log keeps such lines to one a minute (ClientNoise)."""
 
     @staticmethod
     async def handle_handshake_error(exc: BaseException, stream: Any) -> None:
         await anyio.aclose_forcefully(stream)
         if isinstance(exc, anyio.get_cancelled_exc_class()) or not isinstance(exc, Exception):
             raise exc
-        log.warning("gateway: TLS handshake refused: %s", exc)
+        reason = "not done within the hello timeout" if isinstance(exc, TimeoutError) else exc
+        log.warning("gateway: TLS handshake refused: %s", reason)
 
 
 class Gateway:
@@ -128,7 +130,11 @@ class Gateway:
         """Listen until cancelled; ``task_status`` gets the bound port."""
         tcp = await anyio.create_tcp_listener(local_host=host, local_port=port)
         self.port = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
-        listener = _QuietTLSListener(tcp, self.ssl_context, standard_compatible=False)
+        # A handshake has the hello's time too (anyio's default is 30 s): the port faces
+        # every network the nodes are on, and a connection that never finishes its
+        # handshake holds a descriptor until then.
+        listener = _QuietTLSListener(tcp, self.ssl_context, standard_compatible=False,
+                                     handshake_timeout=self.hello_timeout)
         try:
             async with listener, anyio.create_task_group() as tg:
                 tg.start_soon(self._flush_loop)

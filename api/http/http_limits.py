@@ -50,10 +50,10 @@
   first call authenticates (``Tenants``); that first call takes only its token's turn.
   The root tenant (the platform's operators) is bounded per token only.
 
-- Log lines a client causes (``ClientNoise``): uvicorn logs a warning for each malformed
-  request ("Invalid HTTP request received."), so a client sending garbage on many small
-  connections wrote as many lines (and under journald's rate limit, pushed the server's own
-  lines out). Now one such line a minute per message, the next saying how many were left
+- Log lines a client causes (``ClientNoise``; the gateway's refused handshakes too):
+  uvicorn logs a warning for each malformed request ("Invalid HTTP request received."), so
+  a client sending garbage on many small connections wrote as many lines (and under
+  journald's rate limit, pushed the server's own lines out). Now one such line a minute per message, the next saying how many were left
   out.
 
 The table of every bound is in docs/security.md ("Bounds").
@@ -469,10 +469,13 @@ def _abort(transport: Any) -> None:
 
 
 class ClientNoise(logging.Filter):
-    """At most one line per ``window`` seconds for each warning uvicorn logs about a client's
-    malformed request; the next line that passes says how many were left out before it."""
+    """At most one line per ``window`` seconds for each warning logged about what a client
+    did (uvicorn's for a malformed request, the gateway's for a refused TLS handshake); the
+    next line that passes says how many were left out before it."""
 
-    MESSAGES = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
+    MESSAGES = frozenset({("uvicorn.error", "Invalid HTTP request received."),
+                          ("uvicorn.error", "Unsupported upgrade request."),
+                          ("better_compute.gateway", "gateway: TLS handshake refused: %s")})
 
     def __init__(self, window: float = 60.0, clock: Callable[[], float] = time.monotonic
                  ) -> None:
@@ -483,7 +486,7 @@ class ClientNoise(logging.Filter):
         self._last: dict[str, tuple[float, int]] = {}  # message -> (logged at, left out since)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name != "uvicorn.error" or record.msg not in self.MESSAGES:
+        if (record.name, record.msg) not in self.MESSAGES:
             return True
         message = str(record.msg)
         with self._lock:

@@ -264,3 +264,27 @@ def test_a_silent_session_is_closed_and_says_why(env: dict[str, str], tmp_path: 
         assert events[-1]["data"]["reason"] == "nothing heard for 1s"
 
     run_with_gateway(env, tmp_path, body, heartbeat_seconds=0.1, min_idle=1.0)
+
+
+def test_a_connection_that_never_finishes_its_tls_handshake_is_let_go(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """The gateway's port faces every network nodes are on. Before, a TCP connection that
+    never sent its ClientHello was kept for anyio's 30 s handshake timeout; now the
+    handshake has the gateway's hello timeout, as the Hello after it has."""
+    async def body(plane: Plane) -> None:
+        assert plane.gateway is not None
+        started = anyio.current_time()
+        silent = await anyio.connect_tcp("127.0.0.1", plane.gateway.port)
+        with anyio.fail_after(HELLO + 10):
+            try:
+                data = await silent.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError):
+                data = b""
+        assert data == b"", data
+        assert anyio.current_time() - started < HELLO + 10
+        await silent.aclose()
+
+    run_with_gateway(env, tmp_path, body, hello_timeout=HELLO)
+
+
+HELLO = 1.0  # seconds: the tests' gateway's hello (and handshake) timeout

@@ -34,3 +34,15 @@ def test_each_message_has_its_own_window_and_other_lines_pass() -> None:
     for _ in range(3):  # the server's own lines, and other loggers', always pass
         assert noise.filter(_record("uvicorn.error", "Exception in ASGI application"))
         assert noise.filter(_record("better_compute.serve", "Invalid HTTP request received."))
+
+
+def test_the_gateways_refused_handshakes_are_one_line_a_window() -> None:
+    """The gateway's port faces every network its nodes are on: a client failing TLS
+    handshakes in a loop (no certificate, or none at all in time) was a line each."""
+    noise = ClientNoise(window=60, clock=lambda: 0.0)
+    lines = [logging.LogRecord("better_compute.gateway", logging.WARNING, __file__, 1,
+                               "gateway: TLS handshake refused: %s", (f"reason {n}",), None)
+             for n in range(100)]
+    passed = [line for line in lines if noise.filter(line)]
+    assert len(passed) == 1 and passed[0].getMessage().startswith(
+        "gateway: TLS handshake refused: reason 0 (a client's; more within 60 s"), passed
