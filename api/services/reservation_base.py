@@ -50,6 +50,7 @@ class ReservationCore:
         self._locks: dict[str, threading.Lock] = {}
         self._quota_locks: dict[tuple[str, str], threading.Lock] = {}
         self._claims: dict[str, dict[str, int]] = {}  # pool -> node -> placements saving
+        self._claims_guard = threading.Lock()  # not the pool's: a choice holds that for long
         self._locks_guard = threading.Lock()
 
     # ----------------------------------------------------------------- helpers
@@ -94,15 +95,20 @@ class ReservationCore:
 
     def in_flight(self, pool_id: str) -> frozenset[str]:
         """Nodes of ``pool_id`` that placements of this process are booking and saving on
-        (read under the pool's lock)."""
-        return frozenset(self._claims.get(pool_id, {}))
+        (read under the pool's lock, by the placement about to choose)."""
+        with self._claims_guard:
+            return frozenset(self._claims.get(pool_id, ()))
 
     def claim(self, pool_id: str, node_id: str) -> None:
-        claims = self._claims.setdefault(pool_id, {})
-        claims[node_id] = claims.get(node_id, 0) + 1
+        """``node_id`` is being booked (under the pool's lock, with the choice)."""
+        with self._claims_guard:
+            claims = self._claims.setdefault(pool_id, {})
+            claims[node_id] = claims.get(node_id, 0) + 1
 
     def unclaim(self, pool_id: str, node_id: str) -> None:
-        with self.pool_lock(pool_id):
+        """The booking on ``node_id`` is saved or given up: at once, not behind the pool's
+        lock, which another placement may hold for its whole choice."""
+        with self._claims_guard:
             claims = self._claims.get(pool_id, {})
             claims[node_id] = claims.get(node_id, 1) - 1
             if claims[node_id] <= 0:
