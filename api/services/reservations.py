@@ -240,7 +240,6 @@ class ReservationService:
         avoid = True  # nodes other placements of this process are saving on, while others fit
         while True:
             quota = None
-            refused: QuotaExceeded | NoCapacity | None = None
             with self.core.pool_lock(pool.public_id):  # the choice only, not the save
                 busy = self.core.in_flight(pool.public_id) if avoid else frozenset()
                 try:
@@ -250,38 +249,26 @@ class ReservationService:
                     placement, begin, end = self.earliest.place_for(
                         pool, replace(request, exclude_nodes=request.exclude_nodes | busy),
                         begin, end, mode)
-                except (QuotaExceeded, NoCapacity) as exc:
-                    refused = exc
-                else:
-                    self.core.claim(pool.public_id, placement.node_id)
-            done = None
-            if refused is None:
-                try:
-                    # The queue's head is read outside the pool's lock (a follow of the
-                    # reservations read model: round trips on PostgreSQL), as the save is:
-                    # the node chosen is claimed meanwhile, so no other choice of this
-                    # process takes it, and the check was never atomic with the save.
                     self.earliest.check_line(pool, tenant, placement, begin, end,
-                                             gpus if limit is not None else 0, now)
-                except NoCapacity as exc:
-                    refused = exc
-                else:
-                    done = self._book_and_save(principal, uuid=uuid, tenant=tenant, pool=pool,
-                                               gpus=gpus, fields=fields, key=key, fp=fp,
-                                               placement=placement, begin=begin, end=end,
-                                               quota=quota, give_up=give_up, now=now)
-                finally:
-                    self.core.unclaim(pool.public_id, placement.node_id)
-            if refused is not None:
-                if busy and isinstance(refused, NoCapacity):
-                    avoid = False  # only the nodes being saved on were left: try them
-                    continue
-                if not mode.queue:
-                    raise refused
-                return self.queue.enqueue(uuid=uuid, tenant=tenant, pool=pool, request=request,
-                                          fields=fields, key=key, fp=fp,
-                                          created_by=principal.token_id, now=now, mode=mode,
-                                          refused=refused)
+                                    gpus if limit is not None else 0, now)
+                except (QuotaExceeded, NoCapacity) as refused:
+                    if busy and isinstance(refused, NoCapacity):
+                        avoid = False  # only the nodes being saved on were left: try them
+                        continue
+                    if not mode.queue:
+                        raise
+                    return self.queue.enqueue(uuid=uuid, tenant=tenant, pool=pool, request=request,
+                                        fields=fields, key=key, fp=fp,
+                                        created_by=principal.token_id, now=now, mode=mode,
+                                        refused=refused)
+                self.core.claim(pool.public_id, placement.node_id)
+            try:
+                done = self._book_and_save(principal, uuid=uuid, tenant=tenant, pool=pool,
+                                           gpus=gpus, fields=fields, key=key, fp=fp,
+                                           placement=placement, begin=begin, end=end,
+                                           quota=quota, give_up=give_up, now=now)
+            finally:
+                self.core.unclaim(pool.public_id, placement.node_id)
             if done is not None:
                 return done
             avoid = True
