@@ -23,12 +23,10 @@ from eventsourcing.persistence import Notification, StoredEvent
 
 from better_compute.api.http.server_config import with_file
 from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.limits import ServiceLimits
 from better_compute.api.services.registry import Services, build_services
-from better_compute.api.services.reservation_queue import MAX_QUEUED
-from better_compute.api.services.tokens import MAX_PER_TENANT as MAX_TOKENS_PER_TENANT
 from better_compute.api.services.tokens import lifetimes_from_env
 from better_compute.api.services.unit import Aggregates
-from better_compute.api.settings import env_count
 from better_compute.api.store.codec import event_class
 from better_compute.api.store.store import (
     ComputeStore,
@@ -146,16 +144,13 @@ class Runtime:
                 projections = Projections(store)
                 TokenUse.create_table(projections.sql)
                 lifetimes = lifetimes_from_env(env)
-                max_queued = env_count(env, "BETTER_COMPUTE_RESERVATIONS_MAX_QUEUED", MAX_QUEUED)
-                max_tokens = env_count(env, "BETTER_COMPUTE_TOKEN_MAX_PER_TENANT",
-                                       MAX_TOKENS_PER_TENANT)
+                limits = ServiceLimits.from_env(env)
             except BaseException:
                 store.close()
                 raise
         services = build_services(Aggregates(store, projections), lifetimes=lifetimes,
                                   master_key_text=lambda: master_key_text(env, config),
-                                  gateway_url=gateway_url, lane=lane, max_queued=max_queued,
-                                  max_tokens_per_tenant=max_tokens)
+                                  gateway_url=gateway_url, lane=lane, limits=limits)
         return cls(config, store, projections, services, env)
 
     @property

@@ -17,7 +17,7 @@ from uuid import UUID
 from eventsourcing.application import AggregateNotFoundError
 from eventsourcing.persistence import IntegrityError
 
-from better_compute.api.services.tokens import MAX_PER_TENANT as MAX_TOKENS_PER_TENANT
+from better_compute.api.services.limits import ServiceLimits
 from better_compute.api.services.tokens import TokenService, new_token_secret
 from better_compute.api.services.unit import Aggregates, Clock, utc_now
 from better_compute.api.store.actor import LOCAL, acting_as, current_actor
@@ -55,7 +55,7 @@ class ComputeService:
                  lifetimes: TokenLifetimes | None = None,
                  master_key_text: Callable[[], str] | None = None,
                  gateway_url: str | None = None,
-                 max_tokens_per_tenant: int = MAX_TOKENS_PER_TENANT) -> None:
+                 limits: ServiceLimits | None = None) -> None:
         self.aggregates = aggregates
         self.store = aggregates.store
         self.projections = aggregates.projections
@@ -65,7 +65,7 @@ class ComputeService:
         # The agents' gateway as `serve` publishes it (None in the CLI's in-process mode).
         self.gateway_url = gateway_url
         self.lifetimes = lifetimes or TokenLifetimes()  # the server's (api/services/tokens.py)
-        self.max_tokens_per_tenant = max_tokens_per_tenant  # 0: no bound
+        self.limits = limits or ServiceLimits()  # what one tenant may hold (0: no bound)
         self.token_use = token_use
         self.tokens = TokenService(self)
         self._id_namespace: UUID | None = None

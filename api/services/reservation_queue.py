@@ -43,7 +43,6 @@ from better_compute.projections.reservations import (
 )
 
 RETRIES = 5  # a change decided again after this many concurrent writers gives up (next pass)
-MAX_QUEUED = 100  # queued reservations of one tenant in one pool (reservations.max_queued)
 
 
 @dataclass
@@ -71,9 +70,8 @@ class _Outcome:
 class ReservationQueue:
     """The line of each pool and its dispatch, on the earliest start and the shared access."""
 
-    def __init__(self, core: ReservationCore, earliest: EarliestStart,
-                 max_queued: int = MAX_QUEUED) -> None:
-        self.max_queued = max_queued  # 0: no bound
+    def __init__(self, core: ReservationCore, earliest: EarliestStart) -> None:
+        self.max_queued = core.service.limits.max_queued  # 0: no bound
         self.core = core
         self.store = core.store
         self.sql = core.sql

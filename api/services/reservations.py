@@ -32,7 +32,6 @@ from better_compute.api.services.reservation_base import ReservationCore
 from better_compute.api.services.reservation_binding import ReservationBinding
 from better_compute.api.services.reservation_earliest import EarliestStart
 from better_compute.api.services.reservation_queue import (
-    MAX_QUEUED,
     DispatchReport,
     ReservationQueue,
 )
@@ -92,8 +91,7 @@ class ReservationService:
     here; the controllers' and the gateway's entry points are delegated below.
     """
 
-    def __init__(self, service: ComputeService, lane: Lane | None = None,
-                 max_queued: int = MAX_QUEUED) -> None:
+    def __init__(self, service: ComputeService, lane: Lane | None = None) -> None:
         self.service = service
         self.aggregates = service.aggregates
         self.store = service.store
@@ -101,7 +99,7 @@ class ReservationService:
         self.projections = service.projections
         self.core = ReservationCore(service, lane)
         self.earliest = EarliestStart(self.core)
-        self.queue = ReservationQueue(self.core, self.earliest, max_queued)
+        self.queue = ReservationQueue(self.core, self.earliest)
         self.binding = ReservationBinding(self.core)
 
     # ------------------------------------------------ entry points of the parts

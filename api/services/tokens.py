@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from better_compute.domain.join_token import JoinToken
 
 RESCAN_S = 30.0  # the controller looks for newly due tokens at least this often
-MAX_PER_TENANT = 1000  # live API tokens of one tenant (tokens.max_per_tenant; root: none)
 
 
 def new_token_secret() -> str:
@@ -112,7 +111,7 @@ class TokenService:
     def _check_room(self, tenant: str, now: datetime) -> None:
         """Refuse a new token of a tenant that has ``max_tokens_per_tenant`` live ones (read
         from the listing as the call finds it: racing creates may each pass it once)."""
-        limit = self.service.max_tokens_per_tenant
+        limit = self.service.limits.max_tokens_per_tenant
         if not limit or tenant == ROOT_TENANT:
             return
         live = sum(1 for doc in self.service.listing("apitoken", tenant_id=tenant)
