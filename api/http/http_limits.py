@@ -14,7 +14,9 @@
   request head, or it is ended (aborted: nothing to answer yet); between requests uvicorn's
   keep-alive timeout (5 s) ends an idle one. A body must be complete within
   ``BODY_TIMEOUT`` (30 s) of its head, or the call is refused with HTTP 408 and the
-  connection closed. So a client that sends slowly, or stops, never holds a connection, a
+  connection closed. An answer the client takes none of for ``SEND_TIMEOUT`` (30 s: the
+  server's buffer for it stays full, a "slow read") ends the connection (aborted: a close
+  would wait for the client to read everything). So a client that sends slowly, or stops, never holds a connection, a
   call in flight or its memory for long (and never holds a stopping server: serve.py).
   Both are settings (``http.head_timeout``, ``http.body_timeout``).
 - Connections (``ConnectionLimits``): a server process keeps at most
@@ -83,6 +85,7 @@ from better_compute.domain.errors import RateLimited, Unavailable
 MAX_BODY = 1 << 20
 ABORT_UNREAD_BODY_AFTER = 1.0  # seconds a refused request's body may go on arriving
 HEAD_TIMEOUT = 10.0  # seconds to a request's complete head (module docstring)
+SEND_TIMEOUT = 30.0  # seconds an answer may wait for the client to take any of it
 BODY_TIMEOUT = 30.0  # seconds from a request's head to its complete body
 QUEUE_PER_CALLER = 16
 QUEUE_PER_TENANT = 64  # calls of one tenant's tokens waiting, per worker process
@@ -405,9 +408,11 @@ class _Counted(asyncio.Protocol):
 
 
 def protocol_class(head_timeout: float = HEAD_TIMEOUT,
-                   limits: ConnectionLimits | None = None) -> Any:
+                   limits: ConnectionLimits | None = None,
+                   send_timeout: float = SEND_TIMEOUT) -> Any:
     """uvicorn's HTTP/1.1 protocol (httptools) with the bounds of the module docstring: the
-    head timeout, the unread body's abort and ``limits``; "auto" without httptools."""
+    head timeout, the unread body's abort, the send timeout and ``limits``; "auto" without
+    httptools."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # pragma: no cover - httptools is a dependency
@@ -420,6 +425,7 @@ def protocol_class(head_timeout: float = HEAD_TIMEOUT,
         _head_timer: Any = None
         _head_since: float | None = None  # when the awaited head's first byte (or the
         # connection) came; None while no head is awaited
+        _send_timer: Any = None  # while writing is paused: the client takes nothing
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -435,10 +441,30 @@ def protocol_class(head_timeout: float = HEAD_TIMEOUT,
             self._head_since = None
             super().on_headers_complete()
 
+        def pause_writing(self) -> None:
+            # The transport holds more than its high-water mark: the client is not taking
+            # what it asked for. Past the send timeout it never gets the rest.
+            super().pause_writing()
+            if self._send_timer is None:
+                self._send_timer = self.loop.call_later(send_timeout, self._send_stalled)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._send_timer is not None:
+                self._send_timer.cancel()
+                self._send_timer = None
+
+        def _send_stalled(self) -> None:
+            self._send_timer = None
+            _abort(self.transport)  # a close would wait for the client to read it all
+
         def connection_lost(self, exc: Exception | None) -> None:
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
+            if self._send_timer is not None:
+                self._send_timer.cancel()
+                self._send_timer = None
             self._release()
             super().connection_lost(exc)
 

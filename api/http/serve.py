@@ -318,6 +318,7 @@ def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[st
              env: Mapping[str, str], ready: str) -> _Server:
     """The uvicorn server of ``app``, with our protocol, timeouts and grace (http_limits)."""
     head_timeout = env_seconds(env, "BETTER_COMPUTE_HTTP_HEAD_TIMEOUT", http_limits.HEAD_TIMEOUT)
+    send_timeout = env_seconds(env, "BETTER_COMPUTE_HTTP_SEND_TIMEOUT", http_limits.SEND_TIMEOUT)
     metrics = getattr(getattr(app, "state", None), "metrics", None)
     limits = http_limits.ConnectionLimits(
         total=env_count(env, "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS", http_limits.MAX_CONNECTIONS),
@@ -332,7 +333,8 @@ def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[st
                             # X-Forwarded-For only from the proxies named (uvicorn's
                             # default believes it from loopback: any local process)
                             proxy_headers=bool(proxies), forwarded_allow_ips=proxies or [],
-                            http=http_limits.protocol_class(head_timeout, limits),
+                            http=http_limits.protocol_class(head_timeout, limits,
+                                                            send_timeout),
                             **ssl)  # type: ignore[arg-type]
     return _Server(config, ready,
                    env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_GRACE", SHUTDOWN_GRACE),

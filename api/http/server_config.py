@@ -108,6 +108,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http.body_timeout", None, "BETTER_COMPUTE_HTTP_BODY_TIMEOUT", "30s", "duration",
             "a request body not complete within this of its head is refused (HTTP 408) "
             "and its connection closed"),
+    Setting("http.send_timeout", None, "BETTER_COMPUTE_HTTP_SEND_TIMEOUT", "30s", "duration",
+            "an answer the client takes none of within this (its connection's send buffer "
+            "stays full) ends the connection"),
     Setting("http.max_connections_per_address", None,
             "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "256", "number",
             "connections one client address may hold open to a server process at once; past "

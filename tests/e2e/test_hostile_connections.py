@@ -21,6 +21,8 @@ from pathlib import Path
 from tests.support import eventually, initialize, read_until_closed, serve, store_env, tls_connect
 
 HEAD, BODY = 1, 2  # seconds: the timeouts these servers run with
+SEND = 5  # seconds: http.send_timeout, where a test sets it
+ASKS = 30_000  # pipelined requests of a client that does not read
 IDLE = 50  # connections that say nothing, at once
 ENDED_WITHIN = 15.0  # seconds after a timeout by which the connection must be gone
 
@@ -145,6 +147,51 @@ def test_connections_that_never_finish_the_tls_handshake_are_let_go(tmp_path: Pa
         eventually(lambda: _sockets(pid) <= before,
                    f"the server let go of the handshakes ({_sockets(pid)} sockets open, "
                    f"{before} before)", timeout=ENDED_WITHIN)
+
+
+def _reader(port: int, ca: Path) -> ssl.SSLSocket:
+    """A TLS connection whose receive buffer is small, so that what the client does not read
+    stays with the server."""
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.settimeout(SEND + ENDED_WITHIN)
+    raw.connect(("127.0.0.1", port))
+    return ssl.create_default_context(cafile=str(ca)).wrap_socket(
+        raw, server_hostname="127.0.0.1")
+
+
+def test_a_client_that_stops_reading_its_answers_is_let_go(tmp_path: Path) -> None:
+    """A "slow read": the client asks (here 30,000 pipelined health checks, ~5.5 MB of
+    answers, more than the kernel's send buffer holds) and never reads. Before, the server
+    kept the connection and the answers it could not send for ever (seen: still open after
+    75 s, past every timeout, 2.8 MB in its socket's queue), so one address
+    could hold its 256 connections, and 16 addresses every connection of a process, for
+    good. Now an answer the client has taken none of for ``http.send_timeout`` ends it;
+    a client that reads, however many answers it asked for, gets them all."""
+    env = {**_env(tmp_path), "BETTER_COMPUTE_HTTP_SEND_TIMEOUT": f"{SEND}s"}
+    initialize(env)
+    ca = Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem"
+    asks = b"GET /api/compute/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * ASKS
+    with serve(env) as server:
+        pid = server.process.pid
+        before = _sockets(pid)
+        stalled = _reader(server.port, ca)
+        stalled.sendall(asks)
+        eventually(lambda: _sockets(pid) <= before,
+                   f"the server let go of the client that stopped reading ({_sockets(pid)} "
+                   f"sockets open, {before} before)", timeout=SEND + ENDED_WITHIN)
+        stalled.close()
+
+        reading = _reader(server.port, ca)
+        reading.sendall(asks)
+        answered, tail, mark = 0, b"", b"HTTP/1.1 200 "
+        while answered < ASKS:
+            chunk = reading.recv(1 << 20)
+            assert chunk, f"ended after {answered} answers"
+            seen = tail + chunk
+            answered += seen.count(mark)
+            tail = seen[-(len(mark) - 1):]
+        reading.close()
 
 
 def test_a_flood_of_malformed_requests_is_one_log_line(tmp_path: Path) -> None:
