@@ -10,15 +10,15 @@
   sends for up to 30 s while it waits for the client's close_notify).
 - Time (slow clients, "slowloris"): the TLS handshake has ``HEAD_TIMEOUT`` (10 s; serve.py
   sets it on the listeners), then a connection has ``HEAD_TIMEOUT`` from the handshake's
-  end, and each request from its first byte, to send the complete
-  request head, or it is ended (aborted: nothing to answer yet); between requests uvicorn's
-  keep-alive timeout (5 s) ends an idle one. A body must be complete within
-  ``BODY_TIMEOUT`` (30 s) of its head, or the call is refused with HTTP 408 and the
-  connection closed. An answer the client takes none of for ``SEND_TIMEOUT`` (30 s: the
-  server's buffer for it stays full, a "slow read") ends the connection (aborted: a close
-  would wait for the client to read everything). So a client that sends slowly, or stops, never holds a connection, a
-  call in flight or its memory for long (and never holds a stopping server: serve.py).
-  Both are settings (``http.head_timeout``, ``http.body_timeout``).
+  end, and each request from its first byte, to send the complete request head, or it is
+  ended (aborted: nothing to answer yet); between requests uvicorn's keep-alive timeout
+  (5 s) ends an idle one. A body must be complete within ``BODY_TIMEOUT`` (30 s) of its
+  head, or the call is refused with HTTP 408 and the connection closed. An answer the
+  client takes none of for ``SEND_TIMEOUT`` (30 s: the server's buffer for it stays full, a
+  "slow read") ends the connection (aborted: a close would wait for the client to read
+  everything). So a client that sends or reads slowly, or stops, never holds a connection,
+  a call in flight or its memory for long (and never holds a stopping server: serve.py).
+  All are settings (``http.head_timeout``, ``http.body_timeout``, ``http.send_timeout``).
 - Connections (``ConnectionLimits``): a server process keeps at most
   ``MAX_CONNECTIONS_PER_ADDRESS`` (256) connections of one client address and
   ``MAX_CONNECTIONS`` (4,096) in all open at once (``http.max_connections_per_address``,
@@ -55,8 +55,8 @@
 - Log lines a client causes (``ClientNoise``; the gateway's refused handshakes too):
   uvicorn logs a warning for each malformed request ("Invalid HTTP request received."), so
   a client sending garbage on many small connections wrote as many lines (and under
-  journald's rate limit, pushed the server's own lines out). Now one such line a minute per message, the next saying how many were left
-  out.
+  journald's rate limit, pushed the server's own lines out). Now one such line a minute per
+  message, the next saying how many were left out.
 
 The table of every bound is in docs/security.md ("Bounds").
 """
