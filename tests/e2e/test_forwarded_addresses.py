@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import os
 import ssl
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support import initialize, serve, store_env
+from tests.support import CLI, initialize, serve, store_env
 
 FORGED = "203.0.113.7"
 
@@ -83,10 +84,6 @@ def test_a_named_proxy_is_believed_and_no_one_else(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value", ["not-an-address", "10.0.0.0/33"])
 def test_a_trusted_proxy_that_is_no_address_is_refused_at_start(tmp_path: Path,
                                                                  value: str) -> None:
-    import subprocess
-
-    from tests.support import CLI
-
     env = _env(tmp_path, BETTER_COMPUTE_HTTP_TRUSTED_PROXIES=value)
     initialize(env)
     done = subprocess.run([CLI, "serve", "--listen", "127.0.0.1:0"], env=env,
