@@ -419,52 +419,40 @@ def protocol_class(head_timeout: float = HEAD_TIMEOUT,
         return "auto"
 
     class BoundedHttpProtocol(_Counted, HttpToolsProtocol):
-        # One timer per connection, not one per request: it checks when it fires whether a
-        # request head is still awaited and since when, and comes back when it could next
-        # be due (so a request does no timer work).
-        _head_timer: Any = None
-        _head_since: float | None = None  # when the awaited head's first byte (or the
-        # connection) came; None while no head is awaited
-        _send_timer: Any = None  # while writing is paused: the client takes nothing
+        _head: HeadWatch | None = None  # made when the connection is admitted
+        _send_watch: SendWatch | None = None  # made when writing first pauses
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             if self._admit(transport):
-                self._head_since = self.loop.time()
-                self._head_timer = self.loop.call_later(head_timeout, self._check_head)
+                self._head = HeadWatch(self.loop, transport, head_timeout)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._head_since = self.loop.time()
+            if self._head is not None:
+                self._head.begun()
 
         def on_headers_complete(self) -> None:
-            self._head_since = None
+            if self._head is not None:
+                self._head.done()
             super().on_headers_complete()
 
         def pause_writing(self) -> None:
-            # The transport holds more than its high-water mark: the client is not taking
-            # what it asked for. Past the send timeout it never gets the rest.
             super().pause_writing()
-            if self._send_timer is None:
-                self._send_timer = self.loop.call_later(send_timeout, self._send_stalled)
+            if self._send_watch is None:
+                self._send_watch = SendWatch(self.loop, self.transport, send_timeout)
+            self._send_watch.paused()
 
         def resume_writing(self) -> None:
             super().resume_writing()
-            if self._send_timer is not None:
-                self._send_timer.cancel()
-                self._send_timer = None
-
-        def _send_stalled(self) -> None:
-            self._send_timer = None
-            _abort(self.transport)  # a close would wait for the client to read it all
+            if self._send_watch is not None:
+                self._send_watch.resumed()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-            if self._send_timer is not None:
-                self._send_timer.cancel()
-                self._send_timer = None
+            if self._head is not None:
+                self._head.stop()
+            if self._send_watch is not None:
+                self._send_watch.resumed()
             self._release()
             super().connection_lost(exc)
 
@@ -474,19 +462,79 @@ def protocol_class(head_timeout: float = HEAD_TIMEOUT,
             if self.transport.is_closing() and cycle is not None and cycle.more_body:
                 self.loop.call_later(ABORT_UNREAD_BODY_AFTER, _abort, self.transport)
 
-        def _check_head(self) -> None:
-            if self.transport.is_closing():
-                self._head_timer = None
-                return
-            waited = 0.0 if self._head_since is None else self.loop.time() - self._head_since
-            if waited >= head_timeout:
-                self._head_timer = None
-                _abort(self.transport)
-                return
-            self._head_timer = self.loop.call_later(head_timeout - waited, self._check_head)
-
     BoundedHttpProtocol.limits = limits
     return BoundedHttpProtocol
+
+
+class HeadWatch:
+    """Ends a connection whose request head is not complete within ``timeout`` seconds of
+    the connection's start or of the head's first byte. One timer per connection, not one
+    per request: it checks when it fires whether a head is still awaited and since when,
+    and comes back when it could next be due (so a request does no timer work)."""
+
+    def __init__(self, loop: Any, transport: Any, timeout: float) -> None:
+        self.loop, self.transport, self.timeout = loop, transport, timeout
+        self._since: float | None = loop.time()  # None while no head is awaited
+        self._timer: Any = loop.call_later(timeout, self._check)
+
+    def begun(self) -> None:
+        """A request's first byte came: its head is awaited from now."""
+        self._since = self.loop.time()
+
+    def done(self) -> None:
+        """The head is complete: nothing awaited until the next request begins."""
+        self._since = None
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        if self.transport.is_closing():
+            self._timer = None
+            return
+        waited = 0.0 if self._since is None else self.loop.time() - self._since
+        if waited >= self.timeout:
+            self._timer = None
+            _abort(self.transport)
+            return
+        self._timer = self.loop.call_later(self.timeout - waited, self._check)
+
+
+class SendWatch:
+    """Ends a connection whose client takes none of its answer for ``timeout`` seconds.
+
+    Watched while writing is paused (the transport holds more than its high-water mark, so
+    the kernel's send queue is full): any of the answer the client reads frees room there,
+    the transport writes more and holds less. So when the transport holds no less than
+    ``timeout`` seconds before, the client took nothing meanwhile: the connection is
+    aborted (a close would wait for the client to read everything). A slow reader, however
+    slow, takes something in every window and is never cut."""
+
+    def __init__(self, loop: Any, transport: Any, timeout: float) -> None:
+        self.loop, self.transport, self.timeout = loop, transport, timeout
+        self._timer: Any = None
+        self._held = 0  # what the transport held when the window began
+
+    def paused(self) -> None:
+        if self._timer is None:
+            self._held = self.transport.get_write_buffer_size()
+            self._timer = self.loop.call_later(self.timeout, self._check)
+
+    def resumed(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        held = self.transport.get_write_buffer_size()
+        if held < self._held:  # the client took some: another window
+            self._held = held
+            self._timer = self.loop.call_later(self.timeout, self._check)
+            return
+        self._timer = None
+        _abort(self.transport)
 
 
 def _abort(transport: Any) -> None:
