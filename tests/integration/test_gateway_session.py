@@ -25,6 +25,8 @@ from tests.gateway_client import (
     wait_for,
 )
 
+HELLO = 1.0  # seconds: the hello (and handshake) timeout where a test sets it
+
 
 def test_a_node_is_adopted_over_its_session(env: dict[str, str], tmp_path: Path) -> None:
     async def body(plane: Plane) -> None:
@@ -286,5 +288,3 @@ def test_a_connection_that_never_finishes_its_tls_handshake_is_let_go(
 
     run_with_gateway(env, tmp_path, body, hello_timeout=HELLO)
 
-
-HELLO = 1.0  # seconds: the tests' gateway's hello (and handshake) timeout
