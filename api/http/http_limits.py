@@ -66,8 +66,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
 import hashlib
 import logging
+import struct
+import termios
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -506,13 +509,13 @@ class SendWatch:
     """Ends a connection whose client takes none of its answer for ``timeout`` seconds.
 
     Watched while writing is paused (the transport holds more than its high-water mark, so
-    the kernel's send queue is full): any of the answer the client reads frees room there,
-    the transport writes more and holds less. So when the transport holds no less than
-    ``timeout`` seconds before, the client took nothing meanwhile: the connection is
-    aborted (a close would wait for the client to read everything). A slow reader that
-    takes something in every window is never cut. Over TLS the transport's size is the TLS
-    layer's backlog, which moves once the TCP transport under it drains below its low-water
-    mark: about 50 KB taken in a window is sure to show (1.6 KB/s for 30 s)."""
+    the kernel's send queue is full). What is still to go is what the transport holds and
+    what the socket's queue holds (``unsent``: the kernel's count, ``SIOCOUTQ``, which drops
+    as soon as the client acknowledges what it read, where the transport's own buffer moves
+    only when the kernel has room for half its queue again: a megabyte or more). When that
+    is no less than ``timeout`` seconds before, the client took nothing meanwhile: the
+    connection is aborted (a close would wait for the client to read everything). A slow
+    reader that takes something in every window is never cut."""
 
     def __init__(self, loop: Any, transport: Any, timeout: float) -> None:
         self.loop, self.transport, self.timeout = loop, transport, timeout
@@ -521,7 +524,7 @@ class SendWatch:
 
     def paused(self) -> None:
         if self._timer is None:
-            self._held = self.transport.get_write_buffer_size()
+            self._held = unsent(self.transport)
             self._timer = self.loop.call_later(self.timeout, self._check)
 
     def resumed(self) -> None:
@@ -530,13 +533,27 @@ class SendWatch:
             self._timer = None
 
     def _check(self) -> None:
-        held = self.transport.get_write_buffer_size()
+        held = unsent(self.transport)
         if held < self._held:  # the client took some: another window
             self._held = held
             self._timer = self.loop.call_later(self.timeout, self._check)
             return
         self._timer = None
         _abort(self.transport)
+
+
+def unsent(transport: Any) -> int:
+    """Bytes of a connection still to reach its client: what the transport holds and what
+    its socket's send queue holds (0 for the queue where the kernel cannot say)."""
+    held = int(transport.get_write_buffer_size())
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+            held += struct.unpack("i", queued)[0]
+        except (OSError, ValueError):  # closed meanwhile, or not a socket with a queue
+            pass
+    return held
 
 
 def _abort(transport: Any) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from tests.support import eventually, initialize, read_until_closed, serve, store_env, tls_connect
 
 HEAD, BODY = 1, 2  # seconds: the timeouts these servers run with
-SEND = 5  # seconds: http.send_timeout, where a test sets it
+SEND = 3  # seconds: http.send_timeout, where a test sets it
 ASKS = 30_000  # pipelined requests of a client that does not read
 IDLE = 50  # connections that say nothing, at once
 ENDED_WITHIN = 15.0  # seconds after a timeout by which the connection must be gone
@@ -167,7 +167,8 @@ def test_a_client_that_stops_reading_its_answers_is_let_go(tmp_path: Path) -> No
     75 s, past every timeout, 2.8 MB in its socket's queue), so one address
     could hold its 256 connections, and 16 addresses every connection of a process, for
     good. Now an answer the client has taken none of for ``http.send_timeout`` ends it;
-    a client that reads, however many answers it asked for, gets them all."""
+    a client that reads, however slowly and however many answers it asked for, gets them
+    all."""
     env = {**_env(tmp_path), "BETTER_COMPUTE_HTTP_SEND_TIMEOUT": f"{SEND}s"}
     initialize(env)
     ca = Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem"
@@ -182,9 +183,23 @@ def test_a_client_that_stops_reading_its_answers_is_let_go(tmp_path: Path) -> No
                    f"sockets open, {before} before)", timeout=SEND + ENDED_WITHIN)
         stalled.close()
 
+        # A slow reader (64 KB every half second, for more than two windows) is kept, and
+        # gets every answer once it reads on.
         reading = _reader(server.port, ca)
         reading.sendall(asks)
         answered, tail, mark = 0, b"", b"HTTP/1.1 200 "
+        slow_until = time.monotonic() + 2 * SEND + 1
+        while time.monotonic() < slow_until:
+            time.sleep(0.5)
+            taken = 0
+            while taken < 65536:
+                chunk = reading.recv(65536 - taken)
+                assert chunk, f"a slow reader was cut after {answered} answers"
+                taken += len(chunk)
+                seen = tail + chunk
+                answered += seen.count(mark)
+                tail = seen[-(len(mark) - 1):]
+        assert _sockets(pid) > before, "a slow reader was cut"
         while answered < ASKS:
             chunk = reading.recv(1 << 20)
             assert chunk, f"ended after {answered} answers"
