@@ -296,11 +296,12 @@ def _lifespan_tasks(primary: bool, gateway: tuple[str, LifespanTask] | None,
     return tasks, notes
 
 
-def _workers_that_fit(options: ServeOptions, env: dict[str, str] | None) -> ServeOptions:
-    """On PostgreSQL: as many workers as its max_connections holds (api/store/pg_capacity.py)."""
+def _workers_that_fit(options: ServeOptions, settings: Mapping[str, str]) -> ServeOptions:
+    """On PostgreSQL: as many workers as its max_connections holds (api/store/pg_capacity.py).
+    ``settings``: the environment with the config file's (``with_file``)."""
     from better_compute.api.store.store import StoreConfig
 
-    config = StoreConfig.from_env(with_file(os.environ if env is None else env))
+    config = StoreConfig.from_env(settings)
     if config.backend != "postgres":
         return options
     from better_compute.api.store.pg_capacity import check_workers
@@ -352,9 +353,10 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     host, port = parse_listen(options.listen)
     if options.workers < 1:
         raise InvalidInput(f"--workers {options.workers}: use 1 or more processes")
+    settings = with_file(os.environ if env is None else env)  # BETTER_COMPUTE_CONFIG's file
     if fd is None:  # the server's process, not a worker of it
-        trusted_proxies(with_file(os.environ if env is None else env))  # refused here, once
-        options = _workers_that_fit(options, env)
+        trusted_proxies(settings)  # refused here, once, before any worker starts
+        options = _workers_that_fit(options, settings)
     if options.workers > 1 and fd is None:
         from better_compute.api.http.workers import supervise
 
@@ -367,7 +369,7 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     primary = worker_index == 0
     metrics = _metrics_listener(options.metrics_listen) \
         if options.metrics_listen and primary else None
-    env = with_file(os.environ if env is None else env)  # BETTER_COMPUTE_CONFIG's file
+    env = settings
     gateway_url = options.gateway_url or env.get("BETTER_COMPUTE_GATEWAY_URL") or None
     gateway = _gateway(options, gateway_url) if options.gateway_listen else None
     if gateway is not None:
