@@ -242,30 +242,32 @@ class Admission:
     @contextlib.asynccontextmanager
     async def slot(self, key: str, tenant: str | None = None) -> AsyncIterator[None]:
         """A turn for a call of ``key`` (``caller_key``), of ``tenant`` when known."""
-        async with self._turn(key, self.per_caller, self.queue, "this token"):
+        async with self._turn(key, self.per_caller, self.queue):
             if tenant is None or tenant == ROOT_TENANT:
                 yield
             else:
                 async with self._turn(f"tenant:{tenant}", self.per_tenant, self.tenant_queue,
-                                      f"tenant {tenant}"):
+                                      tenant):
                     yield
 
     @contextlib.asynccontextmanager
-    async def _turn(self, key: str, running: int, waiting: int, who: str
+    async def _turn(self, key: str, running: int, waiting: int, tenant: str | None = None
                     ) -> AsyncIterator[None]:
+        """A turn at ``key``'s gate: a caller's, or ``tenant``'s (all its tokens together)."""
         gate = self._gates.get(key)
         if gate is None:
             gate = self._gates[key] = _Gate(running)
         if gate.users >= running + waiting:
             data: dict[str, Any] = {"running": running, "waiting": gate.users - running,
                                     "per": "worker"}
-            if who != "this token":
+            who, together = "this token", ""
+            if tenant is not None:
                 data["of"] = "tenant"
+                who, together = f"tenant {tenant}", ", all its tokens together"
             raise RateLimited(
                 f"{who} already has {gate.users} calls running or waiting on this server "
                 f"process (at most {running} run at once and {waiting} wait, per worker "
-                f"process{'' if who == 'this token' else ', all its tokens together'}): "
-                "wait for them, then retry", data=data)
+                f"process{together}): wait for them, then retry", data=data)
         gate.users += 1
         try:
             await gate.take()
