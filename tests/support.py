@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from better_compute.api import pki
 from better_compute.api.runtime import Runtime
 from better_compute.api.store.store_url import with_schema
@@ -148,6 +150,18 @@ def tls_connect(port: int, ca: Path, *, timeout: float, source: str = "127.0.0.1
     sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
     sock.settimeout(timeout)
     return sock
+
+
+def whoami_from(port: int, ca: Path, token: str, source: str,
+                headers: Mapping[str, str] | None = None) -> httpx.Response:
+    """``system.whoami`` over HTTPS from the loopback address ``source`` (another client, as
+    the server's per-address bounds and logs see it)."""
+    transport = httpx.HTTPTransport(verify=ssl.create_default_context(cafile=str(ca)),
+                                    local_address=source)
+    with httpx.Client(transport=transport, timeout=30) as client:
+        return client.post(f"https://127.0.0.1:{port}/api/compute/rpc",
+                           json={"jsonrpc": "2.0", "id": 1, "method": "system.whoami"},
+                           headers={"authorization": f"Bearer {token}", **(headers or {})})
 
 
 def read_until_closed(sock: socket.socket,

@@ -31,6 +31,7 @@ from tests.support import (
     serve,
     store_env,
     tls_connect,
+    whoami_from,
 )
 
 PER_ADDRESS, TOTAL = 3, 5
@@ -47,15 +48,6 @@ def _refusal(sock: ssl.SSLSocket) -> tuple[bytes, dict[str, object]]:
     head, _, body = data.partition(b"\r\n\r\n")
     assert b"\r\nconnection: close" in head.lower() and b"retry-after: 1" in head.lower(), head
     return head.split(b"\r\n", 1)[0], json.loads(body)["error"]
-
-
-def _whoami(port: int, ca: Path, token: str, source: str) -> httpx.Response:
-    transport = httpx.HTTPTransport(verify=ssl.create_default_context(cafile=str(ca)),
-                                    local_address=source)
-    with httpx.Client(transport=transport, timeout=30) as client:
-        return client.post(f"https://127.0.0.1:{port}/api/compute/rpc",
-                           json={"jsonrpc": "2.0", "id": 1, "method": "system.whoami"},
-                           headers={"authorization": f"Bearer {token}"})
 
 
 def test_one_address_holds_a_bounded_number_of_connections_and_others_are_served(
@@ -87,12 +79,12 @@ def test_one_address_holds_a_bounded_number_of_connections_and_others_are_served
         assert "rate_limited" in cli.stderr, cli.stderr
 
         # Another address is served meanwhile.
-        other = _whoami(server.port, ca, token, "127.0.0.2")
+        other = whoami_from(server.port, ca, token, "127.0.0.2")
         assert other.status_code == 200 and "result" in other.json(), other.text
 
         # One of the held connections ends: its place is free again.
         held.pop().close()
-        eventually(lambda: _whoami(server.port, ca, token, "127.0.0.1").status_code == 200,
+        eventually(lambda: whoami_from(server.port, ca, token, "127.0.0.1").status_code == 200,
                    "a connection from 127.0.0.1 is served once one of its own has ended")
 
         # The process's own bound: 2 held here (3 in all) and 2 from another address fill
@@ -106,7 +98,7 @@ def test_one_address_holds_a_bounded_number_of_connections_and_others_are_served
         for sock in held:
             sock.close()
         # Every place comes back: a scrape of /metrics counts both refusals by bound.
-        eventually(lambda: _whoami(server.port, ca, token, "127.0.0.4").status_code == 200,
+        eventually(lambda: whoami_from(server.port, ca, token, "127.0.0.4").status_code == 200,
                    "served again once the held connections ended")
         def scrape() -> str:
             return httpx.get(f"https://127.0.0.1:{server.port}/metrics", timeout=30,
@@ -134,7 +126,7 @@ def test_a_bound_of_zero_is_no_bound(tmp_path: Path) -> None:
     ca = Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem"
     with serve(env) as server:
         held = [_connect(server.port, ca) for _ in range(300)]  # over the default 256
-        assert _whoami(server.port, ca, token, "127.0.0.1").status_code == 200
+        assert whoami_from(server.port, ca, token, "127.0.0.1").status_code == 200
         for sock in held:
             sock.close()
 

@@ -14,29 +14,23 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.support import CLI, initialize, serve, store_env
+from tests.support import CLI, initialize, serve, store_env, whoami_from
 
 FORGED = "203.0.113.7"
 
 
 def _call(port: int, ca: Path, token: str, source: str, forwarded: str | None) -> str:
-    transport = httpx.HTTPTransport(verify=ssl.create_default_context(cafile=str(ca)),
-                                    local_address=source)
-    headers = {"authorization": f"Bearer {token}", "x-request-id": os.urandom(8).hex()}
+    """A whoami from ``source``, claiming ``forwarded``; its request id."""
+    headers = {"x-request-id": os.urandom(8).hex()}
     if forwarded is not None:
         headers["x-forwarded-for"] = forwarded
-    with httpx.Client(transport=transport, timeout=30) as client:
-        answer = client.post(f"https://127.0.0.1:{port}/api/compute/rpc",
-                             json={"jsonrpc": "2.0", "id": 1, "method": "system.whoami"},
-                             headers=headers)
+    answer = whoami_from(port, ca, token, source, headers)
     assert answer.status_code == 200, answer.text
     return headers["x-request-id"]
 
