@@ -31,10 +31,7 @@ from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.reservation_base import ReservationCore
 from better_compute.api.services.reservation_binding import ReservationBinding
 from better_compute.api.services.reservation_earliest import EarliestStart
-from better_compute.api.services.reservation_queue import (
-    DispatchReport,
-    ReservationQueue,
-)
+from better_compute.api.services.reservation_queue import DispatchReport, ReservationQueue
 from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned, fingerprint, iso
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
