@@ -2,8 +2,9 @@
 "A server that seems stuck").
 
 ``kill -USR1 PID`` of any ``serve`` process that serves (the only one, or a worker of
-``--workers``) writes every thread's stack (faulthandler, at once, even with the event loop
-blocked) and then, from the event loop, one log line with the server's state and the
+``--workers``) writes every thread's stack (from the signal's handler, in the main thread,
+so even with the event loop blocked) and then, from the event loop, one log line with the
+server's state and the
 await chain of every task on the loop: a request waiting on something shows there, where a
 thread dump shows only the idle loop. A shutdown that has not ended after
 ``SLOW_SHUTDOWN_REPORT`` seconds logs the same line by itself (api/http/serve.py).
@@ -12,10 +13,11 @@ thread dump shows only the idle loop. A shutdown that has not ended after
 from __future__ import annotations
 
 import asyncio
-import faulthandler
 import logging
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -51,6 +53,22 @@ def tasks_report(loop: asyncio.AbstractEventLoop | None = None) -> str:
     return "\n".join(lines)
 
 
+def thread_stacks() -> str:
+    """Every thread's Python stack, most recent call first, the calling thread's marked
+    ``Current thread``. Read with the GIL held (``sys._current_frames``): faulthandler's dump
+    of all threads reads the others' frames while they run, and once printed garbage and
+    then crashed a worker (SIGSEGV) that was saving at that moment."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        title = "Current thread" if ident == me else "Thread"
+        calls = "".join(reversed(traceback.format_stack(frame)))
+        parts.append(f"{title} 0x{ident:016x} {names.get(ident, '')} (most recent call first):"
+                     f"\n{calls}")
+    return "\n".join(parts)
+
+
 def report_on_signal(state: Callable[[], str], signum: int = signal.SIGUSR1) -> bool:
     """From now on ``signum`` writes every thread's stack to stderr, then logs ``state()``
     and the running loop's tasks. Call from the event loop's thread, the main one (where
@@ -62,9 +80,12 @@ def report_on_signal(state: Callable[[], str], signum: int = signal.SIGUSR1) -> 
     def report() -> None:
         log.warning("state on request (signal %d): %s; %s", signum, state(), tasks_report(loop))
 
-    # The loop's handler first, then faulthandler chained in front of it: the thread stacks
-    # come at once (even with the loop blocked), the tasks once the loop runs the handler.
-    faulthandler.unregister(signum)
-    loop.add_signal_handler(signum, report)
-    faulthandler.register(signum, all_threads=True, chain=True)
+    # The thread stacks at once, from the handler Python runs in the main thread at its next
+    # step (even with the loop blocked); the tasks once the loop runs ``report``.
+    def on_signal(signum_: int, frame: FrameType | None) -> None:
+        sys.stderr.write(thread_stacks() + "\n")
+        sys.stderr.flush()
+        loop.call_soon_threadsafe(report)
+
+    signal.signal(signum, on_signal)
     return True
