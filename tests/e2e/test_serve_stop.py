@@ -48,8 +48,10 @@ def _reports(log: Path) -> list[str]:
             if part.startswith(("state on request", "still stopping"))]
 
 
-def _report_in_flight(workers: list[int], log: Path) -> str:
-    """Ask every worker for its state until one reports the silent call in flight."""
+def _report_in_flight(workers: list[int], log: Path, at: str = "") -> str:
+    """Ask every worker for its state until one reports the silent call in flight, and, with
+    ``at``, its task there (a call counts as in flight from its head, a moment before its
+    task first runs and shows where it waits)."""
     found: list[str] = []
 
     def reported() -> bool:
@@ -58,7 +60,7 @@ def _report_in_flight(workers: list[int], log: Path) -> str:
             os.kill(pid, signal.SIGUSR1)
         eventually(lambda: len(_reports(log)) >= seen + len(workers),
                    "every worker reported its state", timeout=15)
-        found[:] = [r for r in _reports(log)[seen:] if "1 call(s) in flight" in r]
+        found[:] = [r for r in _reports(log)[seen:] if "1 call(s) in flight" in r and at in r]
         return bool(found)
 
     eventually(reported, "a worker reported the silent call in flight", timeout=30)
@@ -74,7 +76,7 @@ def test_kill_usr1_reports_threads_and_tasks_and_the_worker_serves_on(tmp_path: 
         workers = _children(server.process.pid)
         assert len(workers) == 2
         with _silent_call(server.port, ca):
-            report = _report_in_flight(workers, log)
+            report = _report_in_flight(workers, log, at="in read_body")
             # The await chain of the call that waits: the body it is reading.
             assert "in read_body" in report and "in _rpc" in report, report
             assert "serving, " in report, report
