@@ -13,6 +13,7 @@ thread dump shows only the idle loop. A shutdown that has not ended after
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import signal
 import sys
@@ -87,5 +88,6 @@ def report_on_signal(state: Callable[[], str], signum: int = signal.SIGUSR1) -> 
         sys.stderr.flush()
         loop.call_soon_threadsafe(report)
 
+    faulthandler.unregister(signum)  # a worker's until it serves (api/http/workers.py)
     signal.signal(signum, on_signal)
     return True
