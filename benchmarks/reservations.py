@@ -28,6 +28,10 @@ throwaway schema of ``--pg-url``, as the tests use one):
    The clients reserve as the pool's owner (no quota), or with ``--quota`` as a tenant
    offered the pool with that many GPUs: every create then also takes from the tenant's
    one quota use, which concurrent creates of the tenant share.
+   Then (unless ``--no-floor``) the same clients call ``system.whoami`` for ``--seconds``:
+   the floor, the cheapest authenticated call through the same TLS, HTTP, JSON-RPC and
+   thread hand-off, reading and writing nothing; the creates are printed as a share of its
+   rate and a multiple of its server CPU per call.
 3. live reservations: ``--live-clients`` clients create ``--window`` reservations on an
    empty pool (the rate of the first ones), fill the pool up to ``--live`` live
    reservations, and create ``--window`` more (the rate after ``--live``); then release
@@ -153,6 +157,13 @@ class Bench:
         jobs = [{"pool": self.pool, "count": count // clients + (i < count % clients)}
                 for i in range(clients)]
         return self.phase(jobs)
+
+    def floor(self, clients: int, seconds: float) -> dict[str, Any]:
+        """``system.whoami`` over the same clients, connections and tokens: the cheapest
+        authenticated call through the same TLS, HTTP, JSON-RPC and thread hand-off, which no
+        create can beat (it reads no store and writes nothing)."""
+        return self.phase([{"pool": self.pool, "method": "system.whoami"}
+                           for _ in range(clients)], seconds)
 
     def releases(self, clients: int, ids: list[str]) -> dict[str, Any]:
         jobs = [{"pool": self.pool, "release": ids[i::clients]} for i in range(clients)]
@@ -342,6 +353,13 @@ def _phases(bench: Bench, backend: str, args: argparse.Namespace) -> None:
         bench.show(backend, "create", clients, made)
         gone = bench.releases(clients, made["ids"])
         bench.show(backend, "release", clients, gone)
+        if args.floor:
+            floor = bench.floor(clients, args.seconds)
+            bench.show(backend, "whoami (the floor)", clients, floor)
+            print(f"  {backend:<10} {'':<22} {clients:>2} clients: creates at "
+                  f"{100 * made['rate'] / floor['rate']:.1f} % of the floor's rate, "
+                  f"{made['cpu_ms'] / floor['cpu_ms']:.1f} times its server CPU per call",
+                  flush=True)
     if args.live <= 0:
         return
     c, repeats = args.live_clients, max(1, args.live_repeats)
@@ -401,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="passed to serve as --workers (default: serve's own, the core count; "
                         "--compare: 1 on both sides unless given)")
     parser.add_argument("--client-procs", type=int, default=4)
+    parser.add_argument("--no-floor", dest="floor", action="store_false", help="skip the "
+                        "floor: system.whoami over the same clients after each client count")
     parser.add_argument("--quota", type=int, default=0, help="reserve as a tenant offered the "
                         "pool with a quota of this many GPUs, not as its owner (default: the "
                         "owner, no quota)")

@@ -36,7 +36,8 @@ class Rpc:
 def client_process(port: int, ca_pem: str, jobs: list[dict[str, Any]],
                     ready: Any, go: Any, start: Any, results: Any) -> None:
     """Runs one thread per job; each job is a create phase (``seconds`` from ``start``, or
-    ``count``) or a release phase (``release``: ids)."""
+    ``count``), a release phase (``release``: ids) or, with ``method``, that call without
+    params for ``seconds`` (the path's floor: ``system.whoami``)."""
     rpcs = [Rpc(port, job["token"], ca_pem) for job in jobs]
     for rpc in rpcs:
         rpc.call("system.whoami", {})  # the TLS handshake, before the clock starts
@@ -57,8 +58,8 @@ def client_process(port: int, ca_pem: str, jobs: list[dict[str, Any]],
                 method, params = "reservations.release", {"reservationId": todo.pop()}
             elif (until is not None and time.monotonic() < until) or left > 0:
                 left -= 1
-                method, params = "reservations.create", {"poolId": job["pool"], "gpus": 1,
-                                                         "duration": "1h"}
+                method, params = (job["method"], {}) if job.get("method") else (
+                    "reservations.create", {"poolId": job["pool"], "gpus": 1, "duration": "1h"})
             else:
                 break
             started = time.perf_counter()
