@@ -8,8 +8,8 @@
   ``protocol_class`` aborts it one second later if the body is still coming
   (a TLS close otherwise goes on reading, and decrypting, whatever the client
   sends for up to 30 s while it waits for the client's close_notify).
-- Time (slow clients, "slowloris"): the TLS handshake has ``HEAD_TIMEOUT`` (10 s; serve.py
-  sets it on the listeners), then a connection has ``HEAD_TIMEOUT`` from the handshake's
+- Time (slow clients, "slowloris"): the TLS handshake has ``HEAD_TIMEOUT`` (10 s; the
+  listeners of api/http/tls_accept.py), then a connection has ``HEAD_TIMEOUT`` from the handshake's
   end, and each request from its first byte, to send the complete request head, or it is
   ended (aborted: nothing to answer yet); between requests uvicorn's keep-alive timeout
   (5 s) ends an idle one. A body must be complete within ``BODY_TIMEOUT`` (30 s) of its
@@ -28,6 +28,8 @@
   later: it holds the server's memory (~47 KB each once TLS is up) for one second, not for
   the head timeout. So one client that opens connections as fast as it can neither runs
   the process out of file descriptors nor holds its memory, and the rest are served.
+  Before that, while their TLS handshake is under way, connections are bounded on their own
+  (api/http/tls_accept.py: 64 per address, 1,024 in all).
 - The content type is ``application/json`` (parameters such as a charset
   allowed); anything else, or none, is HTTP 415.
 - Calls per token (``Admission``): the store's worker threads are shared by
@@ -569,6 +571,7 @@ class ClientNoise(logging.Filter):
     next line that passes says how many were left out before it."""
 
     MESSAGES = frozenset({("uvicorn.error", "Invalid HTTP request received."),
+                          ("better_compute.http", "TLS handshake refused before it began: %s"),
                           ("uvicorn.error", "Unsupported upgrade request."),
                           ("better_compute.gateway", "gateway: TLS handshake refused: %s")})
 

@@ -111,7 +111,9 @@ class ServerMetrics:
                                  registry=own)
         self.connections_refused = Counter(
             f"{NS}_http_connections_refused", "HTTP connections refused at their start: past "
-            "the bound per client address (address) or per server process (server)",
+            "the bound per client address (address) or per server process (server); before "
+            "their TLS handshake, past the bound of handshakes under way per client address "
+            "(handshake_address) or per server process (handshake_server)",
             ["per"], registry=own)
         self.leader = Gauge(f"{NS}_controllers_leader", "1 while the server runs the "
                             "controllers", multiprocess_mode="livemax", registry=own)

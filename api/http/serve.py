@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -11,7 +10,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import uvicorn
 
 from better_compute.api import pki
 from better_compute.api.controllers.runner import run_controllers
-from better_compute.api.http import http_limits, introspect
+from better_compute.api.http import http_limits, introspect, tls_accept
 from better_compute.api.http.app import LifespanTask, build_app
 from better_compute.api.http.metrics import publish_state
 from better_compute.api.http.request_log import RequestFields
@@ -72,26 +71,6 @@ class ServeOptions:
     workers_from_default: bool = False  # ``workers`` is the core count, not --workers
 
 
-@contextlib.contextmanager
-def _handshake_timeout(loop: asyncio.AbstractEventLoop, seconds: float) -> Iterator[None]:
-    """The listeners uvicorn creates meanwhile end a TLS handshake not done within
-    ``seconds`` (asyncio's default is 60 s, and uvicorn passes none): a connection that
-    never finishes its handshake is not yet counted by the connection bounds
-    (http_limits.ConnectionLimits), so this is what bounds how long it holds a descriptor."""
-    create_server = loop.create_server
-
-    def with_timeout(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("ssl") is not None:  # plain HTTP (--insecure-loopback) has none
-            kwargs["ssl_handshake_timeout"] = seconds
-        return create_server(*args, **kwargs)
-
-    loop.create_server = with_timeout  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        del loop.create_server  # the loop's own method again
-
-
 class _Server(uvicorn.Server):
     """Announces readiness on stdout once the socket is bound, so callers never sleep.
 
@@ -102,12 +81,14 @@ class _Server(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, ready_line: str,
                  grace: float = SHUTDOWN_GRACE,
-                 handshake_timeout: float = http_limits.HEAD_TIMEOUT) -> None:
+                 handshake_timeout: float = http_limits.HEAD_TIMEOUT,
+                 handshakes: tls_accept.Handshakes | None = None) -> None:
         config.timeout_graceful_shutdown = math.ceil(grace) + CANCEL_AFTER
         super().__init__(config)
         self.ready_line = ready_line
         self.grace = grace
         self.handshake_timeout = handshake_timeout
+        self.handshakes = handshakes or tls_accept.Handshakes()
         self.lifespan_died = False
 
     async def on_tick(self, counter: int) -> bool:
@@ -120,7 +101,8 @@ class _Server(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        with _handshake_timeout(asyncio.get_running_loop(), self.handshake_timeout):
+        with tls_accept.tls_listeners(asyncio.get_running_loop(), self.handshake_timeout,
+                                      self.handshakes):
             await super().startup(sockets)
         if self.started:
             introspect.report_on_signal(self.describe)  # kill -USR1: what it waits on
@@ -327,6 +309,11 @@ def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[st
                               http_limits.MAX_CONNECTIONS_PER_ADDRESS),
         on_open=metrics.connections.set if metrics is not None else None,
         on_refused=metrics.connection_refused if metrics is not None else None)
+    handshakes = tls_accept.Handshakes(
+        total=env_count(env, "BETTER_COMPUTE_HTTP_MAX_HANDSHAKES", tls_accept.MAX_HANDSHAKES),
+        per_address=env_count(env, "BETTER_COMPUTE_HTTP_MAX_HANDSHAKES_PER_ADDRESS",
+                              tls_accept.MAX_HANDSHAKES_PER_ADDRESS),
+        on_refused=metrics.connection_refused if metrics is not None else None)
     proxies = trusted_proxies(env)
     config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
                             log_config=None,  # our handler and format (logs.configure)
@@ -339,7 +326,7 @@ def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[st
                             **ssl)  # type: ignore[arg-type]
     return _Server(config, ready,
                    env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
-                   handshake_timeout=head_timeout)
+                   handshake_timeout=head_timeout, handshakes=handshakes)
 
 
 def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int | None = None,

@@ -119,6 +119,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http.max_connections", None, "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS", "4096",
             "number", "connections a server process holds open at once; past it a connection "
             "is answered HTTP 503 and closed (0: no bound)"),
+    Setting("http.max_handshakes_per_address", None,
+            "BETTER_COMPUTE_HTTP_MAX_HANDSHAKES_PER_ADDRESS", "64", "number",
+            "TLS handshakes one client address may have under way with a server process at "
+            "once; past it a new connection is closed before its handshake (0: no bound)"),
+    Setting("http.max_handshakes", None, "BETTER_COMPUTE_HTTP_MAX_HANDSHAKES", "1024",
+            "number", "TLS handshakes a server process has under way at once; past it a new "
+            "connection is closed before its handshake (0: no bound)"),
     Setting("http.trusted_proxies", None, "BETTER_COMPUTE_HTTP_TRUSTED_PROXIES", "(none)",
             "list", "reverse proxies (addresses or networks; * for every peer) whose "
             "X-Forwarded-For names the client; from any other peer the header is ignored "
