@@ -8,6 +8,10 @@ client threads, each with its own keep-alive connection, calling ``--method`` wi
 root token for ``--seconds``; reported: calls per second, and p50/p99 of one call as the
 client sees it.
 
+``--tls`` serves over TLS (the serving certificate ``init`` made) instead of plain HTTP;
+``--new-connections`` makes every call on a connection of its own (a TLS handshake each with
+``--tls``): what the listener costs per connection, not per call.
+
 ``--compare DIR`` runs the same against another checkout of the code (say, the commit
 before a change: ``git archive COMMIT | tar -x -C DIR``), alternating the two servers
 ``--rounds`` times so that a loaded machine's noise falls on both: how the metrics and
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import statistics
 import subprocess
 import sys
@@ -50,9 +55,10 @@ def _pythonpath(checkout: Path, into: Path) -> str:
 
 
 class _Server:
-    def __init__(self, env: dict[str, str], pythonpath: str | None) -> None:
+    def __init__(self, env: dict[str, str], pythonpath: str | None, tls: bool = False) -> None:
         self.env = {**env, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
         self.port = free_port()
+        self.tls = tls
         self.process: subprocess.Popen[str] | None = None
 
     def cpu(self) -> float:
@@ -61,14 +67,15 @@ class _Server:
 
     def __enter__(self) -> str:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "better_compute.cli.main", "serve", "--insecure-loopback",
+            [sys.executable, "-m", "better_compute.cli.main", "serve",
+             *(() if self.tls else ("--insecure-loopback",)),
              "--listen", f"127.0.0.1:{self.port}"], env=self.env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         if "serving" not in line:
             raise SystemExit(f"the server did not start: {line!r}")
-        return f"http://127.0.0.1:{self.port}/api/compute/rpc"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/api/compute/rpc"
 
     def __exit__(self, *exc: object) -> None:
         assert self.process is not None
@@ -76,20 +83,26 @@ class _Server:
         self.process.wait(timeout=60)
 
 
-def _run(url: str, token: str, method: str, clients: int, seconds: float
+def _run(url: str, token: str, method: str, clients: int, seconds: float,
+         verify: ssl.SSLContext | bool = True, new_connections: bool = False
          ) -> tuple[float, float, float, int]:
     latencies: list[float] = []
     lock = threading.Lock()
     body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {}}
     deadline = time.monotonic() + seconds
+    headers = {"authorization": f"Bearer {token}"}
 
     def client() -> None:
         mine: list[float] = []
-        with httpx.Client(headers={"authorization": f"Bearer {token}"}) as http:
+        with httpx.Client(headers=headers, verify=verify) as http:
             http.post(url, json=body).raise_for_status()  # the connection, warm
             while time.monotonic() < deadline:
                 started = time.perf_counter()
-                http.post(url, json=body).raise_for_status()
+                if new_connections:  # one of its own, closed after the answer
+                    with httpx.Client(headers=headers, verify=verify) as once:
+                        once.post(url, json=body).raise_for_status()
+                else:
+                    http.post(url, json=body).raise_for_status()
                 mine.append(time.perf_counter() - started)
         with lock:
             latencies.extend(mine)
@@ -126,6 +139,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--method", default="system.whoami")
+    parser.add_argument("--tls", action="store_true", help="serve over TLS, not plain HTTP")
+    parser.add_argument("--new-connections", action="store_true",
+                        help="every call on a connection of its own")
     parser.add_argument("--compare", type=Path, metavar="DIR",
                         help="another checkout to alternate with (the baseline)")
     args = parser.parse_args()
@@ -144,12 +160,15 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = list(servers.items())
             for name, path in order if round_ % 2 == 0 else order[::-1]:  # no order bias
-                server = _Server(env, path)
+                server = _Server(env, path, args.tls)
+                verify: ssl.SSLContext | bool = ssl.create_default_context(
+                    cafile=str(Path(tmp) / "data" / "serving-ca.pem")) if args.tls else True
                 with server as url:
                     for clients in (int(c) for c in args.clients.split(",")):
                         cpu = server.cpu()
                         rate, p50, p99, calls = _run(url, token, args.method, clients,
-                                                     args.seconds)
+                                                     args.seconds, verify,
+                                                     args.new_connections)
                         per_call = (server.cpu() - cpu) / calls * 1000
                         results.setdefault((name, clients), []).append((rate, p50, p99,
                                                                         per_call))
