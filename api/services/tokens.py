@@ -114,8 +114,7 @@ class TokenService:
         limit = self.service.limits.max_tokens_per_tenant
         if not limit or tenant == ROOT_TENANT:
             return
-        live = sum(1 for doc in self.service.listing("apitoken", tenant_id=tenant)
-                   if effective_token_state(doc, now) in ("active", "rotated"))
+        live = self.service.aggregates.live_tokens(tenant, now)
         if live >= limit:
             raise QuotaExceeded(
                 f"tenant {tenant} already has {live} live tokens (at most {limit}, "
@@ -172,17 +171,13 @@ class TokenService:
         return {**new.to_doc(now), "token": secret, "previous": old.to_doc(now)}
 
     def expire_due(self, now: datetime | None = None) -> builtins.list[str]:
-        """Record ``token.expired`` for every token past its end (the tokens controller)."""
+        """Record ``token.expired`` for every token past its end (the tokens controller):
+        those the listings still hold live whose end has passed, never the whole history."""
         service = self.service
         now = now or service.clock()
-        service.projections.catch_up("listings")
         done = []
-        for doc in service.listing("apitoken"):
-            if doc.get("state") not in ("active", "rotated") or not doc.get("expiresAt"):
-                continue
-            if effective_token_state(doc, now) != "expired":
-                continue
-            token = service.aggregates.get(ApiToken, parse_id("tok", doc["id"]))
+        for uuid in service.aggregates.ended_tokens(now):
+            token = service.aggregates.get(ApiToken, uuid)
             if token is not None and token.mark_expired(now):
                 try:
                     service.aggregates.save(token)
@@ -190,12 +185,6 @@ class TokenService:
                     continue
                 done.append(token.public_id)
         return done
-
-    @staticmethod
-    def next_end(docs: builtins.list[dict[str, Any]]) -> str | None:
-        ends = [str(d["expiresAt"]) for d in docs
-                if d.get("state") in ("active", "rotated") and d.get("expiresAt")]
-        return min(ends) if ends else None
 
 
 def _kept_ttl(token: ApiToken, lifetimes: TokenLifetimes) -> str | None:
@@ -226,8 +215,6 @@ class TokenExpiry:
         if not due and time.monotonic() < self._next_scan:
             return []
         done = self.tokens.expire_due(now)
-        nearest = TokenService.next_end(service.listing("apitoken"))
-        self._next_end = (datetime.fromisoformat(nearest.replace("Z", "+00:00"))
-                          if nearest else None)
+        self._next_end = service.aggregates.next_token_end()
         self._next_scan = time.monotonic() + RESCAN_S
         return done

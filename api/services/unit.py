@@ -33,7 +33,12 @@ from better_compute.domain.base import TenantOwned
 from better_compute.domain.errors import Conflict, NotFound
 from better_compute.domain.ids import check_tenant_id
 from better_compute.domain.tenant import Tenant, tenant_uuid
-from better_compute.projections.listings import query_listing
+from better_compute.projections.listings import (
+    ended_tokens,
+    live_tokens,
+    next_token_end,
+    query_listing,
+)
 
 A = TypeVar("A", bound=TenantOwned)
 Clock = Callable[[], datetime]
@@ -124,6 +129,21 @@ class Aggregates:
     def listing(self, kind: str, **filters: Any) -> list[dict[str, Any]]:
         self.projections.catch_up("listings")
         return query_listing(self.sql, kind, **filters)
+
+    def live_tokens(self, tenant_id: str, now: datetime) -> int:
+        """The tenant's live API tokens at ``now``, counted without reading the others."""
+        self.projections.catch_up("listings")
+        return live_tokens(self.sql, tenant_id, now)
+
+    def ended_tokens(self, now: datetime) -> list[UUID]:
+        """The API tokens still recorded live whose end has passed at ``now``."""
+        self.projections.catch_up("listings")
+        return [UUID(each) for each in ended_tokens(self.sql, now)]
+
+    def next_token_end(self) -> datetime | None:
+        """The earliest end of an API token still recorded live."""
+        self.projections.catch_up("listings")
+        return next_token_end(self.sql)
 
     def now(self) -> datetime:
         """Database time: PostgreSQL's ``now()``, so every replica books on one clock; on
