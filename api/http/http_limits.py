@@ -84,6 +84,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from better_compute.api.http import tls_accept
 from better_compute.domain.access import ROOT_TENANT
 from better_compute.domain.errors import RateLimited, Unavailable
 
@@ -571,7 +572,8 @@ class ClientNoise(logging.Filter):
     next line that passes says how many were left out before it."""
 
     MESSAGES = frozenset({("uvicorn.error", "Invalid HTTP request received."),
-                          ("better_compute.http", "TLS handshake refused before it began: %s"),
+                          (tls_accept.log.name, tls_accept.REFUSED),
+                          (tls_accept.log.name, tls_accept.ACCEPT_FAILED),
                           ("uvicorn.error", "Unsupported upgrade request."),
                           ("better_compute.gateway", "gateway: TLS handshake refused: %s")})
 

@@ -33,7 +33,9 @@ log = logging.getLogger("better_compute.http")
 MAX_HANDSHAKES_PER_ADDRESS = 64  # TLS handshakes under way from one client address
 MAX_HANDSHAKES = 1024  # TLS handshakes under way in one server process
 ACCEPT_PAUSE = 0.1  # seconds before accepting again after the process ran out of descriptors
-REFUSED = "TLS handshake refused before it began: %s"  # one line a minute (ClientNoise)
+# Each logged at most once a minute (http_limits.ClientNoise).
+REFUSED = "TLS handshake refused before it began: %s"
+ACCEPT_FAILED = "accepting a connection failed: %s; trying again in %gs"
 
 
 class Handshakes:
@@ -104,8 +106,7 @@ class TlsListener:
             try:
                 conn, peer = await self.loop.sock_accept(sock)
             except OSError as exc:  # out of descriptors, say: the waiting ones stay queued
-                log.warning("accepting a connection failed: %s; trying again in %gs",
-                            exc, ACCEPT_PAUSE)
+                log.warning(ACCEPT_FAILED, exc, ACCEPT_PAUSE)
                 await asyncio.sleep(ACCEPT_PAUSE)
                 continue
             address = _host(peer)
