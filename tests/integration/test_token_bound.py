@@ -9,13 +9,18 @@ affected; the root tenant (the platform's operators) is not bounded.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from better_compute.api.services import unit
+from better_compute.api.services.tokens import TokenExpiry
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
 from better_compute.domain.errors import QuotaExceeded
+from better_compute.domain.ids import parse_id
+from better_compute.projections.listings import query_listing
 from tests.support import open_runtime, quick_init
 
 BOUND = 3
@@ -61,7 +66,7 @@ def test_expired_tokens_do_not_count(bounded: Any) -> None:
     for n in range(BOUND):
         tokens.create(OP, "acme", "member", f"short {n}", ttl="1m")
     clock = bounded.service.clock
-    later = clock() + __import__("datetime").timedelta(minutes=2)
+    later = clock() + timedelta(minutes=2)
     bounded.service.clock = lambda: later
     try:
         assert tokens.create(OP, "acme", "member", "after")["state"] == "active"
@@ -86,9 +91,6 @@ def test_neither_the_bound_nor_the_expiry_pass_reads_the_tokens_that_ended(
     made every later ``tokens create`` of the tenant, and the tokens controller's pass (every
     30 s, all tenants), read all of them (the listing of every token ever made). Now both
     read only the tokens still live (projections/listings.py, ``bc_live_token``)."""
-    from better_compute.api.services import unit
-    from better_compute.api.services.tokens import TokenExpiry
-    from better_compute.projections.listings import query_listing
 
     tokens = bounded.services.tokens
     admin_doc = tokens.create(OP, "acme", "admin", "admin")
@@ -123,10 +125,6 @@ def _live_rows(runtime: Any) -> set[tuple[str, str]]:
 
 def test_the_live_tokens_are_those_recorded_active_or_rotated_and_a_rebuild_agrees(
         bounded: Any) -> None:
-    from datetime import timedelta
-
-    from better_compute.api.services.tokens import TokenExpiry
-    from better_compute.domain.ids import parse_id
 
     tokens = bounded.services.tokens
     kept = tokens.create(OP, "acme", "member", "kept")
