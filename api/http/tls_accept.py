@@ -131,8 +131,8 @@ class TlsListener:
             self.handshakes.end(address)
 
     def close(self) -> None:
-        """Accept nothing more (uvicorn closes the socket itself when it passed it in); the
-        handshakes under way are ended."""
+        """Accept nothing more and close the listening sockets (uvicorn closes those it passed
+        in again, which does nothing); the handshakes under way are ended."""
         for task in [*self._accepting, *self._pending]:
             task.cancel()
         for sock in self.sockets:
