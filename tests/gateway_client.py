@@ -29,6 +29,7 @@ from better_compute.api.controllers.node_lifecycle import UNREACHABLE_AFTER, Nod
 from better_compute.api.gateway.server import Gateway
 from better_compute.api.gateway.tls import server_context
 from better_compute.api.http.follower import WatchHub
+from better_compute.api.net import Handshakes
 from better_compute.api.runtime import Runtime
 from better_compute.api.services.nodes import NodeService
 from better_compute.api.store.node_presence import Presence
@@ -144,14 +145,15 @@ QUIET_IDLE = 600.0
 
 @contextlib.asynccontextmanager
 async def running_gateway(plane: Plane, *, heartbeat_seconds: float = 5.0,
-                          min_idle: float = QUIET_IDLE, hello_timeout: float = 10.0
-                          ) -> AsyncIterator[Gateway]:
+                          min_idle: float = QUIET_IDLE, hello_timeout: float = 10.0,
+                          handshakes: Handshakes | None = None) -> AsyncIterator[Gateway]:
     """The hub and the gateway on a free loopback port, for the life of the block."""
     runtime = plane.runtime
     hub = WatchHub.for_runtime(runtime)
     context = server_context(plane.bundle, ["localhost", "127.0.0.1"], plane.tmp / "run")
     gateway = Gateway(runtime.services, context, heartbeat_seconds=heartbeat_seconds, hub=hub,
-                      flush_interval=3600, min_idle=min_idle, hello_timeout=hello_timeout)
+                      flush_interval=3600, min_idle=min_idle, hello_timeout=hello_timeout,
+                      handshakes=handshakes)
     plane.gateway = gateway
     async with anyio.create_task_group() as tg:
         await tg.start(hub.run)
@@ -281,13 +283,14 @@ async def wait_for(condition: Any, timeout: float = 45.0) -> None:
 def run_with_gateway(env: dict[str, str], tmp_path: Path, body: Callable[[Plane], Awaitable[None]],
                      *, unreachable_after: timedelta = UNREACHABLE_AFTER,
                      heartbeat_seconds: float = 5.0, min_idle: float = QUIET_IDLE,
-                     hello_timeout: float = 10.0) -> None:
+                     hello_timeout: float = 10.0, handshakes: Handshakes | None = None) -> None:
     """Run ``body`` against a fresh control plane with its gateway up, then close it."""
     plane = make_plane(env, tmp_path, unreachable_after)
 
     async def main() -> None:
         async with running_gateway(plane, heartbeat_seconds=heartbeat_seconds,
-                                   min_idle=min_idle, hello_timeout=hello_timeout):
+                                   min_idle=min_idle, hello_timeout=hello_timeout,
+                                   handshakes=handshakes):
             await body(plane)
 
     try:

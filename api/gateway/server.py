@@ -47,6 +47,7 @@ from better_compute.api.gateway.session import (
     Session,
     removed_message,
 )
+from better_compute.api.net import Handshakes
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.join import NODE_CERTIFICATE_LIFETIME
 from better_compute.api.services.registry import Services
@@ -61,6 +62,7 @@ from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 
 log = logging.getLogger("better_compute.gateway")
+HANDSHAKE_REFUSED = "gateway: TLS handshake refused: %s"  # one a minute (http_limits.ClientNoise)
 T = TypeVar("T")
 
 
@@ -77,9 +79,43 @@ def _open_bundle(service: ComputeService) -> pki.PkiBundle:
     return pki.unseal_bundle(service.pki().sealed, pki.parse_master_key(service.master_key_text()))
 
 
-class _QuietTLSListener(TLSListener):
-    """A failed handshake (no or wrong client certificate, or none in time) is one warning
-    line, no traceback; serve's log keeps such lines to one a minute (ClientNoise)."""
+MAX_HANDSHAKES_PER_ADDRESS = 256  # nodes behind one NAT reconnect at once after a restart
+MAX_HANDSHAKES = 1024
+
+
+class _BoundedTLSListener(TLSListener):
+    """Handshakes under way bounded per client address and in all (``Handshakes``, counted
+    from the accept to the handshake's end): a connection past either is closed before its
+    handshake. A failed handshake (no or wrong client certificate, or none in time) is one
+    warning line, no traceback; serve's log keeps such lines to one a minute (ClientNoise)."""
+
+    def __init__(self, listener: Any, ssl_context: ssl.SSLContext, handshakes: Handshakes,
+                 handshake_timeout: float) -> None:
+        super().__init__(listener, ssl_context, standard_compatible=False,
+                         handshake_timeout=handshake_timeout)
+        self.handshakes = handshakes
+
+    async def serve(self, handler: Callable[[TLSStream], Any],
+                    task_group: anyio.abc.TaskGroup | None = None) -> None:
+        async def handshake(stream: Any) -> None:
+            address = _host(stream)
+            refused = self.handshakes.begin(address)
+            if refused is not None:
+                await anyio.aclose_forcefully(stream)
+                log.warning(HANDSHAKE_REFUSED, f"before it began: {refused}")
+                return
+            try:
+                with anyio.fail_after(self.handshake_timeout):
+                    wrapped = await TLSStream.wrap(stream, ssl_context=self.ssl_context,
+                                                   standard_compatible=self.standard_compatible)
+            except BaseException as exc:
+                self.handshakes.end(address)
+                await self.handle_handshake_error(exc, stream)
+                return
+            self.handshakes.end(address)
+            await handler(wrapped)
+
+        await self.listener.serve(handshake, task_group)
 
     @staticmethod
     async def handle_handshake_error(exc: BaseException, stream: Any) -> None:
@@ -87,7 +123,16 @@ class _QuietTLSListener(TLSListener):
         if isinstance(exc, anyio.get_cancelled_exc_class()) or not isinstance(exc, Exception):
             raise exc
         reason = "not done within the hello timeout" if isinstance(exc, TimeoutError) else exc
-        log.warning("gateway: TLS handshake refused: %s", reason)
+        log.warning(HANDSHAKE_REFUSED, reason)
+
+
+def _host(stream: Any) -> str | None:
+    """The client's address (without its port)."""
+    try:
+        peer = stream.extra(anyio.abc.SocketAttribute.remote_address)
+    except anyio.TypedAttributeLookupError:
+        return None
+    return str(peer[0]) if isinstance(peer, tuple) and peer else None
 
 
 class Gateway:
@@ -96,7 +141,8 @@ class Gateway:
                  hello_timeout: float = 10.0, min_idle: float = 15.0,
                  hub: Any = None, limiter: anyio.CapacityLimiter | None = None,
                  bundle: pki.PkiBundle | None = None,
-                 certificate_lifetime: timedelta = NODE_CERTIFICATE_LIFETIME) -> None:
+                 certificate_lifetime: timedelta = NODE_CERTIFICATE_LIFETIME,
+                 handshakes: Handshakes | None = None) -> None:
         service = services.compute
         self.nodes = services.nodes
         self.journal_handlers = journal_handlers(services)
@@ -108,6 +154,9 @@ class Gateway:
         self.heartbeat_seconds = heartbeat_seconds
         self.flush_interval = flush_interval
         self.hello_timeout = hello_timeout
+        self.handshakes = handshakes or Handshakes(
+            MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS,
+            settings=("gateway.max_handshakes", "gateway.max_handshakes_per_address"))
         self.min_idle = min_idle
         self.hub = hub
         self.limiter = limiter or anyio.CapacityLimiter(4)
@@ -133,8 +182,8 @@ class Gateway:
         # A handshake has the hello's time too (anyio's default is 30 s): the port faces
         # every network the nodes are on, and a connection that never finishes its
         # handshake holds a descriptor until then.
-        listener = _QuietTLSListener(tcp, self.ssl_context, standard_compatible=False,
-                                     handshake_timeout=self.hello_timeout)
+        listener = _BoundedTLSListener(tcp, self.ssl_context, self.handshakes,
+                                       handshake_timeout=self.hello_timeout)
         try:
             async with listener, anyio.create_task_group() as tg:
                 tg.start_soon(self._flush_loop)

@@ -25,7 +25,7 @@ from better_compute.api.http.metrics import publish_state
 from better_compute.api.http.request_log import RequestFields
 from better_compute.api.http.server_config import with_file
 from better_compute.api.http.watch import stop_streams
-from better_compute.api.net import is_loopback
+from better_compute.api.net import Handshakes, is_loopback
 from better_compute.api.runtime import Runtime
 from better_compute.api.settings import env_count, env_networks, env_seconds
 from better_compute.api.store.token_use import flush_token_use
@@ -82,13 +82,14 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, ready_line: str,
                  grace: float = SHUTDOWN_GRACE,
                  handshake_timeout: float = http_limits.HEAD_TIMEOUT,
-                 handshakes: tls_accept.Handshakes | None = None) -> None:
+                 handshakes: Handshakes | None = None) -> None:
         config.timeout_graceful_shutdown = math.ceil(grace) + CANCEL_AFTER
         super().__init__(config)
         self.ready_line = ready_line
         self.grace = grace
         self.handshake_timeout = handshake_timeout
-        self.handshakes = handshakes or tls_accept.Handshakes()
+        self.handshakes = handshakes or Handshakes(tls_accept.MAX_HANDSHAKES,
+                                                   tls_accept.MAX_HANDSHAKES_PER_ADDRESS)
         self.lifespan_died = False
 
     async def on_tick(self, counter: int) -> bool:
@@ -309,7 +310,7 @@ def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[st
                               http_limits.MAX_CONNECTIONS_PER_ADDRESS),
         on_open=metrics.connections.set if metrics is not None else None,
         on_refused=metrics.connection_refused if metrics is not None else None)
-    handshakes = tls_accept.Handshakes(
+    handshakes = Handshakes(
         total=env_count(env, "BETTER_COMPUTE_HTTP_MAX_HANDSHAKES", tls_accept.MAX_HANDSHAKES),
         per_address=env_count(env, "BETTER_COMPUTE_HTTP_MAX_HANDSHAKES_PER_ADDRESS",
                               tls_accept.MAX_HANDSHAKES_PER_ADDRESS),

@@ -59,6 +59,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gateway.url", "--gateway-url", "BETTER_COMPUTE_GATEWAY_URL",
             "(from gateway.listen)", "text",
             "the gateway URL the well-known document publishes"),
+    Setting("gateway.max_handshakes_per_address", None,
+            "BETTER_COMPUTE_GATEWAY_MAX_HANDSHAKES_PER_ADDRESS", "256", "number",
+            "TLS handshakes one client address may have under way with the gateway at once "
+            "(nodes behind one NAT reconnect together); past it a new connection is closed "
+            "before its handshake (0: no bound)"),
+    Setting("gateway.max_handshakes", None, "BETTER_COMPUTE_GATEWAY_MAX_HANDSHAKES", "1024",
+            "number", "TLS handshakes the gateway has under way at once; past it a new "
+            "connection is closed before its handshake (0: no bound)"),
     Setting("log.level", "--log-level", None, "warning", "choice",
             "log level; info logs one line per API request",
             ("critical", "error", "warning", "info", "debug"), fallback="warning"),

@@ -9,7 +9,7 @@ address, enough for three addresses to fill systemd's ``LimitNOFILE=65536``, and
 process accepted nobody until they timed out.
 
 ``TlsListener`` accepts the connections itself and counts each one from its accept to its
-handshake's end (``Handshakes``): one client address has at most
+handshake's end (``api/net.py`` ``Handshakes``): one client address has at most
 ``MAX_HANDSHAKES_PER_ADDRESS`` (64) handshakes under way in a server process, the process
 ``MAX_HANDSHAKES`` (1,024) (``http.max_handshakes_per_address``, ``http.max_handshakes``; 0
 for no bound). A connection past either is closed at once, before its handshake: there is
@@ -28,6 +28,8 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from better_compute.api.net import Handshakes
+
 log = logging.getLogger("better_compute.http")
 
 MAX_HANDSHAKES_PER_ADDRESS = 64  # TLS handshakes under way from one client address
@@ -36,49 +38,6 @@ ACCEPT_PAUSE = 0.1  # seconds before accepting again after the process ran out o
 # Each logged at most once a minute (http_limits.ClientNoise).
 REFUSED = "TLS handshake refused before it began: %s"
 ACCEPT_FAILED = "accepting a connection failed: %s; trying again in %gs"
-
-
-class Handshakes:
-    """The TLS handshakes under way in one server process: in all and per client address.
-    ``on_refused`` hears each refusal's bound (``handshake_address``, ``handshake_server``)."""
-
-    def __init__(self, total: int = MAX_HANDSHAKES,
-                 per_address: int = MAX_HANDSHAKES_PER_ADDRESS,
-                 on_refused: Callable[[str], None] | None = None) -> None:
-        self.total = total
-        self.per_address = per_address
-        self.on_refused = on_refused
-        self.under_way = 0
-        self.by_address: dict[str, int] = {}
-
-    def begin(self, address: str | None) -> str | None:
-        """None when a handshake from ``address`` may begin (and it is counted); else why
-        not, for the log."""
-        held = self.by_address.get(address, 0) if address is not None else 0
-        if self.per_address and address is not None and held >= self.per_address:
-            return self._refuse("handshake_address",
-                                f"{address} has {held} under way (at most {self.per_address}, "
-                                "http.max_handshakes_per_address)")
-        if self.total and self.under_way >= self.total:
-            return self._refuse("handshake_server",
-                                f"{self.under_way} under way in this server process (at most "
-                                f"{self.total}, http.max_handshakes)")
-        self.under_way += 1
-        if address is not None:
-            self.by_address[address] = held + 1
-        return None
-
-    def end(self, address: str | None) -> None:
-        self.under_way -= 1
-        if address is not None:
-            held = self.by_address.pop(address, 1) - 1
-            if held > 0:
-                self.by_address[address] = held
-
-    def _refuse(self, per: str, why: str) -> str:
-        if self.on_refused is not None:
-            self.on_refused(per)
-        return why
 
 
 def _host(peer: Any) -> str | None:

@@ -14,6 +14,7 @@ import anyio
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from better_compute.api.net import Handshakes
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.gateway_client import (
@@ -288,3 +289,47 @@ def test_a_connection_that_never_finishes_its_tls_handshake_is_let_go(
 
     run_with_gateway(env, tmp_path, body, hello_timeout=HELLO)
 
+
+
+def test_handshakes_under_way_are_bounded_per_address_and_a_node_is_served(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """Before, every TCP connection was held for the handshake's timeout whatever one
+    address already held (as many as it had ports). Now a connection past the handshakes
+    under way of its address, or of the gateway, is closed before its handshake, and a
+    node's session still comes up once the address has room."""
+    async def body(plane: Plane) -> None:
+        assert plane.gateway is not None
+        port = plane.gateway.port
+        held = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(2)]
+        past = await anyio.connect_tcp("127.0.0.1", port)
+        with anyio.fail_after(10):  # the handshake's timeout is 60 s here
+            try:
+                data = await past.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError):
+                data = b""
+        assert data == b"", data
+        await past.aclose()
+        # The gateway's own bound: a connection from another address is refused too.
+        third = await anyio.connect_tcp("127.0.0.1", port, local_host="127.0.0.2")
+        other = await anyio.connect_tcp("127.0.0.1", port, local_host="127.0.0.3")
+        with anyio.fail_after(10):
+            try:
+                data = await other.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError):
+                data = b""
+        assert data == b"", data
+        for stream in [*held, third, other]:
+            await stream.aclose()
+        node = plane.join()
+        with anyio.fail_after(10):  # the gateway notices the closed ones end their handshakes
+            while True:
+                try:
+                    welcome = await NodeClient(plane, node).connect()
+                    break
+                except (OSError, anyio.BrokenResourceError, anyio.EndOfStream):
+                    await anyio.sleep(0.05)
+        assert isinstance(welcome, wire.Welcome), welcome
+
+    run_with_gateway(env, tmp_path, body, hello_timeout=60,
+                     handshakes=Handshakes(3, 2, settings=("gateway.max_handshakes",
+                                                           "gateway.max_handshakes_per_address")))

@@ -1,9 +1,9 @@
-"""``tls_accept.Handshakes``: the TLS handshakes under way, counted per client address and
+"""``api/net.py`` ``Handshakes``: the TLS handshakes under way, counted per client address and
 per process (the end-to-end test is tests/e2e/test_tls_handshakes.py)."""
 
 from __future__ import annotations
 
-from better_compute.api.http.tls_accept import Handshakes
+from better_compute.api.net import Handshakes
 
 
 def test_each_bound_refuses_past_it_and_an_end_frees_a_place() -> None:
