@@ -18,7 +18,42 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class Handshakes:
+class AddressCounts:
+    """What one server process holds, counted in all and per client address, each count
+    bounded (0: no bound): the connections open (api/http/http_limits.py
+    ``ConnectionLimits``) and the TLS handshakes under way (``Handshakes``)."""
+
+    def __init__(self, total: int, per_address: int) -> None:
+        self.total = total
+        self.per_address = per_address
+        self.count = 0
+        self.by_address: dict[str, int] = {}
+
+    def held(self, address: str | None) -> int:
+        return self.by_address.get(address, 0) if address is not None else 0
+
+    def past(self, address: str | None) -> str | None:
+        """The bound one more from ``address`` would pass: ``address``, ``server``, or None."""
+        if self.per_address and address is not None and self.held(address) >= self.per_address:
+            return "address"
+        if self.total and self.count >= self.total:
+            return "server"
+        return None
+
+    def add(self, address: str | None) -> None:
+        self.count += 1
+        if address is not None:
+            self.by_address[address] = self.held(address) + 1
+
+    def remove(self, address: str | None) -> None:
+        self.count -= 1
+        if address is not None:
+            held = self.by_address.pop(address, 1) - 1
+            if held > 0:
+                self.by_address[address] = held
+
+
+class Handshakes(AddressCounts):
     """The TLS handshakes under way on one listener of a server process: in all and per
     client address. ``settings``: the names of the two bounds (in all, per address), for
     the refusal's words; ``on_refused`` hears each refusal's bound (``handshake_address``,
@@ -28,38 +63,28 @@ class Handshakes:
                  settings: tuple[str, str] = ("http.max_handshakes",
                                               "http.max_handshakes_per_address"),
                  on_refused: Callable[[str], None] | None = None) -> None:
-        self.total = total
-        self.per_address = per_address
+        super().__init__(total, per_address)
         self.settings = settings
         self.on_refused = on_refused
-        self.under_way = 0
-        self.by_address: dict[str, int] = {}
+
+    @property
+    def under_way(self) -> int:
+        return self.count
 
     def begin(self, address: str | None) -> str | None:
         """None when a handshake from ``address`` may begin (and it is counted); else why
         not, for the log."""
-        held = self.by_address.get(address, 0) if address is not None else 0
-        if self.per_address and address is not None and held >= self.per_address:
-            return self._refuse("handshake_address",
-                                f"{address} has {held} under way (at most {self.per_address}, "
-                                f"{self.settings[1]})")
-        if self.total and self.under_way >= self.total:
-            return self._refuse("handshake_server",
-                                f"{self.under_way} under way in this server process (at most "
-                                f"{self.total}, {self.settings[0]})")
-        self.under_way += 1
-        if address is not None:
-            self.by_address[address] = held + 1
-        return None
+        past = self.past(address)
+        if past is None:
+            self.add(address)
+            return None
+        if self.on_refused is not None:
+            self.on_refused(f"handshake_{past}")
+        if past == "address":
+            return (f"{address} has {self.held(address)} under way (at most "
+                    f"{self.per_address}, {self.settings[1]})")
+        return (f"{self.count} under way in this server process (at most {self.total}, "
+                f"{self.settings[0]})")
 
     def end(self, address: str | None) -> None:
-        self.under_way -= 1
-        if address is not None:
-            held = self.by_address.pop(address, 1) - 1
-            if held > 0:
-                self.by_address[address] = held
-
-    def _refuse(self, per: str, why: str) -> str:
-        if self.on_refused is not None:
-            self.on_refused(per)
-        return why
+        self.remove(address)

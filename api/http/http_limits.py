@@ -85,6 +85,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from better_compute.api.http import tls_accept
+from better_compute.api.net import AddressCounts
 from better_compute.domain.access import ROOT_TENANT
 from better_compute.domain.errors import RateLimited, Unavailable
 
@@ -302,7 +303,7 @@ class Tenants:
         self._of[key] = tenant
 
 
-class ConnectionLimits:
+class ConnectionLimits(AddressCounts):
     """The connections one server process keeps open: in all and per client address.
 
     ``admit`` at a connection's start (after TLS) says whether it may stay; ``release`` at
@@ -313,33 +314,33 @@ class ConnectionLimits:
                  per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
                  on_open: Callable[[int], None] | None = None,
                  on_refused: Callable[[str], None] | None = None) -> None:
-        self.total = total
-        self.per_address = per_address
+        super().__init__(total, per_address)
         self.on_open = on_open
         self.on_refused = on_refused
-        self.open = 0
-        self.by_address: dict[str, int] = {}
+
+    @property
+    def open(self) -> int:
+        return self.count
 
     def admit(self, address: str | None) -> bytes | None:
         """None when the connection may stay (and it is counted); else the response that
         refuses it (an HTTP/1.1 answer to send before closing it)."""
-        held = self.by_address.get(address, 0) if address is not None else 0
-        if self.per_address and address is not None and held >= self.per_address:
+        past = self.past(address)
+        if past == "address":
+            held = self.held(address)
             return self._refuse("address", 429, RateLimited.code, RateLimited.rpc_code,
                                 f"this address already has {held} connections open to this "
                                 f"server process (at most {self.per_address}, "
                                 "http.max_connections_per_address): reuse kept-alive "
                                 "connections, close idle ones, then retry", held)
-        if self.total and self.open >= self.total:
+        if past == "server":
             return self._refuse("server", 503, Unavailable.code, Unavailable.rpc_code,
-                                f"this server process has {self.open} connections open (at "
+                                f"this server process has {self.count} connections open (at "
                                 f"most {self.total}, http.max_connections): retry in a "
-                                "moment, or on another replica", self.open)
-        self.open += 1
-        if address is not None:
-            self.by_address[address] = held + 1
+                                "moment, or on another replica", self.count)
+        self.add(address)
         if self.on_open is not None:
-            self.on_open(self.open)
+            self.on_open(self.count)
         return None
 
     def take(self, address: str | None, transport: Any, loop: Any) -> bool:
@@ -354,13 +355,9 @@ class ConnectionLimits:
         return False
 
     def release(self, address: str | None) -> None:
-        self.open -= 1
-        if address is not None:
-            held = self.by_address.pop(address, 1) - 1
-            if held > 0:
-                self.by_address[address] = held
+        self.remove(address)
         if self.on_open is not None:
-            self.on_open(self.open)
+            self.on_open(self.count)
 
     def _refuse(self, per: str, status: int, code: str, rpc_code: int, message: str,
                 held: int) -> bytes:
