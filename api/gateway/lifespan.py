@@ -8,14 +8,9 @@ import anyio
 import anyio.abc
 
 from better_compute.api import pki
-from better_compute.api.gateway.server import (
-    MAX_HANDSHAKES,
-    MAX_HANDSHAKES_PER_ADDRESS,
-    Gateway,
-)
+from better_compute.api.gateway.server import Gateway, gateway_handshakes
 from better_compute.api.gateway.tls import server_context
-from better_compute.api.net import Handshakes
-from better_compute.api.settings import env_count, env_seconds
+from better_compute.api.settings import env_seconds
 
 
 def gateway_task(host: str, port: int, hostnames: list[str]) -> Any:
@@ -33,12 +28,7 @@ def gateway_task(host: str, port: int, hostnames: list[str]) -> Any:
                 runtime.services, context,
                 heartbeat_seconds=env_seconds(runtime.env, "BETTER_COMPUTE_NODE_HEARTBEAT", 5.0),
                 hub=state.extra.get("watch_hub"), bundle=bundle,
-                handshakes=Handshakes(
-                    env_count(runtime.env, "BETTER_COMPUTE_GATEWAY_MAX_HANDSHAKES",
-                              MAX_HANDSHAKES),
-                    env_count(runtime.env, "BETTER_COMPUTE_GATEWAY_MAX_HANDSHAKES_PER_ADDRESS",
-                              MAX_HANDSHAKES_PER_ADDRESS),
-                    settings=("gateway.max_handshakes", "gateway.max_handshakes_per_address")),
+                handshakes=gateway_handshakes(runtime.env),
             )
 
         gateway = await anyio.to_thread.run_sync(build)

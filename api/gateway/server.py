@@ -25,7 +25,7 @@ import json
 import logging
 import ssl
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
@@ -51,6 +51,7 @@ from better_compute.api.net import Handshakes
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.join import NODE_CERTIFICATE_LIFETIME
 from better_compute.api.services.registry import Services
+from better_compute.api.settings import env_count
 from better_compute.api.store.actor import acting_as
 from better_compute.api.store.eventlog import EventFilter
 from better_compute.api.store.node_presence import Presence, Reports
@@ -81,6 +82,15 @@ def _open_bundle(service: ComputeService) -> pki.PkiBundle:
 
 MAX_HANDSHAKES_PER_ADDRESS = 256  # nodes behind one NAT reconnect at once after a restart
 MAX_HANDSHAKES = 1024
+
+
+def gateway_handshakes(env: Mapping[str, str] | None) -> Handshakes:
+    """The gateway's bounds of handshakes under way, as the server's settings give them."""
+    return Handshakes(
+        env_count(env, "BETTER_COMPUTE_GATEWAY_MAX_HANDSHAKES", MAX_HANDSHAKES),
+        env_count(env, "BETTER_COMPUTE_GATEWAY_MAX_HANDSHAKES_PER_ADDRESS",
+                  MAX_HANDSHAKES_PER_ADDRESS),
+        settings=("gateway.max_handshakes", "gateway.max_handshakes_per_address"))
 
 
 class _BoundedTLSListener(TLSListener):
@@ -154,9 +164,7 @@ class Gateway:
         self.heartbeat_seconds = heartbeat_seconds
         self.flush_interval = flush_interval
         self.hello_timeout = hello_timeout
-        self.handshakes = handshakes or Handshakes(
-            MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS,
-            settings=("gateway.max_handshakes", "gateway.max_handshakes_per_address"))
+        self.handshakes = handshakes or gateway_handshakes(None)
         self.min_idle = min_idle
         self.hub = hub
         self.limiter = limiter or anyio.CapacityLimiter(4)

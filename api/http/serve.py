@@ -79,17 +79,14 @@ class _Server(uvicorn.Server):
     serving on without its store: a service manager starts it again.
     """
 
-    def __init__(self, config: uvicorn.Config, ready_line: str,
-                 grace: float = SHUTDOWN_GRACE,
-                 handshake_timeout: float = http_limits.HEAD_TIMEOUT,
-                 handshakes: Handshakes | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, ready_line: str, grace: float, *,
+                 handshake_timeout: float, handshakes: Handshakes) -> None:
         config.timeout_graceful_shutdown = math.ceil(grace) + CANCEL_AFTER
         super().__init__(config)
         self.ready_line = ready_line
         self.grace = grace
         self.handshake_timeout = handshake_timeout
-        self.handshakes = handshakes or Handshakes(tls_accept.MAX_HANDSHAKES,
-                                                   tls_accept.MAX_HANDSHAKES_PER_ADDRESS)
+        self.handshakes = handshakes
         self.lifespan_died = False
 
     async def on_tick(self, counter: int) -> bool:
