@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
+from typing import Any
 
 
 def is_loopback(host: str) -> bool:
@@ -16,6 +17,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def peer_host(peer: Any) -> str | None:
+    """The client's address of a socket's peer name (without its port); None on a Unix
+    socket (a path, or nothing)."""
+    if isinstance(peer, tuple | list) and peer:
+        return str(peer[0])
+    return None
 
 
 class AddressCounts:

@@ -47,7 +47,7 @@ from better_compute.api.gateway.session import (
     Session,
     removed_message,
 )
-from better_compute.api.net import Handshakes
+from better_compute.api.net import Handshakes, peer_host
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.join import NODE_CERTIFICATE_LIFETIME
 from better_compute.api.services.registry import Services
@@ -139,10 +139,9 @@ class _BoundedTLSListener(TLSListener):
 def _host(stream: Any) -> str | None:
     """The client's address (without its port)."""
     try:
-        peer = stream.extra(anyio.abc.SocketAttribute.remote_address)
+        return peer_host(stream.extra(anyio.abc.SocketAttribute.remote_address))
     except anyio.TypedAttributeLookupError:
         return None
-    return str(peer[0]) if isinstance(peer, tuple) and peer else None
 
 
 class Gateway:

@@ -85,7 +85,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from better_compute.api.http import tls_accept
-from better_compute.api.net import AddressCounts
+from better_compute.api.net import AddressCounts, peer_host
 from better_compute.domain.access import ROOT_TENANT
 from better_compute.domain.errors import RateLimited, Unavailable
 
@@ -377,10 +377,7 @@ class ConnectionLimits(AddressCounts):
 
 def _peer_host(transport: Any) -> str | None:
     """The client's address (without its port); None on a Unix socket."""
-    peer = transport.get_extra_info("peername")
-    if isinstance(peer, tuple | list) and peer:
-        return str(peer[0])
-    return None
+    return peer_host(transport.get_extra_info("peername"))
 
 
 class _Counted(asyncio.Protocol):

@@ -28,7 +28,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from better_compute.api.net import Handshakes
+from better_compute.api.net import Handshakes, peer_host
 
 log = logging.getLogger("better_compute.http")
 
@@ -38,10 +38,6 @@ ACCEPT_PAUSE = 0.1  # seconds before accepting again after the process ran out o
 # Each logged at most once a minute (http_limits.ClientNoise).
 REFUSED = "TLS handshake refused before it began: %s"
 ACCEPT_FAILED = "accepting a connection failed: %s; trying again in %gs"
-
-
-def _host(peer: Any) -> str | None:
-    return str(peer[0]) if isinstance(peer, tuple) and peer else None
 
 
 class TlsListener:
@@ -68,7 +64,7 @@ class TlsListener:
                 log.warning(ACCEPT_FAILED, exc, ACCEPT_PAUSE)
                 await asyncio.sleep(ACCEPT_PAUSE)
                 continue
-            address = _host(peer)
+            address = peer_host(peer)
             refused = self.handshakes.begin(address)
             if refused is not None:
                 conn.close()
