@@ -13,7 +13,7 @@ import ssl
 import tempfile
 from pathlib import Path
 
-from better_compute.api import pki
+from better_compute.api import pki, run_files
 
 
 def server_context(bundle: pki.PkiBundle, hostnames: list[str], run_dir: Path) -> ssl.SSLContext:
@@ -23,11 +23,11 @@ def server_context(bundle: pki.PkiBundle, hostnames: list[str], run_dir: Path) -
     context.verify_mode = ssl.CERT_REQUIRED
     context.load_verify_locations(cadata=pki.pem(bundle.node_ca_cert))
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with tempfile.TemporaryDirectory(dir=run_dir) as tmp:
+    # Named after this process, so a start removes what a kill -9 right here left
+    # (api/run_files.py).
+    with tempfile.TemporaryDirectory(dir=run_dir, prefix=f"gateway-{os.getpid()}-") as tmp:
         cert_path, key_path = Path(tmp) / "gateway.crt", Path(tmp) / "gateway.key"
         for path, data in ((cert_path, cert_pem), (key_path, key_pem)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            run_files.write_private(path, data)
         context.load_cert_chain(cert_path, key_path)
     return context

@@ -10,14 +10,15 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from ssl import SSLContext
 from typing import Any
 
 import anyio
 import uvicorn
 
-from better_compute.api import pki
+from better_compute.api import pki, run_files
 from better_compute.api.controllers.runner import run_controllers
 from better_compute.api.http import http_limits, introspect, tls_accept
 from better_compute.api.http.app import LifespanTask, build_app
@@ -164,17 +165,30 @@ class _Server(uvicorn.Server):
 
 
 def tls_files(runtime: Runtime, hostnames: list[str]) -> tuple[Path, Path]:
+    """A fresh serving certificate and key, as the files uvicorn reads (``read_once`` removes
+    them once read); first those that processes killed meanwhile left (api/run_files.py)."""
     bundle = pki.unseal_bundle(runtime.service.pki().sealed,
                                pki.parse_master_key(runtime.master_key_text()))
     cert_pem, key_pem = pki.issue_serving_certificate(bundle, hostnames)
     run_dir = runtime.data_dir / "run"
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    run_files.remove_stale(run_dir)
     cert_path, key_path = run_dir / f"serving-{os.getpid()}.crt", run_dir / f"serving-{os.getpid()}.key"
     for path, data in ((cert_path, cert_pem), (key_path, key_pem)):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        run_files.write_private(path, data)
     return cert_path, key_path
+
+
+def read_once(config: uvicorn.Config, default: Callable[[], SSLContext]) -> SSLContext:
+    """uvicorn's own TLS context (its ``ssl_context_factory``, with its defaults) from the
+    serving files, which are removed as soon as it has read them: the key is on disk only
+    until the server holds it in memory, whatever way the process ends later."""
+    try:
+        return default()
+    finally:
+        for path in (config.ssl_certfile, config.ssl_keyfile):
+            if path:
+                Path(path).unlink(missing_ok=True)
 
 
 def _gateway(options: ServeOptions, gateway_url: str | None) -> tuple[str, LifespanTask]:
@@ -238,8 +252,9 @@ def _metrics_address(text: str) -> tuple[str, int]:
 
 
 def _tls(options: ServeOptions, runtime: Runtime, host: str
-         ) -> tuple[str, list[str], dict[str, str]]:
-    """The scheme, the certificate's host names and uvicorn's TLS files (none on plain HTTP)."""
+         ) -> tuple[str, list[str], dict[str, Any]]:
+    """The scheme, the certificate's host names and uvicorn's TLS settings (none on plain
+    HTTP): the files and ``read_once``, which removes them once read."""
     if options.insecure_loopback:
         if not is_loopback(host):
             raise InvalidInput(
@@ -255,7 +270,8 @@ def _tls(options: ServeOptions, runtime: Runtime, host: str
             "(for example --hostname compute.example.com); they go into its certificate"
         )
     cert, key = tls_files(runtime, names)
-    return "https", names, {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    return "https", names, {"ssl_certfile": str(cert), "ssl_keyfile": str(key),
+                            "ssl_context_factory": read_once}
 
 
 def _lifespan_tasks(primary: bool, gateway: tuple[str, LifespanTask] | None,
@@ -379,8 +395,9 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
             from better_compute.api.http.workers import listening_socket
 
             server.run(sockets=[listening_socket(fd)])
-    finally:
-        for path in ssl.values():
-            Path(path).unlink(missing_ok=True)
+    finally:  # a start that failed before uvicorn read them
+        for setting in ("ssl_certfile", "ssl_keyfile"):
+            if setting in ssl:
+                Path(ssl[setting]).unlink(missing_ok=True)
     if not server.started or server.lifespan_died:
         sys.exit(1)
