@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "AGGREGATES", "ApiToken", "JoinToken", "Node", "NodeBookings", "PkiBundle", "Pool",
+    "AGGREGATES", "ApiToken", "GpuClaim", "JoinToken", "Node", "NodeBookings", "PkiBundle", "Pool",
     "QuotaUse", "Reservation", "Site", "Tenant",
 ]
 

@@ -2,6 +2,7 @@
 topic, so stored events can be decoded (the store imports it; nothing light should)."""
 
 from better_compute.domain.bookings import NodeBookings
+from better_compute.domain.gpu_claims import GpuClaim
 from better_compute.domain.join_token import JoinToken
 from better_compute.domain.node import Node
 from better_compute.domain.pki import PkiBundle
@@ -14,10 +15,10 @@ from better_compute.domain.token import ApiToken
 
 AGGREGATES = (
     Tenant, ApiToken, Site, Pool, PkiBundle, JoinToken, Node, Reservation, NodeBookings,
-    QuotaUse,
+    QuotaUse, GpuClaim,
 )
 
 __all__ = [
-    "AGGREGATES", "ApiToken", "JoinToken", "Node", "NodeBookings", "PkiBundle", "Pool",
+    "AGGREGATES", "ApiToken", "GpuClaim", "JoinToken", "Node", "NodeBookings", "PkiBundle", "Pool",
     "QuotaUse", "Reservation", "Site", "Tenant",
 ]

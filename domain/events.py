@@ -34,6 +34,7 @@ _SUBJECT_PREFIX: dict[str, str | None] = {
     "reservation": "rsv",
     "bookings": None,  # internal: per-node bookings, seen only by the pool's owner
     "quota": None,  # a tenant's GPU use on a pool; data carries the pool and reservation
+    "gpu": None,  # internal: which node a GPU UUID belongs to; data carries the UUID and node
 }
 
 

@@ -144,7 +144,7 @@ def next_token_end(sql: Sql) -> datetime | None:
 
 # Aggregates whose events never reach a row: their event classes are defined on them
 # (``Reservation.Placed``), so the class tells without reading the table.
-_UNLISTED = frozenset({"reservation", "nodebookings", "quotause", "pkibundle"})
+_UNLISTED = frozenset({"reservation", "nodebookings", "quotause", "pkibundle", "gpuclaim"})
 
 
 def _owner(event_type: type[Any]) -> str:

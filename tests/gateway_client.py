@@ -35,7 +35,7 @@ from better_compute.api.services.nodes import NodeService
 from better_compute.api.store.node_presence import Presence
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.access import LOCAL_OPERATOR
-from tests.join_client import JoinAttempt, hardware, open_response
+from tests.join_client import JoinAttempt, gpu_uuid, hardware, open_response
 from tests.support import POLICY, initialize, open_runtime
 
 
@@ -50,10 +50,11 @@ class FakeClock:
         self.now += timedelta(seconds=seconds)
 
 
-def gpus(count: int = 8, healthy: int | None = None, name: str = "NVIDIA H100 80GB HBM3"
-         ) -> list[dict[str, Any]]:
+def gpus(count: int = 8, healthy: int | None = None, name: str = "NVIDIA H100 80GB HBM3",
+         serial: str = "SN-7701") -> list[dict[str, Any]]:
+    """The GPUs of the machine ``serial`` as bcd reports them (the UUIDs it joined with)."""
     healthy = count if healthy is None else healthy
-    return [{"index": i, "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000", "name": name,
+    return [{"index": i, "uuid": gpu_uuid(serial, i), "name": name,
              "memoryMiB": 81559, "healthy": i < healthy,
              "healthReasons": [] if i < healthy else ["xid-79"]} for i in range(count)]
 
@@ -65,6 +66,19 @@ class JoinedNode:
     cert_pem: str
     key_path: Path
     cert_path: Path
+
+
+def write_identity(tmp: Path, node_id: str, key: ec.EllipticCurvePrivateKey, cert_pem: str
+                   ) -> JoinedNode:
+    """The node key and certificate as bcd keeps them, in a folder of their own."""
+    folder = tmp / f"node-{node_id}-{id(key)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    key_path, cert_path = folder / "node.key", folder / "node.crt"
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_path.write_text(cert_pem)
+    return JoinedNode(node_id, key, cert_pem, key_path, cert_path)
 
 
 @dataclass
@@ -97,14 +111,7 @@ class Plane:
 
     def write_identity(self, node_id: str, key: ec.EllipticCurvePrivateKey, cert_pem: str
                        ) -> JoinedNode:
-        folder = self.tmp / f"node-{node_id}-{id(key)}"
-        folder.mkdir(parents=True, exist_ok=True)
-        key_path, cert_path = folder / "node.key", folder / "node.crt"
-        key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                               serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-        cert_path.write_text(cert_pem)
-        return JoinedNode(node_id, key, cert_pem, key_path, cert_path)
+        return write_identity(self.tmp, node_id, key, cert_pem)
 
     def event_types(self, node_id: str) -> list[str]:
         return [e["type"] for e in self.nodes.events(LOCAL_OPERATOR, node_id)]
@@ -182,24 +189,31 @@ def sign(key: Any, doc: dict[str, Any]) -> wire.SignedEntry:
 class NodeClient:
     """One session as bcd opens it: TLS with the node certificate, Hello, then messages."""
 
-    def __init__(self, plane: Plane, node: JoinedNode, *, hello_id: str | None = None,
-                 context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, plane: Plane | None, node: JoinedNode, *, hello_id: str | None = None,
+                 context: ssl.SSLContext | None = None, port: int | None = None) -> None:
+        """``plane``: the control plane in this process; or None, with ``port`` and
+        ``context``, for the gateway of a real ``serve`` (tests/e2e)."""
         self.plane = plane
         self.node = node
         self.hello_id = hello_id or node.node_id
-        self.context = context or client_context(plane, node)
+        assert plane is not None or (port and context), "a remote gateway needs both"
+        self.context = context or client_context(plane, node)  # type: ignore[arg-type]
+        self.port = port
         self.stream: Any = None
         self.reader: BufferedByteReceiveStream | None = None
         self.epoch = 0
         self.seq = 0
 
-    async def connect(self) -> wire.ToNode:
-        assert self.plane.gateway is not None
-        self.stream = await anyio.connect_tcp("127.0.0.1", self.plane.gateway.port,
+    async def connect(self, bcd_version: str = "0.1.0") -> wire.ToNode:
+        port = self.port
+        if port is None:
+            assert self.plane is not None and self.plane.gateway is not None
+            port = self.plane.gateway.port
+        self.stream = await anyio.connect_tcp("127.0.0.1", port,
                                               ssl_context=self.context, tls_hostname="localhost",
                                               tls_standard_compatible=False)
         self.reader = BufferedByteReceiveStream(self.stream)
-        await self.send(wire.Hello(node_id=self.hello_id, bcd_version="0.1.0"))
+        await self.send(wire.Hello(node_id=self.hello_id, bcd_version=bcd_version))
         first = await self.receive()
         if isinstance(first, wire.Welcome):
             self.epoch = first.epoch
@@ -225,6 +239,7 @@ class NodeClient:
     async def start_acceptance(self) -> wire.DesiredState:
         """Connect, let the controller start attempt 1, and read the checks it asks for."""
         await self.connect()
+        assert self.plane is not None
         await self.plane.reconcile()
         return await self.receive_desired(lambda d: "acceptance" in d.sections)
 

@@ -6,6 +6,7 @@ The server side's tests use it to call ``nodes.join`` without the agent.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -27,12 +28,19 @@ from better_compute.api.wire.join import (
 )
 
 
+def gpu_uuid(serial: str | None, index: int) -> str:
+    """GPU ``index`` of the machine ``serial``: machines never share a GPU (a GPU UUID
+    belongs to one node, docs/nodes.md)."""
+    tag = hashlib.sha256((serial or "").encode()).hexdigest()[:12]
+    return f"GPU-{index:08d}-0000-0000-0000-{tag}"
+
+
 def hardware(serial: str | None = "SN-7701", product_uuid: str | None = None,
              macs: tuple[str, ...] = ("52:54:00:12:34:56",), gpus: int = 2) -> HardwareFacts:
     return HardwareFacts(
         serial=serial, product_uuid=product_uuid, macs=list(macs), hostname="gpu-1", cpus=64,
         memory_gib=512.0,
-        gpus=[HardwareGpu(uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000",
+        gpus=[HardwareGpu(uuid=gpu_uuid(serial, i),
                           name="NVIDIA H100 80GB HBM3", memory_mib=81559,
                           pci_bus_id=f"00000000:{i + 10:02X}:00.0") for i in range(gpus)],
     )
