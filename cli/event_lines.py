@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from better_compute.domain.visible import visible
+
 SUMMARY_WIDTH = 72
 
 _GOOD = ("created", "joined", "connected", "adopted", "placed", "active", "healthy", "offered",
@@ -59,9 +61,10 @@ def _scalars(data: Mapping[str, Any]) -> str:
 
 
 def summary(doc: Mapping[str, Any]) -> str:
+    """The data in a few words, every hidden character escaped (domain/visible.py)."""
     data = doc.get("data") or {}
     special = _SUMMARIES.get(str(doc.get("type")))
-    text = special(data) if special else _scalars(data)
+    text = visible(special(data) if special else _scalars(data))
     return text if len(text) <= SUMMARY_WIDTH else text[:SUMMARY_WIDTH - 1] + "…"
 
 
@@ -76,14 +79,14 @@ def clock(text: Any) -> str:
 
 
 def line(doc: Mapping[str, Any], *, colour: bool = False) -> str:
-    event_type = str(doc.get("type", ""))
+    event_type = visible(str(doc.get("type", "")))
     shown = event_type
     tint = _COLOURS.get(kind(event_type) or "") if colour else None
     if tint:
         shown = f"{tint}{event_type}{_RESET}"
     pad = " " * max(0, 28 - len(event_type))
     return (f"{clock(doc.get('time'))}  #{doc.get('sequence', '')}  {shown}{pad}  "
-            f"{doc.get('subject', '')}  {summary(doc)}").rstrip()
+            f"{visible(str(doc.get('subject', '')))}  {summary(doc)}").rstrip()
 
 
 def use_colour(stream: Any, env: Mapping[str, str] | None = None) -> bool:

@@ -19,6 +19,7 @@ from better_compute.cli import exit_codes
 from better_compute.cli.commands import GROUPS
 from better_compute.cli.registry import add_output_flags
 from better_compute.domain.errors import BetterComputeError
+from better_compute.domain.visible import visible
 
 EPILOG = """\
 environment:
@@ -118,7 +119,8 @@ def _command_parser(parser: argparse.ArgumentParser, argv: Sequence[str]
 
 def report(exc: BetterComputeError) -> int:
     """``error [code]: message`` on standard error; the exit status of the error's class."""
-    print(f"error [{exc.code}]: {exc}", file=sys.stderr)
+    message = visible(str(exc), keep="\n")
+    print(f"error [{exc.code}]: {message}", file=sys.stderr)
     return exit_codes.for_code(exc.code)
 
 

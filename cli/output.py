@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from better_compute.cli.tables import Table, generic_table, render
 from better_compute.domain.errors import InvalidInput
+from better_compute.domain.visible import hidden_character, visible
 
 
 def apply_query(value: Any, query: str | None) -> Any:
@@ -44,10 +45,21 @@ def _names(value: Any) -> list[str]:
 
 
 def _yaml(value: Any) -> str:
+    """YAML a person reads: a string holding a hidden character (domain/visible.py) is
+    written double-quoted, where YAML reads ``\\u202e`` as the character, and every hidden
+    character is written so (PyYAML keeps bidi controls as they are)."""
     import yaml
 
-    return str(yaml.safe_dump(value, sort_keys=False, default_flow_style=False,
-                              allow_unicode=True))
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+        style = '"' if hidden_character(data) is not None else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    Dumper.add_representer(str, text)
+    return visible(str(yaml.dump(value, Dumper=Dumper, sort_keys=False,
+                                 default_flow_style=False, allow_unicode=True)), keep="\n")
 
 
 def emit(value: Any, *, query: str | None = None, output: str | None = None,
@@ -55,7 +67,9 @@ def emit(value: Any, *, query: str | None = None, output: str | None = None,
     out = out or sys.stdout
     value = apply_query(value, query)
     if query and isinstance(value, str | int | float) and not isinstance(value, bool):
-        print(value, file=out)
+        # Bare, for `$(… --query id)`: the value as it is for a program; on a terminal, a
+        # person reads it: hidden characters escaped (domain/visible.py).
+        print(visible(str(value)) if out.isatty() else value, file=out)
         return
     fmt = output or ("table" if out.isatty() else "json")
     if fmt in ("table", "wide"):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from better_compute.cli.event_lines import summary
+from better_compute.domain.visible import visible
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -39,6 +40,8 @@ class Table(NamedTuple):
 
 
 def cell(value: Any) -> str:
+    """A value as a table shows it: every character a terminal would act on, or a reader
+    would not see as written, escaped (domain/visible.py)."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -46,8 +49,8 @@ def cell(value: Any) -> str:
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else f"{value:.1f}"
     if isinstance(value, dict | list):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
+        return visible(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    return visible(str(value))
 
 
 def _parse_time(text: Any) -> datetime | None:
@@ -128,12 +131,12 @@ def generic_table(value: Any) -> str:
         for row in value:
             headers.extend(k for k, v in row.items()
                            if k not in headers and not isinstance(v, dict | list))
-        return _text_rows([h.upper() for h in headers],
+        return _text_rows([cell(h).upper() for h in headers],
                           [[cell(row.get(h)) for h in headers] for row in value])
     if isinstance(value, list):
         return "".join(cell(v) + "\n" for v in value) if value else "No resources found.\n"
     if isinstance(value, dict):
-        return _text_rows(["FIELD", "VALUE"], [[k, cell(v)] for k, v in value.items()])
+        return _text_rows(["FIELD", "VALUE"], [[cell(k), cell(v)] for k, v in value.items()])
     return cell(value) + "\n"
 
 

@@ -17,9 +17,10 @@ maintenance (``node.cordoned`` / ``node.uncordoned``) change its conditions
 and its capacity, never a hold. Every lifecycle event carries ``at``, the
 control plane's clock when it was decided.
 
-Acceptance's commands and events are in domain/node_acceptance.py, retiring's (drain,
-remove, re-join) in domain/node_retirement.py: assigned in the class body below, they are
-the aggregate's own methods and events. How a node reads (its conditions, its document, the
+Acceptance's commands and events are in domain/node_acceptance.py, its inventory's (what a
+node may change of its GPUs) in domain/node_inventory.py, retiring's (drain, remove,
+re-join) in domain/node_retirement.py: assigned in the class body below, they are the
+aggregate's own methods and events. How a node reads (its conditions, its document, the
 desired state it is sent) is in domain/node_view.py.
 """
 
@@ -32,6 +33,7 @@ from uuid import UUID
 from eventsourcing.domain import event
 
 from better_compute.domain import node_acceptance as acceptance
+from better_compute.domain import node_inventory as inventory
 from better_compute.domain import node_retirement as retirement
 from better_compute.domain.base import TenantOwned, iso
 from better_compute.domain.gpus import Gpu, gpus_of, with_health
@@ -55,6 +57,7 @@ _NO_DEVICES: dict[str, dict[str, Any]] = {}
 _NO_TIME: datetime | None = None
 _NO_REMOVAL: dict[str, Any] | None = None
 _NO_STATUSES: dict[str, bool] = {}
+_NO_MISMATCH: dict[str, Any] | None = None
 
 
 class Node(TenantOwned):
@@ -75,6 +78,7 @@ class Node(TenantOwned):
     drained_at = _NO_TIME
     acceptance_failure = ""  # "timeout" when the last attempt timed out
     removal = _NO_REMOVAL
+    inventory_mismatch = _NO_MISMATCH  # what the node listed that differs from its GPUs
     _status_cache = _NO_STATUSES
 
     @event("Joined", topic="node.joined")
@@ -171,8 +175,14 @@ class Node(TenantOwned):
     _acceptance_started = acceptance._acceptance_started
     time_out_acceptance = acceptance.time_out_acceptance
     finish_acceptance = acceptance.finish_acceptance
+    refuse_acceptance = acceptance.refuse_acceptance
     _adopted = acceptance._adopted
     _acceptance_failed = acceptance._acceptance_failed
+
+    note_inventory_mismatch = inventory.note_inventory_mismatch
+    _inventory_mismatch = inventory._inventory_mismatch
+    accept_inventory = inventory.accept_inventory
+    _inventory_accepted = inventory._inventory_accepted
 
     def set_gpu_health(self, uuid: str, healthy: bool, reasons: list[str], at: datetime) -> bool:
         """Record a GPU turning unhealthy or healthy again; holds on it are never touched."""
@@ -314,6 +324,7 @@ class Node(TenantOwned):
             "AcceptancePassed": self.acceptance_state == ACCEPTANCE_PASSED,
             "Healthy": self.healthy,
             "Schedulable": self.schedulable,
+            "InventoryMatches": self.inventory_mismatch is None,
         }
 
     def _touch(self, at: datetime) -> None:
@@ -328,7 +339,8 @@ class Node(TenantOwned):
         self._status_cache = statuses
 
     def conditions(self) -> list[dict[str, Any]]:
-        """Connected, AcceptancePassed, Healthy, Schedulable, each with a reason and a time."""
+        """Connected, AcceptancePassed, Healthy, Schedulable, InventoryMatches, each with a
+        reason and a time."""
         return node_conditions(self)
 
     def desired_sections(self, pool_sections: dict[str, Any] | None = None) -> dict[str, Any]:

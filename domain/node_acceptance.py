@@ -4,7 +4,8 @@ Acceptance runs in attempts (``node.acceptance.started``): the controller starts
 ``nodes.adopt`` the next after a failure. A verdict on the running attempt adopts the node
 (``node.adopted``, at desired-state generation 1 or the next one for a node that joined
 again) or fails it (``node.acceptance.failed``, sticky); an attempt with no verdict in time
-fails with reason ``timeout``.
+fails with reason ``timeout``; a result that lists other GPUs than the node's fails it with
+reason ``inventory`` (domain/node_inventory.py).
 
 These are methods of ``Node``, assigned in its class body (domain/node.py), like the ones of
 domain/node_retirement.py: each public one decides, each ``@event`` body only assigns.
@@ -102,6 +103,16 @@ def finish_acceptance(self: Node, attempt: int, passed: bool, message: str,
     return True
 
 
+def refuse_acceptance(self: Node, attempt: int, message: str, at: datetime) -> bool:
+    """The running ``attempt``'s result listed other GPUs than the node's
+    (domain/node_inventory.py): failed, reason ``inventory``; False for any other attempt."""
+    if attempt != self.acceptance_attempt or self.acceptance_state != ACCEPTANCE_RUNNING:
+        return False
+    self._acceptance_failed(attempt=attempt, message=message, results=[], at=at,
+                            reason="inventory")
+    return True
+
+
 @event("Adopted", topic="node.adopted")
 def _adopted(self: Node, attempt: int, generation: int, results: list[dict[str, Any]],
              gpus: list[dict[str, Any]], at: datetime) -> None:
@@ -119,8 +130,9 @@ def _adopted(self: Node, attempt: int, generation: int, results: list[dict[str, 
 @event("AcceptanceFailed", topic="node.acceptance.failed")
 def _acceptance_failed(self: Node, attempt: int, message: str, results: list[dict[str, Any]],
                        at: datetime, reason: str = "checks") -> None:
-    # ``reason``: ``checks`` (the verdict failed) or ``timeout`` (no verdict in time);
-    # events stored before it existed replay as ``checks``.
+    # ``reason``: ``checks`` (the verdict failed), ``timeout`` (no verdict in time) or
+    # ``inventory`` (the result listed other GPUs); events stored before it existed replay
+    # as ``checks``.
     self.acceptance_state = ACCEPTANCE_FAILED
     self.acceptance_failure = reason
     self.acceptance_results = results

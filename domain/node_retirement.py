@@ -141,4 +141,5 @@ def _rejoined(self: Node, pool_id: str, site_id: str, join_token_id: str,
     self.adopted_at = None
     self.devices = {}
     self.removal = None
+    self.inventory_mismatch = None  # it joined again: its GPUs are the ones it joined with
     self._touch(at)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 
 def node_conditions(self: Node) -> list[dict[str, Any]]:
-    """Connected, AcceptancePassed, Healthy, Schedulable, each with a reason and a time."""
+    """Connected, AcceptancePassed, Healthy, Schedulable, InventoryMatches, each with a reason
+    and a time."""
     joined = iso(self.created_on) or ""
     since = self.transitions
     statuses = self.statuses()
@@ -63,14 +64,22 @@ def node_conditions(self: Node) -> list[dict[str, Any]]:
         sched = ("NoHealthyGpus", "no GPU of the node is healthy")
     else:
         sched = ("Ready", "the placer considers this node")
+    mismatch = self.inventory_mismatch
+    inventory_reason = (("InventoryMismatch", str(mismatch.get("message") or ""))
+                        if mismatch is not None else
+                        ("Accepted", f"the node reports the {len(self.gpus)} GPUs it has"))
     reasons = {"Connected": session_reason, "AcceptancePassed": acceptance_reason,
-               "Healthy": health_reason, "Schedulable": sched}
+               "Healthy": health_reason, "Schedulable": sched,
+               "InventoryMatches": inventory_reason}
     return [
         {"type": name, "status": "True" if statuses[name] else "False",
          "reason": reasons[name][0], "message": reasons[name][1],
          "lastTransitionTime": since.get(name) or joined}
-        for name in ("Connected", "AcceptancePassed", "Healthy", "Schedulable")
+        for name in CONDITIONS
     ]
+
+
+CONDITIONS = ("Connected", "AcceptancePassed", "Healthy", "Schedulable", "InventoryMatches")
 
 
 def node_doc(self: Node) -> dict[str, Any]:
@@ -95,6 +104,8 @@ def node_doc(self: Node) -> dict[str, Any]:
                         "reason": self.cordon_reason, "since": iso(self.cordoned_since),
                         "drainedAt": iso(self.drained_at)},
         "removal": dict(self.removal) if self.removal else None,
+        "inventoryMismatch": {k: v for k, v in self.inventory_mismatch.items()
+                              if k != "identity"} if self.inventory_mismatch else None,
         "hardwareKey": self.hardware_key,
         "hardware": dict(self.hardware),
         "gpus": [dict(g) for g in self.gpus],

@@ -6,7 +6,8 @@ in length (``MAX_NAME`` and friends; docs/security.md, "Bounds") and refuses
 control characters (NUL, newlines, escapes), format characters (the bidi
 overrides and isolates such as U+202E RIGHT-TO-LEFT OVERRIDE, zero-width
 characters), lone surrogates and line or paragraph separators: they hide or
-reorder what a reader sees. Ordinary letters of every script, spaces,
+reorder what a reader sees (the one rule: domain/visible.py, which also escapes
+them wherever a person reads text). Ordinary letters of every script, spaces,
 punctuation and symbols are fine.
 """
 
@@ -15,25 +16,15 @@ from __future__ import annotations
 import unicodedata
 
 from better_compute.domain.errors import InvalidInput
+from better_compute.domain.visible import hidden_character
 
 MAX_NAME = 200  # names of tenants, tokens, sites, pools
 MAX_REGION = 64
 MAX_REASON = 500  # reasons given for an operator's action (cordon, adopt)
 MAX_STRING = 65_536  # any other string of any params (the RPC layer's backstop)
 
-# Control (Cc), format (Cf: bidi controls, zero-width), surrogate (Cs), line and
-# paragraph separators (Zl, Zp).
-_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-
-
-def hidden_character(text: str) -> str | None:
-    """The first character of ``text`` a reader would not see as written (None: none)."""
-    if text.isprintable():  # the fast path: no Cc, Cf, Cs, Zl, Zp (nor Zs, Co, Cn)
-        return None
-    for char in text:
-        if unicodedata.category(char) in _REFUSED_CATEGORIES:
-            return char
-    return None
+__all__ = ["MAX_NAME", "MAX_REASON", "MAX_REGION", "MAX_STRING", "check_name", "check_reason",
+           "check_text", "describe_character", "hidden_character"]
 
 
 def describe_character(char: str) -> str:

@@ -166,6 +166,8 @@ def _apply_to_state(state: NodeState, event: Any, kind: str) -> None:
         reasons = [] if healthy else list(event.reasons)
         state.gpus = [with_health(g, healthy, reasons) if g.get("uuid") == event.uuid else g
                       for g in state.gpus]
+    elif kind == "node.inventory.accepted":  # an operator took the node's changed GPUs
+        state.gpus = [dict(g) for g in event.gpus]
     elif kind in ("node.cordoned", "node.draining"):  # a drain is a cordon (domain/node.py)
         state.cordoned = True
     elif kind == "node.uncordoned":

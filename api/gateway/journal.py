@@ -72,10 +72,12 @@ def verify_entry(public_key: Any, entry: SignedEntry) -> tuple[Entry, dict[str, 
 def journal_handlers(services: Services) -> dict[str, JournalHandler]:
     """Every kind of journal entry this control plane takes, and who answers it (registered
     here, explicitly: the composition root's services)."""
-    nodes = services.nodes
+    inventory = services.inventory
 
     def acceptance_result(uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
-        nodes.acceptance_result(uuid, epoch, entry_of(AcceptanceResult, payload))
+        refusal = inventory.acceptance_result(uuid, epoch, entry_of(AcceptanceResult, payload))
+        if refusal is not None:  # it listed other GPUs than the node's: recorded, refused
+            raise EntryRefused("inventory_mismatch", refusal)
 
     return {"acceptance.result": acceptance_result,
             **reservation_handlers(services.reservations)}

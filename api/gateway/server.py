@@ -154,6 +154,7 @@ class Gateway:
                  handshakes: Handshakes | None = None) -> None:
         service = services.compute
         self.nodes = services.nodes
+        self.inventory = services.inventory
         self.journal_handlers = journal_handlers(services)
         self.renewal = Renewal(self.nodes, (lambda: bundle) if bundle is not None
                                else lambda: _open_bundle(service), certificate_lifetime)
@@ -310,7 +311,9 @@ class Gateway:
                 first = await reader.receive_until(b"\n", MAX_LINE)
             try:
                 hello = decode_to_gateway(first)
-            except (msgspec.ValidationError, msgspec.DecodeError):
+            except msgspec.ValidationError as exc:  # a Hello past a bound (api/wire/bounds.py)
+                raise Refusal("bad_hello", f"the Hello does not fit: {exc}") from None
+            except msgspec.DecodeError:
                 hello = None
             if not isinstance(hello, Hello):
                 raise Refusal("hello_first", "the first message of a session must be a Hello")

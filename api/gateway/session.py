@@ -92,6 +92,8 @@ class Session:
         self.applied_generation = 0
         self.observed_generation = 0
         self.last_report: Report | None = None
+        self.skipped = 0  # messages that did not decode
+        self.inventory_seen: list[tuple[str, str, str | None]] | None = None
         self._send_lock = anyio.Lock()
         self._scope: anyio.CancelScope | None = None
 
@@ -156,6 +158,9 @@ class Session:
                 self.reason = "the node was marked unreachable"
                 self.fence()
                 return
+            accepted = _health(node.gpu_values())
+            if accepted.keys() != self.health.keys():  # an operator accepted other GPUs
+                self.health = {u: self.health.get(u, h) for u, h in accepted.items()}
             await self.push_desired(node)
 
     async def _receive_loop(self) -> None:
@@ -174,8 +179,16 @@ class Session:
                 continue
             try:
                 message = decode_to_gateway(line)
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                continue  # an unknown message type from a newer bcd: skip it
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                # An unknown message type from a newer bcd (skipped quietly), or one past a
+                # bound (api/wire/bounds.py): skipped, said once per session.
+                if str(exc).endswith("`$.type`"):
+                    continue
+                if not self.skipped:
+                    log.warning("node %s: a message that does not fit was skipped (and any "
+                                "more this session): %s", self.node_id, exc)
+                self.skipped += 1
+                continue
             if not await self._handle(message):
                 return
 
@@ -251,6 +264,21 @@ class Session:
             except Unavailable:
                 return  # the store is away: the next report carries the change again
             self.health.update({k: v for k, v in health.items() if k in self.health})
+        await self._inventory(report.inventory.gpus)
+
+    async def _inventory(self, gpus: list[wire_inventory.Gpu]) -> None:
+        """Which GPUs the report lists: judged by the control plane when they changed since
+        the last report it judged (a mismatch is recorded once; domain/node_inventory.py)."""
+        seen = [(g.uuid, g.name, g.family) for g in gpus]
+        if seen == self.inventory_seen:
+            return
+        gateway = self.gateway
+        try:
+            await gateway.call(gateway.inventory.reported, self.uuid, self.epoch,
+                               [msgspec.to_builtins(g) for g in gpus])
+        except Unavailable:
+            return  # the store is away: the next report is judged again
+        self.inventory_seen = seen
 
     async def _journal(self, message: Journal) -> None:
         gateway = self.gateway

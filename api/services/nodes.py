@@ -19,10 +19,10 @@ import msgspec
 from eventsourcing.persistence import IntegrityError, Notification
 
 from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.inventory import release_all
 from better_compute.api.services.unit import RETRY_ATTEMPTS
 from better_compute.api.store.eventlog import render
 from better_compute.api.store.node_presence import Reports
-from better_compute.api.wire.journal import AcceptanceResult
 from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
@@ -30,11 +30,7 @@ from better_compute.domain.errors import Conflict, NotFound
 from better_compute.domain.gpus import Gpu
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
-from better_compute.domain.node_rules import (
-    ACCEPTANCE_PENDING,
-    acceptance_checks,
-    evaluate_acceptance,
-)
+from better_compute.domain.node_rules import ACCEPTANCE_PENDING, acceptance_checks
 from better_compute.domain.policy import node_sections
 from better_compute.domain.pool import Pool
 from better_compute.domain.quota import QuotaUse, quota_uuid
@@ -236,6 +232,9 @@ class NodeService:
                     "drained, or remove it now with --force (releases them)")
             now = self.clock()
             released, changed = self._release_all(node, bookings, now) if held else ([], [])
+            # Its GPUs are nobody's any more (another node may take a card moved to it).
+            changed += release_all(self.service.aggregates, node,
+                                   [g.uuid for g in node.gpu_values()], now, "removed")
             node.remove(now, principal.token_id, why, released)
             try:
                 self.service.store.save(*changed, node)
@@ -317,21 +316,6 @@ class NodeService:
 
         self._change(uuid, change)
 
-    def acceptance_result(self, uuid: UUID, epoch: int, entry: AcceptanceResult) -> bool:
-        """A verified ``acceptance.result`` entry: our verdict, then adopted or failed."""
-        reported = msgspec.to_builtins(entry)
-
-        def change(node: Node) -> bool:
-            if node.session_epoch != epoch:
-                raise Conflict(f"session epoch {epoch} of node {node.public_id} is stale "
-                               f"(current {node.session_epoch})")
-            verdict = evaluate_acceptance(node.acceptance_checks, reported)
-            return node.finish_acceptance(entry.attempt, verdict.passed, verdict.message,
-                                          verdict.checks, _inventory_gpus(entry.gpus),
-                                          self.clock())
-
-        return self._change(uuid, change)[1]
-
     def gpu_health(self, uuid: UUID, epoch: int, gpus: builtins.list[Gpu]) -> int:
         """Health from a report's inventory: one event per GPU whose health changed."""
         def change(node: Node) -> int:
@@ -343,13 +327,3 @@ class NodeService:
 
         return self._change(uuid, change)[1]
 
-
-_GPU_KEYS = ("uuid", "name", "serial", "pciBusId", "memoryMiB", "nvlinkDomain", "product",
-             "family", "healthy", "healthReasons", "index")
-
-
-def _inventory_gpus(gpus: builtins.list[dict[str, Any]]) -> builtins.list[dict[str, Any]] | None:
-    """The GPUs a node is adopted with: identity and health, never telemetry."""
-    if not gpus:
-        return None
-    return [{k: g[k] for k in _GPU_KEYS if k in g} for g in gpus]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from better_compute.api.services.compute import ComputeService
+from better_compute.api.services.inventory import InventoryService
 from better_compute.api.services.join import JoinService
 from better_compute.api.services.limits import ServiceLimits
 from better_compute.api.services.nodes import NodeService
@@ -29,6 +30,7 @@ class Services:
     compute: ComputeService  # bootstrap, authentication, tenants, sites, pools, the PKI
     tokens: TokenService
     nodes: NodeService
+    inventory: InventoryService  # a node's GPUs: checked, claimed, accepted by an operator
     join: JoinService
     reservations: ReservationService
 
@@ -43,5 +45,6 @@ def build_services(aggregates: Aggregates, *, lifetimes: TokenLifetimes,
                              master_key_text=master_key_text, gateway_url=gateway_url,
                              limits=limits)
     return Services(aggregates=aggregates, compute=compute, tokens=compute.tokens,
-                    nodes=NodeService(compute), join=JoinService(compute),
+                    nodes=NodeService(compute), inventory=InventoryService(compute),
+                    join=JoinService(compute),
                     reservations=ReservationService(compute, lane))

@@ -56,10 +56,11 @@ each entry with, are in api/wire/journal.py), common fields ``{"kind", "nodeId",
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
+from .bounds import MAX_ITEMS, Id, Name, Pem, Version, clip
 from .inventory import Inventory, Telemetry
 
 
@@ -68,8 +69,8 @@ class Msg(msgspec.Struct, rename="camel", tag_field="type", kw_only=True):
 
 
 class Hello(Msg, tag="hello", kw_only=True):
-    node_id: str
-    bcd_version: str | None = None
+    node_id: Id
+    bcd_version: Version | None = None
     applied_generation: int = 0
     observed_generation: int = 0
 
@@ -92,7 +93,7 @@ class DesiredState(Msg, tag="desired", kw_only=True):
 
 class Heartbeat(Msg, tag="heartbeat", kw_only=True):
     epoch: int
-    time: str  # RFC 3339, the node's clock
+    time: Name  # RFC 3339, the node's clock
 
 
 class SectionState(msgspec.Struct, rename="camel", kw_only=True):
@@ -103,11 +104,14 @@ class SectionState(msgspec.Struct, rename="camel", kw_only=True):
     ``applied`` (nothing left to do) or ``unsupported`` (a section this bcd does not know).
     """
 
-    state: str
-    message: str = ""
+    state: Name
+    message: str = ""  # cut to MAX_MESSAGE characters (api/wire/bounds.py)
     generation: int = 0
     attempt: int | None = None
-    since: str | None = None  # RFC 3339, when the state last changed
+    since: Name | None = None  # RFC 3339, when the state last changed
+
+    def __post_init__(self) -> None:
+        self.message = clip(self.message) or ""
 
 
 class Report(Msg, tag="report", kw_only=True):
@@ -116,14 +120,14 @@ class Report(Msg, tag="report", kw_only=True):
     epoch: int
     applied_generation: int
     observed_generation: int
-    sections: dict[str, SectionState] = {}
+    sections: Annotated[dict[Name, SectionState], msgspec.Meta(max_length=MAX_ITEMS)] = {}
     inventory: Inventory | None = None
     telemetry: Telemetry | None = None
 
 
 class SignedEntry(msgspec.Struct, rename="camel", kw_only=True):
-    payload: str  # base64 of the entry JSON, exactly as signed
-    signature: str  # base64 ECDSA-P256-SHA256 (DER) by the node key
+    payload: str  # base64 of the entry JSON, exactly as signed (the line's 1 MiB bounds it)
+    signature: Annotated[str, msgspec.Meta(max_length=1024)]  # base64 ECDSA-P256-SHA256 (DER)
 
 
 class Journal(Msg, tag="journal", kw_only=True):
@@ -146,7 +150,7 @@ class Renew(Msg, tag="renew", kw_only=True):
     """A CSR for the node's SAME key (it never leaves the machine), for a fresh certificate."""
 
     epoch: int
-    csr_pem: str
+    csr_pem: Pem
 
 
 class Renewed(Msg, tag="renewed", kw_only=True):

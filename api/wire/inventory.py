@@ -4,6 +4,7 @@ inventory (host facts and every GPU) and the telemetry of each GPU.
 Field names are camelCase on the wire. Decoding ignores unknown fields so an
 older server can read a newer agent's report and the other way round. The
 gateway decodes them once, on arrival; what it keeps of them is typed from there.
+Every string and list is bounded (api/wire/bounds.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Annotated
 
 import msgspec
 
+from .bounds import MAX_GPUS, Id, Ids, Name, NonEmptyId, Version
 from .gpu_family import gpu_family
 
 __all__ = ["Gpu", "GpuTelemetry", "HostFacts", "Inventory", "Telemetry", "gpu_family"]
@@ -27,21 +29,22 @@ class Gpu(msgspec.Struct, rename="camel", kw_only=True):
     """
 
     index: Annotated[int, msgspec.Meta(ge=0)]
-    uuid: Annotated[str, msgspec.Meta(min_length=1)]
-    name: str
-    serial: str | None = None
-    pci_bus_id: str | None = None
+    uuid: NonEmptyId
+    name: Name
+    serial: Id | None = None
+    pci_bus_id: Id | None = None
     memory_mib: int | None = msgspec.field(default=None, name="memoryMiB")
     memory_used_mib: int | None = msgspec.field(default=None, name="memoryUsedMiB")
     utilization_pct: int | None = None
     temperature_c: int | None = None
     power_w: float | None = None
-    nvlink_domain: str | None = None
+    nvlink_domain: Name | None = None
     numa_node: int | None = None  # the NUMA node of its PCI device (sysfs), when known
     healthy: bool = True
-    health_reasons: list[str] = msgspec.field(default_factory=list)
-    product: str | None = None
-    family: str | None = None
+    health_reasons: Annotated[list[Name], msgspec.Meta(max_length=32)] = \
+        msgspec.field(default_factory=list)
+    product: Name | None = None
+    family: Name | None = None
 
     def __post_init__(self) -> None:
         if self.product is None:
@@ -64,21 +67,21 @@ class Gpu(msgspec.Struct, rename="camel", kw_only=True):
 class HostFacts(msgspec.Struct, rename="camel", kw_only=True):
     """Facts that identify the machine and size its CPUs and memory."""
 
-    serial: str | None = None
-    product_uuid: str | None = None
-    macs: list[str] = msgspec.field(default_factory=list)
+    serial: Id | None = None
+    product_uuid: Id | None = None
+    macs: Ids = msgspec.field(default_factory=list)
     cpus: int | None = None
     memory_gib: float | None = msgspec.field(default=None, name="memoryGiB")
-    hostname: str | None = None
+    hostname: Name | None = None
 
 
 class Inventory(msgspec.Struct, rename="camel", kw_only=True):
     """One full read of a node: the host, every GPU, and which source read them."""
 
     host: HostFacts
-    gpus: list[Gpu]
-    source: str
-    driver_version: str | None = None
+    gpus: Annotated[list[Gpu], msgspec.Meta(max_length=MAX_GPUS)]
+    source: Name
+    driver_version: Version | None = None
 
 
 Number = int | float  # telemetry as the source read it: kept as sent (90 stays 90, 600.5 stays)
@@ -87,7 +90,7 @@ Number = int | float  # telemetry as the source read it: kept as sent (90 stays 
 class GpuTelemetry(msgspec.Struct, rename="camel", kw_only=True):
     """One GPU's readings at ``Telemetry.time``."""
 
-    uuid: str
+    uuid: Id
     utilization_pct: Number | None = None
     temperature_c: Number | None = None
     power_w: Number | None = None
@@ -106,8 +109,9 @@ class GpuTelemetry(msgspec.Struct, rename="camel", kw_only=True):
 class Telemetry(msgspec.Struct, rename="camel", kw_only=True):
     """The readings of every GPU, read at ``time`` (RFC 3339, the node's clock)."""
 
-    time: str | None = None
-    gpus: list[GpuTelemetry] = msgspec.field(default_factory=list)
+    time: Name | None = None
+    gpus: Annotated[list[GpuTelemetry], msgspec.Meta(max_length=MAX_GPUS)] = \
+        msgspec.field(default_factory=list)
 
     @classmethod
     def of(cls, inventory: Inventory, time: str | None) -> Telemetry:

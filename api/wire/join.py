@@ -17,7 +17,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+
+from .bounds import MAX_GPUS, Id, Ids, Name, NonEmptyId, Pem, Version
 
 
 class Wire(msgspec.Struct, rename="camel", kw_only=True):
@@ -36,12 +40,12 @@ class WellKnown(Wire, kw_only=True):
 
 
 class HardwareGpu(Wire, kw_only=True):
-    uuid: str
-    name: str
-    serial: str | None = None
-    pci_bus_id: str | None = None
+    uuid: NonEmptyId
+    name: Name
+    serial: Id | None = None
+    pci_bus_id: Id | None = None
     memory_mib: int | None = msgspec.field(default=None, name="memoryMiB")
-    nvlink_domain: str | None = None
+    nvlink_domain: Name | None = None
     healthy: bool = True
     # What bcd before 0.1.1 sent (camel-casing made it memoryMib): read, never written.
     legacy_memory_mib: int | None = msgspec.field(default=None, name="memoryMib")
@@ -53,13 +57,13 @@ class HardwareGpu(Wire, kw_only=True):
 
 
 class HardwareFacts(Wire, kw_only=True):
-    serial: str | None = None
-    product_uuid: str | None = None
-    macs: list[str] = []
-    hostname: str | None = None
+    serial: Id | None = None
+    product_uuid: Id | None = None
+    macs: Ids = []
+    hostname: Name | None = None
     cpus: int | None = None
     memory_gib: float | None = msgspec.field(default=None, name="memoryGiB")
-    gpus: list[HardwareGpu] = []
+    gpus: Annotated[list[HardwareGpu], msgspec.Meta(max_length=MAX_GPUS)] = []
     legacy_memory_gib: float | None = msgspec.field(default=None, name="memoryGib")  # as above
 
     def __post_init__(self) -> None:
@@ -69,11 +73,11 @@ class HardwareFacts(Wire, kw_only=True):
 
 
 class JoinRequest(Wire, kw_only=True):
-    token: str  # the join token's secret; only ever travels sealed
-    nonce: str  # 32 random bytes, base64; echoed in the signed response
-    csr_pem: str  # the CSR of the node key, generated on the machine
+    token: Name  # the join token's secret; only ever travels sealed
+    nonce: Name  # 32 random bytes, base64; echoed in the signed response
+    csr_pem: Pem  # the CSR of the node key, generated on the machine
     hardware: HardwareFacts
-    bcd_version: str | None = None
+    bcd_version: Version | None = None
 
 
 class JoinParams(Wire, kw_only=True):

@@ -21,6 +21,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from better_compute.domain.visible import visible, visible_json
+
 FORMATS = ("text", "json")
 LEVELS = ("critical", "error", "warning", "info", "debug")
 # The secrets' own prefixes (domain/token.py, domain/join_token.py, api/pki.py; a unit test
@@ -45,19 +47,24 @@ def timestamp(seconds: float) -> str:
 
 
 def line(log_format: str, when: float, level: str, logger: str, message: str,
-         fields: Mapping[str, Any] | None = None) -> str:
-    """One log line (no newline), redacted."""
+         fields: Mapping[str, Any] | None = None, *, keep: str = "") -> str:
+    """One log line, redacted, every hidden character escaped (domain/visible.py): in a
+    text line as ``\\x1b``, in a JSON line as JSON writes it (``\\u001b``), so a node's
+    text can neither act on the terminal that reads the log nor start a line of its own.
+    ``keep``: characters of ``message`` that stay (the newlines of a traceback)."""
     if log_format == "json":
         document = {"time": timestamp(when), "level": level.lower(), "logger": logger,
                     "message": message, **(fields or {})}
-        return redact(json.dumps(document, default=str, ensure_ascii=False))
+        return redact(visible_json(json.dumps(document, default=str, ensure_ascii=False)))
     tail = "".join(f" {k}={_text_value(v)}" for k, v in (fields or {}).items())
-    return redact(f"{timestamp(when)} {level.upper()} {logger}: {message}{tail}")
+    return redact(f"{timestamp(when)} {level.upper()} {logger}: {visible(message, keep)}"
+                  f"{visible(tail)}")
 
 
 def _text_value(value: Any) -> str:
     text = "-" if value is None else str(value)
-    return json.dumps(text) if not text or any(c.isspace() or c in '"=' for c in text) else text
+    return json.dumps(text, ensure_ascii=False) \
+        if not text or any(c.isspace() or c in '"=' for c in text) else text
 
 
 class LineFormatter(logging.Formatter):
@@ -69,11 +76,16 @@ class LineFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
-        if record.exc_info:
+        if self.log_format == "text":  # one line, whatever the message holds
+            message = visible(message)
+        if record.exc_info:  # a traceback's lines stay lines
             message = f"{message}\n{self.formatException(record.exc_info)}"
         fields = getattr(record, "fields", None)
         return line(self.log_format, record.created, record.levelname, record.name, message,
-                    fields if isinstance(fields, Mapping) else None)
+                    fields if isinstance(fields, Mapping) else None, keep=_LINES)
+
+
+_LINES = "\n"
 
 
 def configure(level: str, log_format: str, stream: TextIO | None = None,

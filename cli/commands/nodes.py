@@ -1,4 +1,5 @@
-"""nodes: list, get, events, cordon, uncordon, drain, remove (nodes.adopt: through `api`)."""
+"""nodes: list, get, events, cordon, uncordon, drain, remove, accept-inventory (nodes.adopt:
+through `api`)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def nodes_drain(ctx: Context, a: argparse.Namespace) -> None:
 def nodes_remove(ctx: Context, a: argparse.Namespace) -> None:
     ctx.emit(ctx.call("nodes.remove", nodeId=a.node, reason=a.reason, force=a.force or None))
 
+
+def nodes_accept_inventory(ctx: Context, a: argparse.Namespace) -> None:
+    ctx.emit(ctx.call("nodes.acceptInventory", nodeId=a.node, reason=a.reason))
+
+
+ACCEPT_INVENTORY_EXAMPLES = [
+    "better-compute nodes get node_… --query inventoryMismatch   # what it reports instead",
+    'better-compute nodes accept-inventory node_… --reason "GPU 3 replaced (RMA 1234)"',
+]
 
 DRAIN_EXAMPLES = [
     'better-compute nodes drain node_… --reason "replace PSU"',
@@ -95,3 +105,10 @@ def register(sub: Any) -> None:
                    help="release every reservation held or booked on it first (reason "
                    "node-removed)")
     p.add_argument("--reason", help="why (recorded in node.removed)")
+    p = add_verb(g, "accept-inventory", nodes_accept_inventory,
+                 "Root only: take the GPUs the node now reports (after a repair: a GPU "
+                 "replaced, added or taken out) as its GPUs; until then what it reports changes "
+                 "nothing (conditions InventoryMatches False).",
+                 examples=ACCEPT_INVENTORY_EXAMPLES)
+    p.add_argument("node", metavar="NODE", help="a node id (node_…)")
+    p.add_argument("--reason", help="why (recorded in node.inventory.accepted)")

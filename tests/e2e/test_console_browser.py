@@ -371,6 +371,23 @@ def test_a_site_named_like_markup_renders_as_text(cluster: Cluster,
     assert page.dialogs == []  # no alert ran (checked again for every test at teardown)
 
 
+def test_the_page_escapes_text_by_the_rule_of_domain_visible(
+        cluster: Cluster, open_page: Callable[..., ConsolePage]) -> None:
+    """dom.js's ``visible`` (every value the page shows goes through it) escapes exactly the
+    characters domain/visible.py does, as the CLI and the logs show them."""
+    from better_compute.domain.visible import visible
+
+    sample = "".join(chr(c) for c in [*range(0, 0x3000), *range(0xFE00, 0x10000),
+                                      *range(0xE0000, 0xE0080), 0x1F600]
+                     if not 0xD800 <= c < 0xE000)
+    page = open_page()
+    page.open()
+    shown = page.page.evaluate(
+        "async (text) => (await import('/console/static/js/dom.js')).visible(text)", sample)
+    assert shown == visible(sample)
+    assert "\\x1b" in shown and "\\u202e" in shown and "\\x9b" in shown
+
+
 def focused(page: ConsolePage) -> str:
     """What has the keyboard focus: its id, else its data-key, else its text."""
     return str(page.page.evaluate(

@@ -3,9 +3,10 @@
 - domain/ does no I/O and imports nothing of ours but domain/;
 - projections/ import only domain/ (and themselves);
 - agent/ imports only api/wire/ (and itself): the single-file bcd ships exactly those;
-- api/ never imports cli/ or agent/; api/wire/ imports nothing of ours but itself and the one
-  table of GPU models (domain/gpu_models.py), which imports the standard library only, so bcd
-  ships it beside the wire schemas (scripts/build-bcd);
+- api/ never imports cli/ or agent/; api/wire/ imports nothing of ours but itself, the one
+  table of GPU models (domain/gpu_models.py) and the one rule for text shown to people
+  (domain/visible.py), which import the standard library only, so bcd ships them beside the
+  wire schemas (scripts/build-bcd);
 - cli/ reaches the server only through its client (cli/client.py), except the commands that
   ARE the server's local tools and say so below.
 """
@@ -101,7 +102,7 @@ def test_agent_imports_only_the_wire_schemas() -> None:
 
 # The domain's modules that api/wire/ (and so bcd) may import: each imports the standard
 # library only, and scripts/build-bcd copies it into the single-file bcd.
-WIRE_FROM_DOMAIN = (f"{PACKAGE}.domain.gpu_models",)
+WIRE_FROM_DOMAIN = (f"{PACKAGE}.domain.gpu_models", f"{PACKAGE}.domain.visible")
 
 
 def test_wire_schemas_import_nothing_else_of_ours() -> None:

@@ -30,6 +30,11 @@ class NodesCordon(Params, kw_only=True):
     reason: str | None = None
 
 
+class NodesAcceptInventory(Params, kw_only=True):
+    node_id: str
+    reason: str | None = None
+
+
 def _nodes(call: Call) -> NodeService:
     return call.services.nodes
 
@@ -88,3 +93,11 @@ def nodes_drain(call: Call, p: NodesCordon) -> dict[str, Any]:
         "refuses its certificate and capacity drops it. The machine may join again.")
 def nodes_remove(call: Call, p: NodesRemove) -> dict[str, Any]:
     return _nodes(call).remove(call.principal, p.node_id, p.reason, p.force)
+
+
+@method("nodes.acceptInventory", NodesAcceptInventory,
+        "Root only: take the GPUs a node reports, which differ from the ones it has "
+        "(conditions InventoryMatches False, after a repair), as its GPUs: checked against the "
+        "pool's GPU model, the other nodes' GPUs and the holds on it; capacity follows.")
+def nodes_accept_inventory(call: Call, p: NodesAcceptInventory) -> dict[str, Any]:
+    return call.services.inventory.accept(call.principal, p.node_id, p.reason)

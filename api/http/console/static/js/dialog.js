@@ -1,7 +1,7 @@
 // One modal dialog for the actions that change something: it names the object, asks for what
 // the call needs, runs it and shows the API's error in place (the dialog stays open).
 
-import { h } from './dom.js';
+import { h, visible } from './dom.js';
 
 const $ = (id) => document.getElementById(id);
 let current = null;
@@ -14,8 +14,8 @@ export function confirmAction(spec) {
   const dialog = $('confirm');
   const opener = document.activeElement;
   current = spec;
-  $('confirm-title').textContent = spec.title;
-  $('confirm-text').textContent = spec.text || '';
+  $('confirm-title').textContent = visible(spec.title);
+  $('confirm-text').textContent = visible(spec.text || '');
   $('confirm-error').textContent = '';
   $('confirm-ok').textContent = spec.ok;
   $('confirm-fields').replaceChildren(...(spec.fields || []).map((f) => {
@@ -52,7 +52,7 @@ async function submit(event) {
     $('confirm').close();
     if (spec.done) spec.done(result);
   } catch (err) {
-    $('confirm-error').textContent = err.code ? `${err.code}: ${err.message}` : String(err);
+    $('confirm-error').textContent = visible(err.code ? `${err.code}: ${err.message}` : String(err));
   } finally {
     $('confirm-ok').disabled = false;
   }

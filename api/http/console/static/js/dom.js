@@ -1,5 +1,22 @@
 // Building the DOM safely: every value goes in as text (textContent) or as an attribute
-// value, never as markup. No function here parses HTML.
+// value, never as markup, and shown by `visible`. No function here parses HTML.
+
+// THE rule of domain/visible.py (docs/security.md, "Text from nodes and tenants"): a
+// character of the Unicode categories Cc (controls), Cf (bidi controls, zero-width), Cs (lone
+// surrogates), Zl and Zp (line and paragraph separators) is shown escaped, as \xHH below
+// U+0100, else \uHHHH or \UHHHHHHHH. tests/unit/test_text_shown.py holds the two equal.
+const HIDDEN = /[\p{Cc}\p{Cf}\p{Cs}\p{Zl}\p{Zp}]/gu;
+
+function escape(char) {
+  const code = char.codePointAt(0);
+  const [mark, width] = code < 0x100 ? ['\\x', 2] : code < 0x10000 ? ['\\u', 4] : ['\\U', 8];
+  return mark + code.toString(16).padStart(width, '0');
+}
+
+/** Text as a person may read it: every hidden character escaped (see HIDDEN). */
+export function visible(text) {
+  return String(text).replace(HIDDEN, escape);
+}
 
 /**
  * h('td', {class: 'num', dataset: {field: 'gpu.total'}}, 8) -> <td class="num" data-field=…>8</td>
@@ -10,7 +27,7 @@ export function h(tag, attrs = {}, ...children) {
   for (const [name, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined || value === false) continue;
     if (name === 'dataset') {
-      for (const [k, v] of Object.entries(value)) el.dataset[k] = String(v);
+      for (const [k, v] of Object.entries(value)) el.dataset[k] = visible(v);
     } else if (name.startsWith('on') && typeof value === 'function') {
       el.addEventListener(name.slice(2), value);
     } else if (name === 'class') {
@@ -18,7 +35,7 @@ export function h(tag, attrs = {}, ...children) {
     } else if (value === true) {
       el.setAttribute(name, '');
     } else {
-      el.setAttribute(name, String(value));
+      el.setAttribute(name, visible(value));
     }
   }
   append(el, children);
@@ -30,7 +47,7 @@ function append(el, children) {
     if (child === null || child === undefined || child === false) continue;
     if (Array.isArray(child)) append(el, child);
     else if (child instanceof Node) el.appendChild(child);
-    else el.appendChild(document.createTextNode(String(child)));
+    else el.appendChild(document.createTextNode(visible(child)));
   }
 }
 

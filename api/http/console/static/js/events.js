@@ -2,7 +2,7 @@
 // filtered by type in the page, so changing the filter never reconnects nor loses a line.
 
 import { typeMatcher } from './api.js';
-import { h, time } from './dom.js';
+import { h, time, visible } from './dom.js';
 
 const KEEP = 1000; // events kept in the page; older ones drop off the end
 const SHORT = 160; // characters of an event's data shown before it is opened
@@ -40,7 +40,7 @@ export class FeedView {
   }
 
   status(state, detail) {
-    this.statusLine.textContent = `${state}: ${detail}`;
+    this.statusLine.textContent = visible(`${state}: ${detail}`);
     this.statusLine.dataset.state = state;
   }
 }

@@ -4,6 +4,7 @@
 // Authorization header. Every number shown is a field of an RPC result, as the CLI prints it.
 
 import { Api, Feed, RpcError } from './api.js';
+import { visible } from './dom.js';
 import { FeedView } from './events.js';
 import { renderNodes } from './nodes.js';
 import { renderPools } from './pools.js';
@@ -48,7 +49,7 @@ async function signIn(token) {
   app.api = api;
   app.me = me;
   app.can = can(me);
-  $('who-text').textContent = `${me.tenantId} · ${me.role}${me.rootAdministrator ? ' · root administrator' : ''}`;
+  $('who-text').textContent = visible(`${me.tenantId} · ${me.role}${me.rootAdministrator ? ' · root administrator' : ''}`);
   $('sign-in').hidden = true;
   $('who').hidden = false;
   $('nav').hidden = false;
@@ -77,7 +78,7 @@ function signOut(message = '') {
   $('nav').hidden = true;
   $('sign-in').hidden = false;
   $('token').value = '';
-  $('sign-in-error').textContent = message;
+  $('sign-in-error').textContent = visible(message);
   $('token').focus();
 }
 

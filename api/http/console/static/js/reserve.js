@@ -2,7 +2,7 @@
 // a newer server adds appear without a change here), then reservations.create with an
 // idempotency key shown before it is used: a retry with the same key books nothing twice.
 
-import { fields, h, newKey } from './dom.js';
+import { fields, h, newKey, visible } from './dom.js';
 
 export class ReserveForm {
   constructor(container, app, refreshSoon) {
@@ -72,7 +72,7 @@ export class ReserveForm {
         fields({ state: rsv.state, nodeId: rsv.nodeId, gpuCount: rsv.gpuCount, start: rsv.start,
           end: rsv.end, key: rsv.key }));
       this.key = newKey(); // the next reservation is a new one
-      this.keyOut.textContent = this.key;
+      this.keyOut.textContent = visible(this.key);
       this.refreshSoon();
     } catch (err) {
       this.fail(err); // the same key again is safe: a retry returns what was booked, if anything
@@ -80,7 +80,7 @@ export class ReserveForm {
   }
 
   fail(err) {
-    this.error.textContent = err.code ? `${err.code}: ${err.message}` : String(err);
+    this.error.textContent = visible(err.code ? `${err.code}: ${err.message}` : String(err));
   }
 }
 
