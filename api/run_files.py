@@ -20,7 +20,7 @@ from pathlib import Path
 log = logging.getLogger("better_compute.serve")
 
 # serving-PID.crt, serving-PID.key, gateway-PID-RANDOM (a folder)
-_OWNED = re.compile(r"^(?:serving-(\d+)\.(?:crt|key)|gateway-(\d+)-[A-Za-z0-9_]+)$")
+_OWNED = re.compile(r"(?:serving-(\d+)\.(?:crt|key)|gateway-(\d+)-[A-Za-z0-9_]+)\Z")
 
 
 def write_private(path: Path, data: bytes) -> None:
@@ -50,7 +50,7 @@ def remove_stale(run_dir: Path) -> list[str]:
     except FileNotFoundError:
         return removed
     for path in sorted(entries):
-        match = _OWNED.match(path.name)
+        match = _OWNED.fullmatch(path.name)
         if match is None or running(int(match.group(1) or match.group(2))):
             continue
         if path.is_dir() and not path.is_symlink():

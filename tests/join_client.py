@@ -6,7 +6,6 @@ The server side's tests use it to call ``nodes.join`` without the agent.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, x25519
 from cryptography.x509.oid import NameOID
 
+from better_compute.agent.gpu.fake import fake_gpu_uuid
 from better_compute.api import pki
 from better_compute.api.wire.join import (
     HardwareFacts,
@@ -29,10 +29,9 @@ from better_compute.api.wire.join import (
 
 
 def gpu_uuid(serial: str | None, index: int) -> str:
-    """GPU ``index`` of the machine ``serial``: machines never share a GPU (a GPU UUID
-    belongs to one node, docs/nodes.md)."""
-    tag = hashlib.sha256((serial or "").encode()).hexdigest()[:12]
-    return f"GPU-{index:08d}-0000-0000-0000-{tag}"
+    """GPU ``index`` of the machine ``serial``, as bcd's fake GPU source reports it: machines
+    never share a GPU (a GPU UUID belongs to one node, docs/nodes.md)."""
+    return fake_gpu_uuid(serial or "", index)
 
 
 def hardware(serial: str | None = "SN-7701", product_uuid: str | None = None,

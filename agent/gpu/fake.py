@@ -192,12 +192,17 @@ def _fake_macs(seed: int) -> list[str]:
     ]
 
 
+def fake_gpu_uuid(serial: str, index: int) -> str:
+    """The UUID of GPU ``index`` of the fake host ``serial``: hosts never share a GPU."""
+    return f"GPU-{uuid.uuid5(_NAMESPACE, f'gpu/{serial}/{index}')}"
+
+
 def _fake_gpu(serial: str, seed: int, index: int, model: str, memory_mib: int,
               domain: str | None) -> dict[str, Any]:
     """One idle, healthy GPU of a fake host; its identity derives from the host's serial."""
     return {
         "index": index,
-        "uuid": f"GPU-{uuid.uuid5(_NAMESPACE, f'gpu/{serial}/{index}')}",
+        "uuid": fake_gpu_uuid(serial, index),
         "name": model,
         "serial": f"1654{seed % 10**7:07d}{index:02d}",
         "pciBusId": _bus_id(index),

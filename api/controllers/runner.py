@@ -69,7 +69,7 @@ _TAKES_ONLY = (
     "quota.opened", "quota.taken", "node.devices.assigned", "node.devices.unassigned",
     "node.joined", "node.cordoned", "node.draining", "node.drained", "node.gpu.unhealthy",
     "node.disconnected", "node.unreachable", "node.removed", "node.certificate.renewed",
-    "node.acceptance.started", "node.acceptance.failed",
+    "node.acceptance.started", "node.acceptance.failed", "node.inventory.mismatch",
 )
 
 

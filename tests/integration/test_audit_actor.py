@@ -19,6 +19,7 @@ import pytest
 import better_compute.api.http.methods  # noqa: F401  (registers every method)
 from better_compute.api.http import rpc
 from better_compute.api.runtime import Runtime
+from better_compute.domain.ids import parse_id
 from tests.integration.test_isolation import World, build_world, mint, sealed_join, with_fleet
 from tests.support import POLICY, initialized_runtime
 
@@ -41,6 +42,15 @@ def _join(w: World) -> tuple[str | None, dict[str, Any]]:
     return None, {"sealed": sealed}
 
 
+def _accept_inventory(w: World) -> tuple[str | None, dict[str, Any]]:
+    """Root accepts what node_acme reports after a repair (recorded first, by its gateway)."""
+    node = w.ids["node_acme"]
+    gpus = w.ok("root", "nodes.get", nodeId=node)["gpus"]
+    w.rt.services.inventory.reported(parse_id("node", node), 0,
+                                     [*gpus[:-1], {**gpus[-1], "uuid": "GPU-after-repair"}])
+    return "root", {"nodeId": node, "reason": "GPU replaced"}
+
+
 def _rsv(w: World) -> tuple[str | None, dict[str, Any]]:
     return "acme-member", {"poolId": w.ids["pool_both"], "gpus": 1, "duration": "1h"}
 
@@ -61,6 +71,7 @@ COMMANDS: dict[str, Step] = {
     "joinTokens.revoke": lambda w: ("root", {"joinTokenId": w.ids["made:joinTokens.create"]}),
     "nodes.join": _join,
     "nodes.adopt": lambda w: ("acme-admin", {"nodeId": w.ids["node_acme_new"]}),
+    "nodes.acceptInventory": _accept_inventory,
     "nodes.cordon": lambda w: ("acme-admin", {"nodeId": w.ids["node_acme"], "reason": "x"}),
     "nodes.uncordon": lambda w: ("acme-admin", {"nodeId": w.ids["node_acme"]}),
     "nodes.drain": lambda w: ("acme-admin", {"nodeId": w.ids["node_acme"]}),
@@ -109,7 +120,8 @@ def test_every_command_records_its_actor_on_every_event(runtime: Any) -> None:
         assert not wrong, f"{method} by {actor}: events with another actor {wrong}"
         seen_types |= {e["type"] for e in page["events"]}
     assert {"token.rotated", "node.draining", "node.removed", "reservation.released",
-            "joinToken.used", "node.joined"} <= seen_types
+            "joinToken.used", "node.joined", "node.inventory.accepted",
+            "gpu.claimed"} <= seen_types
 
 
 def test_the_audit_filters_find_events_by_actor_subject_and_time(runtime: Any) -> None:

@@ -55,7 +55,8 @@ def test_a_node_is_adopted_over_its_session(env: dict[str, str], tmp_path: Path)
         assert doc["provisionState"] == "adopted" and doc["generation"] == 1
         conditions = {c["type"]: c["status"] for c in doc["conditions"]}
         assert conditions == {"Connected": "True", "AcceptancePassed": "True",
-                              "Healthy": "True", "Schedulable": "True"}
+                              "Healthy": "True", "Schedulable": "True",
+                              "InventoryMatches": "True"}
         assert plane.event_types(node.node_id) == [
             "node.joined", "node.connected", "node.acceptance.started", "node.adopted"]
         capacity = plane.capacity()

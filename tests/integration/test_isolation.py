@@ -30,6 +30,7 @@ from better_compute.api.http import rpc
 from better_compute.api.runtime import Runtime
 from better_compute.api.wire.join import JoinRequest
 from better_compute.domain.access import LOCAL_OPERATOR
+from better_compute.domain.ids import parse_id
 from tests.fleet import add_nodes
 from tests.join_client import JoinAttempt, hardware, open_response
 from tests.support import POLICY, initialized_runtime
@@ -700,6 +701,24 @@ def _nodes_adopt(w: World) -> None:
     assert node_state(w, "node_acme_new")["acceptance"]["attempt"] == 0
     adopted = w.ok("acme-admin", "nodes.adopt", nodeId=new, tenantId="acme", reason="fixed")
     assert adopted["acceptance"]["attempt"] == 1
+
+
+@case("nodes.acceptInventory")
+def _nodes_accept_inventory(w: World) -> None:
+    """A node's hardware is the platform's: root administrators only, even for a node a
+    tenant owns (nodes of tenant-owned pools)."""
+    with_fleet(w)
+    node = w.ids["node_acme"]
+    for who in ("acme-admin", "acme-member", "acme-ro", "globex-admin", "root-member",
+                "root-ro"):
+        w.refused(who, "nodes.acceptInventory", "permission_denied", nodeId=node, reason="x")
+    w.refused("root", "nodes.acceptInventory", "conflict", nodeId=node)  # nothing reported
+    gpus = node_state(w, "node_acme")["gpus"]
+    replaced = [*gpus[:-1], {**gpus[-1], "uuid": "GPU-replaced-after-repair"}]
+    assert w.rt.services.inventory.reported(parse_id("node", node), 0, replaced)
+    accepted = w.ok("root", "nodes.acceptInventory", nodeId=node, reason="GPU 7 replaced")
+    assert accepted["gpus"][-1]["uuid"] == "GPU-replaced-after-repair"
+    assert accepted["inventoryMismatch"] is None
 
 
 # ------------------------------------------------------------------------ capacity

@@ -151,7 +151,7 @@ def node_root(plane: Plane, node: JoinedNode, folder: Path) -> Paths:
             node_ca=str(paths.node_ca_certificate), serving_ca=str(paths.serving_ca_certificate),
             join_encryption_key=str(paths.join_encryption_jwk)),
     ))
-    write_fake_fleet_file(folder / "gpus.json", gpus=2)
+    write_fake_fleet_file(folder / "gpus.json", gpus=8)  # the GPUs plane.join() joined with
     return paths
 
 

@@ -32,14 +32,14 @@ def test_nodes_commands_and_maintenance_in_capacity(env: dict[str, str], tmp_pat
         assert (code, out) == (0, "adopting\n")
         conditions = _json(env, "nodes", "get", node, "--query", "conditions")
         assert [c["type"] for c in conditions] == [
-            "Connected", "AcceptancePassed", "Healthy", "Schedulable"]
+            "Connected", "AcceptancePassed", "Healthy", "Schedulable", "InventoryMatches"]
         assert [e["type"] for e in _json(env, "nodes", "events", node)] == [
             "node.joined"]
 
         # Adopt it as the gateway would, then put it in maintenance and back.
         plane.nodes.session_opened(_uuid(node), "0.1.0")
         plane.lifecycle.reconcile()
-        plane.nodes.acceptance_result(_uuid(node), 1, msgspec.convert({
+        plane.runtime.services.inventory.acceptance_result(_uuid(node), 1, msgspec.convert({
             "kind": "acceptance.result", "attempt": 1, "passed": True, "gpus": gpus(8),
             "checks": [{"kind": "diag.nvml", "passed": True}]}, AcceptanceResult))
         capacity = _json(env, "capacity", "--pool", plane.pool)

@@ -25,7 +25,7 @@ GROWS = ["reservation.released", "reservation.cancelled", "reservation.failed",
          "reservation.expired", "reservation.replaced", "reservation.rescheduled",
          "reservation.queued", "bookings.ended", "quota.refunded", "pool.offered",
          "pool.created", "node.adopted", "node.uncordoned", "node.gpu.healthy",
-         "node.connected", "node.rejoined"]
+         "node.connected", "node.rejoined", "node.inventory.accepted"]
 
 
 def test_a_create_and_its_binding_do_not_wake_the_queue_dispatcher() -> None:
@@ -41,7 +41,7 @@ OTHER_QUIET = ["reservation.extended", "reservation.dequeued", "bookings.extende
                "node.devices.unassigned", "node.joined", "node.cordoned", "node.draining",
                "node.drained", "node.gpu.unhealthy", "node.disconnected", "node.unreachable",
                "node.removed", "node.certificate.renewed", "node.acceptance.started",
-               "node.acceptance.failed"]
+               "node.acceptance.failed", "node.inventory.mismatch"]
 
 
 def test_every_event_type_is_sorted_into_waking_or_not() -> None:

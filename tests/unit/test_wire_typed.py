@@ -90,5 +90,14 @@ def test_journal_entries_decode_once_by_kind_and_name_a_misfit() -> None:
         decode_entry({"nodeId": "node_x"}, Entry)
     result = decode_entry({"kind": "acceptance.result", "attempt": 2, "passed": True,
                            "checks": [{"kind": "diag.nvml", "passed": True, "message": "8"}],
-                           "gpus": [{"uuid": "GPU-0", "anything": 1}]}, AcceptanceResult)
-    assert result.checks[0].passed and result.gpus == [{"uuid": "GPU-0", "anything": 1}]
+                           "gpus": [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100",
+                                     "anything": 1}]}, AcceptanceResult)
+    assert result.checks[0].passed and [g.uuid for g in result.gpus] == ["GPU-0"]
+    # Bounded (api/wire/bounds.py): 65 GPUs, or a name of 257 characters, refuse the entry.
+    with pytest.raises(EntryInvalid, match=r"\$\.gpus"):
+        decode_entry({"kind": "acceptance.result", "attempt": 2, "gpus": [
+            {"index": i, "uuid": f"GPU-{i}", "name": "x"} for i in range(65)]},
+            AcceptanceResult)
+    with pytest.raises(EntryInvalid, match=r"\$\.gpus\[0\]\.name"):
+        decode_entry({"kind": "acceptance.result", "attempt": 2, "gpus": [
+            {"index": 0, "uuid": "GPU-0", "name": "x" * 257}]}, AcceptanceResult)
