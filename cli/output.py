@@ -50,7 +50,7 @@ def _yaml(value: Any) -> str:
     character is written so (PyYAML keeps bidi controls as they are)."""
     import yaml
 
-    class Dumper(yaml.SafeDumper):
+    class Dumper(yaml.SafeDumper):  # type: ignore[misc]  # yaml is untyped here
         pass
 
     def text(dumper: yaml.SafeDumper, data: str) -> yaml.Node:

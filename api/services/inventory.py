@@ -126,9 +126,10 @@ class InventoryService:
             gpus = with_reported_health(node.gpus, reported) if reported else None
             node.finish_acceptance(entry.attempt, verdict.passed, verdict.message,
                                    verdict.checks, gpus, now)
-            changed: list[TenantOwned] = claim_all(claims, node, now) if node.adopted \
-                and node.pending_events else []
-            return ([node, *changed] if node.pending_events else []), None
+            if not node.pending_events:
+                return [], None
+            claimed: list[TenantOwned] = [*claim_all(claims, node, now)] if node.adopted else []
+            return [node, *claimed], None
 
         answer: str | None = self._save_retrying(uuid, decide)
         return answer
