@@ -34,6 +34,7 @@ from better_compute.api.runtime import Runtime
 from better_compute.api.services.nodes import NodeService
 from better_compute.api.store.node_presence import Presence
 from better_compute.api.wire import gateway as wire
+from better_compute.api.wire.join import HardwareFacts
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.join_client import JoinAttempt, gpu_uuid, hardware, open_response
 from tests.support import POLICY, initialize, open_runtime
@@ -100,11 +101,14 @@ class Plane:
         self.lifecycle = NodeLifecycle(self.nodes, Presence(self.runtime.store.sql()),
                                        unreachable_after=self.unreachable_after)
 
-    def join(self, serial: str = "SN-7701", n_gpus: int = 8) -> JoinedNode:
+    def join(self, serial: str = "SN-7701", n_gpus: int = 8,
+             facts: HardwareFacts | None = None) -> JoinedNode:
+        """A node joined through nodes.join: ``facts``, or the machine ``serial`` with
+        ``n_gpus`` GPUs."""
         service = self.runtime.service
         joins = self.runtime.services.join
         token = joins.create(LOCAL_OPERATOR, self.pool, "2h", 1, None, None, None, None)["token"]
-        attempt = JoinAttempt(token, hardware(serial=serial, gpus=n_gpus))
+        attempt = JoinAttempt(token, facts or hardware(serial=serial, gpus=n_gpus))
         public = service.pki().public
         response = open_response(joins.join(attempt.params(public)["sealed"]), public)
         return self.write_identity(response.node_id, attempt.key, response.certificate_pem)

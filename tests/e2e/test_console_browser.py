@@ -271,6 +271,46 @@ def test_root_cordons_and_uncordons_a_node(cluster: Cluster,
     assert c.gpu_capacity()["maintenance"] == 0
 
 
+def test_a_node_that_lists_other_gpus_shows_it_until_root_accepts(
+        cluster: Cluster, open_page: Callable[..., ConsolePage]) -> None:
+    """A GPU replaced on the node (its fake source reports a new UUID): the card says
+    `inventory mismatch` with what it lists; accepted, the chip goes. The node's GPUs are put
+    back (a second repair, accepted too) for the other tests."""
+    c = cluster
+    page = open_page()
+    page.sign_in(root_token(c))
+    page.view("nodes")
+    node = f'#nodes-list [data-node="{c.node}"]'
+    original = c.machine.gpu_file.read_text()
+    fleet = json.loads(original)
+    fleet["gpus"][7]["uuid"] = "GPU-replaced-in-the-console"
+
+    first = [g["uuid"] for g in json.loads(original)["gpus"]]
+
+    def mismatched() -> bool:
+        return c.cli_json("nodes", "get", c.node, "--query", "inventoryMismatch") is not None
+
+    def lists_its_first_gpus_again() -> bool:
+        pending = c.cli_json("nodes", "get", c.node, "--query", "inventoryMismatch") or {}
+        return [g["uuid"] for g in pending.get("reported") or []] == first
+
+    try:
+        c.machine.gpu_file.write_text(json.dumps(fleet))
+        chip = page.page.locator(f"{node} [data-field=inventory]")
+        chip.wait_for()
+        assert chip.inner_text() == "inventory mismatch"
+        message = page.page.inner_text(f"{node} [data-field=inventory-message]")
+        assert "GPU-replaced-in-the-console" in message and "accept-inventory" in message
+        c.cli("nodes", "accept-inventory", c.node, "--reason", "console test")
+        chip.wait_for(state="detached")
+    finally:
+        c.machine.gpu_file.write_text(original)
+        if [g["uuid"] for g in c.cli_json("nodes", "get", c.node, "--query", "gpus")] != first:
+            eventually(lists_its_first_gpus_again, "the node lists its first GPUs again")
+            c.cli("nodes", "accept-inventory", c.node, "--reason", "console test, put back")
+    assert not mismatched()
+
+
 def _click_or_say_why(page: ConsolePage, c: Cluster, selector: str) -> None:
     """Click ``selector``; when it never comes, fail with what the page and the store show
     (the node's card, the live status, the page's errors, the node's maintenance as the CLI

@@ -28,6 +28,7 @@ function card(node, holders, can, actions) {
   const session = node.session?.state || 'never connected';
   const cordoned = node.maintenance?.cordoned;
   const healthy = condition(node, 'Healthy');
+  const inventory = condition(node, 'InventoryMatches');
   return h('article', { class: 'card node', dataset: { node: node.id }, 'aria-labelledby': headingId },
     h('h2', { id: headingId }, host),
     h('p', { class: 'meta' }, h('span', { class: 'id' }, node.id), ' · pool ',
@@ -39,7 +40,13 @@ function card(node, holders, can, actions) {
       healthy ? h('li', { class: `chip ${healthy.status === 'True' ? 'ok' : 'bad'}`, title: healthy.message },
         healthy.status === 'True' ? 'healthy' : healthy.reason) : null,
       cordoned ? h('li', { class: 'chip warn', dataset: { field: 'maintenance' } },
-        `cordoned${node.maintenance.reason ? `: ${node.maintenance.reason}` : ''}`) : null),
+        `cordoned${node.maintenance.reason ? `: ${node.maintenance.reason}` : ''}`) : null,
+      inventory && inventory.status === 'False'
+        ? h('li', { class: 'chip bad', title: inventory.message, dataset: { field: 'inventory' } },
+          'inventory mismatch') : null),
+    inventory && inventory.status === 'False'
+      ? h('p', { class: 'mismatch', dataset: { field: 'inventory-message' } }, inventory.message)
+      : null,
     can.cordon(node) ? cordonButton(node, actions) : null,
     grid(node, holders),
     h('p', { class: 'meta' }, 'report ', time(node.report?.at)));

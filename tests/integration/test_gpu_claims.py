@@ -1,0 +1,79 @@
+"""A GPU UUID belongs to at most one node in the whole store (domain/gpu_claims.py), however a
+node came by it: the control plane in this process, its real gateway, nodes that speak the
+session protocol (tests/gateway_client.py), on SQLite and PostgreSQL.
+
+A machine that joined listing another machine's GPUs (its join facts are its own word) is
+refused at acceptance once the other one holds them; two adoptions that race for one GPU
+leave it with one of them, because the claim is saved in the adopting save and the store
+refuses the second; removing a node frees its GPUs for another.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from better_compute.api.services import inventory
+from better_compute.api.wire import gateway as wire
+from better_compute.domain.access import LOCAL_OPERATOR
+from tests.gateway_client import NodeClient, Plane, gpus, run_with_gateway
+from tests.join_client import hardware
+
+
+def test_a_gpu_of_another_node_is_refused_until_that_node_lets_it_go(
+        env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body(plane: Plane) -> None:
+        owner = plane.join(serial="SN-7701")
+        twin_facts = hardware(serial="SN-7702", gpus=8)
+        twin_facts.gpus = hardware(serial="SN-7701", gpus=8).gpus  # the owner's GPUs
+        twin = plane.join(facts=twin_facts)
+        first, second = NodeClient(plane, owner), NodeClient(plane, twin)
+        await first.connect()
+        await second.connect()
+        await plane.reconcile()  # attempt 1 for both
+        await first.receive_desired(lambda d: "acceptance" in d.sections)
+        await second.receive_desired(lambda d: "acceptance" in d.sections)
+
+        # The twin's result comes while it still sees the GPUs free (a race): its claims
+        # are created in its save, which the store refuses; the retry finds them taken.
+        real = inventory.claims_of
+        stale: list[bool] = []
+
+        def racing(aggregates: Any, uuids: Any) -> Any:
+            found = real(aggregates, uuids)
+            if not stale:  # the twin's first look: before the owner's save
+                stale.append(True)
+                anyio.from_thread.run(first.acceptance, 1, gpus(8))
+                return dict.fromkeys(found)
+            return found
+
+        monkeypatch.setattr(inventory, "claims_of", racing)
+        answer = await second.acceptance(1, gpus(8))
+        monkeypatch.setattr(inventory, "claims_of", real)
+        assert isinstance(answer, wire.Nack) and answer.code == "inventory_mismatch", answer
+        assert "8 belong to another node" in answer.message
+        assert plane.node(owner.node_id)["provisionState"] == "adopted"
+        twin_doc = plane.node(twin.node_id)
+        assert twin_doc["provisionState"] == "adopting"
+        assert twin_doc["acceptance"]["failureReason"] == "inventory"
+        assert len(twin_doc["inventoryMismatch"]["claimed"]) == 8
+        capacity = plane.capacity()
+        assert (capacity["allocatable"], capacity["provisioning"]) == (8, 8)
+
+        # The owner leaves the pool: its GPUs are nobody's, and the twin may have them.
+        await anyio.to_thread.run_sync(lambda: plane.nodes.remove(
+            LOCAL_OPERATOR, owner.node_id, "card moved", False))
+        await anyio.to_thread.run_sync(lambda: plane.nodes.adopt(
+            LOCAL_OPERATOR, "root", twin.node_id, "its owner was removed"))
+        await second.receive_desired(
+            lambda d: d.sections.get("acceptance", {}).get("attempt") == 2)
+        assert isinstance(await second.acceptance(2, gpus(8)), wire.Ack)
+        assert plane.node(twin.node_id)["provisionState"] == "adopted"
+        assert plane.capacity()["allocatable"] == 8
+        await first.close()
+        await second.close()
+
+    run_with_gateway(env, tmp_path, body)
