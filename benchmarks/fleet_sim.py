@@ -69,7 +69,7 @@ def _setup(data: Path, n: int) -> tuple[str, str, list[dict[str, str]], str]:
             uuid = new_uuid()
             node_id = public_id("node", uuid)
             cert = pki.issue_node_certificate(bundle, csr, node_id, site)
-            gpus = [{"uuid": f"GPU-{i:05d}-{g}", "name": "NVIDIA H100 80GB HBM3",
+            gpus = [{"index": g, "uuid": f"GPU-{i:05d}-{g}", "name": "NVIDIA H100 80GB HBM3",
                      "healthy": True} for g in range(GPUS)]
             batch.append(Node(
                 id=uuid, tenant_id="root", pool_id=pool, site_id=site, join_token_id="jt_sim",
@@ -79,7 +79,7 @@ def _setup(data: Path, n: int) -> tuple[str, str, list[dict[str, str]], str]:
                 certificate_serial=format(cert.serial_number, "x"),
                 certificate_not_after=cert.not_valid_after_utc, bcd_version="sim"))
             nodes.append({
-                "id": node_id, "cert": pki.pem(cert),
+                "id": node_id, "cert": pki.pem(cert), "gpus": json.dumps(gpus),
                 "key": key.private_bytes(serialization.Encoding.PEM,
                                          serialization.PrivateFormat.PKCS8,
                                          serialization.NoEncryption()).decode()})
@@ -130,8 +130,7 @@ async def _agent(node: dict[str, str], port: int, ca: str, folder: Path, heartbe
             if isinstance(message, wire.DesiredState):
                 section = message.sections.get("acceptance")
                 if section and section.get("state") == "running":
-                    gpus = [{"uuid": f"GPU-x-{g}", "name": "NVIDIA H100 80GB HBM3",
-                             "healthy": True} for g in range(GPUS)]
+                    gpus = json.loads(node["gpus"])  # its own: the ones it joined with
                     doc = {"kind": "acceptance.result", "nodeId": node["id"], "epoch": epoch,
                            "attempt": section["attempt"], "passed": True, "gpus": gpus,
                            "checks": [{"kind": "diag.nvml", "passed": True, "message": "ok"}]}

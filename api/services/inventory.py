@@ -142,7 +142,9 @@ class InventoryService:
         def decide(node: Node) -> tuple[list[TenantOwned], bool]:
             if node.session_epoch != epoch or node.removed:
                 return [], False
-            claims = claims_of(self.aggregates, [g["uuid"] for g in reported])
+            own = {g.uuid for g in node.gpu_values()}  # its own GPUs: claimed when adopted
+            strangers = [g["uuid"] for g in reported if g["uuid"] not in own]
+            claims = claims_of(self.aggregates, strangers) if strangers else {}
             diff = compare_inventory(node.gpus, reported, held_elsewhere(claims, node))
             noted = node.note_inventory_mismatch(diff, reported, "report", self.service.clock())
             return ([node] if noted else []), noted
