@@ -21,7 +21,8 @@ MAX_PATH = 4096  # files on the node (CDI specs, env files)
 MAX_PEM = 16_384  # a certificate signing request
 MAX_MESSAGE = 4_000  # free text: cut to this many characters
 MAX_GPUS = 64  # GPUs of one node (also in its telemetry and its acceptance result)
-MAX_ITEMS = 64  # any other list: MACs, health reasons, checks, sections, CDI devices
+MAX_ITEMS = 64  # any other list: health reasons, checks, sections, CDI devices
+MAX_MACS = 1024  # a host's MACs (a NIC's SR-IOV functions each have one)
 
 Id = Annotated[str, msgspec.Meta(max_length=MAX_ID)]
 NonEmptyId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID)]
@@ -30,6 +31,7 @@ Version = Annotated[str, msgspec.Meta(max_length=MAX_VERSION)]
 FilePath = Annotated[str, msgspec.Meta(max_length=MAX_PATH)]
 Pem = Annotated[str, msgspec.Meta(max_length=MAX_PEM)]
 Ids = Annotated[list[Id], msgspec.Meta(max_length=MAX_ITEMS)]
+Macs = Annotated[list[Id], msgspec.Meta(max_length=MAX_MACS)]
 Names = Annotated[list[Name], msgspec.Meta(max_length=MAX_ITEMS)]
 
 

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import msgspec
 
-from .bounds import MAX_GPUS, Id, Ids, Name, NonEmptyId, Version
+from .bounds import MAX_GPUS, Id, Macs, Name, NonEmptyId, Version
 from .gpu_family import gpu_family
 
 __all__ = ["Gpu", "GpuTelemetry", "HostFacts", "Inventory", "Telemetry", "gpu_family"]
@@ -69,7 +69,7 @@ class HostFacts(msgspec.Struct, rename="camel", kw_only=True):
 
     serial: Id | None = None
     product_uuid: Id | None = None
-    macs: Ids = msgspec.field(default_factory=list)
+    macs: Macs = msgspec.field(default_factory=list)
     cpus: int | None = None
     memory_gib: float | None = msgspec.field(default=None, name="memoryGiB")
     hostname: Name | None = None

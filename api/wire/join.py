@@ -21,7 +21,7 @@ from typing import Annotated
 
 import msgspec
 
-from .bounds import MAX_GPUS, Id, Ids, Name, NonEmptyId, Pem, Version
+from .bounds import MAX_GPUS, Id, Macs, Name, NonEmptyId, Pem, Version
 
 
 class Wire(msgspec.Struct, rename="camel", kw_only=True):
@@ -59,7 +59,7 @@ class HardwareGpu(Wire, kw_only=True):
 class HardwareFacts(Wire, kw_only=True):
     serial: Id | None = None
     product_uuid: Id | None = None
-    macs: Ids = []
+    macs: Macs = []
     hostname: Name | None = None
     cpus: int | None = None
     memory_gib: float | None = msgspec.field(default=None, name="memoryGiB")
