@@ -87,15 +87,17 @@ class Machine:
     def bcd(self, *argv: str) -> subprocess.CompletedProcess[str]:
         return run([*self.command, *argv], self.env, cwd=self.folder, input="")
 
-    def join(self, operator: Operator, server: Server, pool: str) -> str:
-        """A join token for this serial, then `bcd join` with the pins; returns the node id."""
+    def join(self, operator: Operator, server: Server | str, pool: str) -> str:
+        """A join token for this serial, then `bcd join` with the pins against ``server`` (or
+        that URL: a load balancer's); returns the node id."""
         operator.cli("join-tokens", "create", "--pool", pool, "--ttl", "2h", "--max-uses", "1",
                      "--expect-serial", self.serial, "--key", f"join-{self.serial.lower()}",
                      "--out", str(self.folder / "join-token"))
         pins: list[str] = []
         for name, flag in _PINS:
             pins += [flag, operator.cli("pki", "show", "--query", name)]
-        done = self.bcd("join", "--server", server.url + "/api/compute", *pins,
+        url = server if isinstance(server, str) else server.url
+        done = self.bcd("join", "--server", url + "/api/compute", *pins,
                         "--token-file", "./join-token")
         assert done.returncode == 0, done.stderr
         return done.stdout.split()[2]  # "joined as node_… (site …"

@@ -44,6 +44,8 @@ from better_compute.api.gateway.session import (
     _CLOSED,
     MAX_LINE,
     NODE_REMOVED,
+    REPLICA_STOPPING,
+    STOPPING_MESSAGE,
     Session,
     removed_message,
 )
@@ -174,6 +176,7 @@ class Gateway:
         self.stats: Counter[str] = Counter()
         self.port = 0
         self.listening = False
+        self.stopping = False  # hand_back: new sessions are refused
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn`` in a worker thread; a store outage comes back as ``Unavailable``."""
@@ -272,6 +275,19 @@ class Gateway:
             if session is not None:
                 session.poke.set()
 
+    async def hand_back(self) -> None:
+        """The server is stopping: end every session, recording nothing, so that each agent
+        reconnects through the load balancer to another replica (``Session.hand_back``), and
+        refuse new ones (``unavailable``: bcd retries with backoff)."""
+        self.stopping = True
+        sessions = list(self.sessions.values())
+        if sessions:
+            log.warning("gateway: handing %d agent session(s) back (this replica is stopping)",
+                        len(sessions))
+        async with anyio.create_task_group() as tg:
+            for session in sessions:
+                tg.start_soon(session.hand_back)
+
     def poke_all(self) -> None:
         for session in list(self.sessions.values()):
             session.poke.set()
@@ -317,6 +333,8 @@ class Gateway:
                 hello = None
             if not isinstance(hello, Hello):
                 raise Refusal("hello_first", "the first message of a session must be a Hello")
+            if self.stopping:
+                raise Refusal(REPLICA_STOPPING, STOPPING_MESSAGE)
             await self.call(self._admit, cert, hello)
             with acting_as(hello.node_id):  # what this session records, the node did
                 epoch, node = await self.call(self.nodes.session_opened,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -59,6 +60,12 @@ def removed_message(node: Node) -> str:
             f"({removal.get('reason') or 'removed'}); its certificate is revoked. To bring "
             "the machine back, run bcd join with a new join token: it gets the same node back")
 STORE_RETRY = 1.0  # seconds before a session retries a store read that found it away
+# A stopping replica's word to bcd, which connects again (any Refused but node_removed ends
+# the session and bcd reconnects with backoff); the send waits HAND_BACK_SEND seconds at most.
+REPLICA_STOPPING = "unavailable"
+STOPPING_MESSAGE = ("this control plane replica is stopping: connect again (the load balancer "
+                    "sends the session to another replica)")
+HAND_BACK_SEND = 1.0
 _CLOSED = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
            anyio.ClosedResourceError, anyio.DelimiterNotFound, OSError)
 
@@ -107,6 +114,18 @@ class Session:
         """A newer session of this node exists: stop, record nothing more."""
         self.fenced = True
         self.reason = "fenced off by a newer session"
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def hand_back(self) -> None:
+        """This replica is stopping: tell bcd, and end the session recording nothing (the node
+        is not gone: bcd connects again at once, through the load balancer, to another
+        replica, whose session supersedes this one; were it not to, the controllers would
+        mark it unreachable as for any session that went silent)."""
+        self.fenced = True
+        self.reason = "handed back: this replica is stopping"
+        with anyio.move_on_after(HAND_BACK_SEND), suppress(*_CLOSED):
+            await self.send(Refused(code=REPLICA_STOPPING, message=STOPPING_MESSAGE))
         if self._scope is not None:
             self._scope.cancel()
 

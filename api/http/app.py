@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -71,6 +72,9 @@ class ServerState:
     writers: anyio.CapacityLimiter = field(init=False)
     # Seconds a call's body has after its head (http_limits.py; http.body_timeout).
     body_timeout: float = field(init=False)
+    # Set when the server begins to stop: /ready answers 503 and every answer closes its
+    # connection (serve.py's drain, docs/high-availability.md).
+    stopping: bool = False
 
     def __post_init__(self) -> None:
         self.admission = http_limits.Admission.for_limiter(self.limiter)
@@ -150,6 +154,31 @@ async def _rpc(request: Request) -> Response:
     return Response(answer, media_type="application/json")
 
 
+class CloseWhenStopping:
+    """ASGI middleware: once the server is stopping, every answer says ``Connection: close``,
+    so a client's next call opens a new connection, which the load balancer sends to another
+    replica (uvicorn ends a connection whose answer says so)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        app = scope.get("app")
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def closing(message: Any) -> None:
+            state = getattr(getattr(app, "state", None), "bc", None)
+            if message["type"] == "http.response.start" and getattr(state, "stopping", False):
+                headers = [(k, v) for k, v in message.get("headers", ())
+                           if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, closing)
+
+
 async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -218,6 +247,7 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
         *watch.ROUTES,
         *console.ROUTES,
     ]
-    app = Starlette(routes=base + list(routes or []), lifespan=lifespan)
+    app = Starlette(routes=base + list(routes or []), lifespan=lifespan,
+                    middleware=[Middleware(CloseWhenStopping)])
     app.state.metrics = ServerMetrics()
     return app

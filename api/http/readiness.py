@@ -3,7 +3,8 @@
 ``/health`` is liveness (the process answers: restart it when that fails). ``/ready`` is
 readiness: 200 when the event store answers (and, on SQLite after a failed write, takes
 a write again) and, where this process runs the agents' gateway, the gateway listens;
-503 with the reasons otherwise. A load balancer takes a 503 replica out of rotation and
+503 with the reasons otherwise, and from the moment the server is asked to stop (check
+``server``: stopping), so that a load balancer sends new calls elsewhere while it finishes. A load balancer takes a 503 replica out of rotation and
 puts it back on 200; nothing needs a restart, the server recovers on its own.
 
 The answer names the component and a short reason, never host names or driver
@@ -29,6 +30,7 @@ log = logging.getLogger("better_compute.ready")
 READY_TIMEOUT = 5.0  # seconds the store check may take before it counts as a failure
 CACHE_SECONDS = 1.0  # an answer of the store check serves the probes of this long
 OK = "ok"
+STOPPING = "stopping (finishing its calls; send new ones to another replica)"
 _KEY = "readiness"
 
 
@@ -90,6 +92,8 @@ async def ready(request: Request) -> Response:
     state = request.app.state.bc
     check = state.extra.setdefault(_KEY, _StoreCheck())
     checks = {"store": await check(state.runtime)}
+    if state.stopping:  # SIGTERM: out of rotation first (serve.py's drain)
+        checks["server"] = STOPPING
     gateway = _gateway(state)
     if gateway is not None:
         checks["gateway"] = gateway

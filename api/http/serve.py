@@ -49,6 +49,10 @@ CLOSE_GRACE = 1.0  # seconds a peer has to answer a connection's close at shutdo
 SHUTDOWN_GRACE = 15.0
 CANCEL_AFTER = 5
 SLOW_SHUTDOWN_REPORT = 5.0
+# Before all that, for BETTER_COMPUTE_SHUTDOWN_DRAIN seconds (none by default), the server
+# drains: it serves on, but /ready answers 503 and every answer closes its connection, so a
+# load balancer moves new calls to other replicas first (docs/high-availability.md).
+SHUTDOWN_DRAIN = 0.0
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -81,11 +85,12 @@ class _Server(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, ready_line: str, grace: float, *,
-                 handshake_timeout: float, handshakes: Handshakes) -> None:
+                 handshake_timeout: float, handshakes: Handshakes, drain: float = 0.0) -> None:
         config.timeout_graceful_shutdown = math.ceil(grace) + CANCEL_AFTER
         super().__init__(config)
         self.ready_line = ready_line
         self.grace = grace
+        self.drain = drain
         self.handshake_timeout = handshake_timeout
         self.handshakes = handshakes
         self.lifespan_died = False
@@ -115,16 +120,45 @@ class _Server(uvicorn.Server):
                 f"{len(self.server_state.tasks)} call(s) in flight")
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        notify("STOPPING=1")
+        await self._drain()
         # uvicorn waits for open responses before the lifespan ends: end the
         # /watch streams first (readers reconnect and resume), or it would wait forever.
-        notify("STOPPING=1")
         stop_streams(self.config.app)()
+        await self._hand_back_agents()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._cut_unanswered_closes)
             tg.start_soon(self._report_if_slow)
             tg.start_soon(self._end_calls_after_grace)
             await super().shutdown(sockets)
             tg.cancel_scope.cancel()
+
+    def _state(self) -> Any:
+        return getattr(getattr(self.config.app, "state", None), "bc", None)
+
+    async def _drain(self) -> None:
+        """Serve on for ``drain`` seconds with /ready at 503 and every answer closing its
+        connection (app.py ``CloseWhenStopping``), while the listener still accepts: a load
+        balancer's health checks take this replica out of rotation meanwhile, and clients
+        reconnect through it to the others. A second signal ends the wait."""
+        state = self._state()
+        if state is not None:
+            state.stopping = True
+        if self.drain <= 0:
+            return
+        log.warning("stopping: draining for %gs (/ready answers 503, calls are still served, "
+                    "each answer closes its connection)", self.drain)
+        deadline = time.monotonic() + self.drain
+        while time.monotonic() < deadline and not self.force_exit:
+            await anyio.sleep(0.1)
+
+    async def _hand_back_agents(self) -> None:
+        """End the agents' sessions this replica holds (the gateway's, where it runs here):
+        each agent reconnects, through the load balancer, to another replica."""
+        state = self._state()
+        gateway = state.extra.get("gateway") if state is not None else None
+        if gateway is not None:
+            await gateway.hand_back()
 
     async def _report_if_slow(self) -> None:
         after = min(SLOW_SHUTDOWN_REPORT, self.grace / 2)
@@ -340,7 +374,8 @@ def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[st
                             **ssl)  # type: ignore[arg-type]
     return _Server(config, ready,
                    env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
-                   handshake_timeout=head_timeout, handshakes=handshakes)
+                   handshake_timeout=head_timeout, handshakes=handshakes,
+                   drain=env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_DRAIN", SHUTDOWN_DRAIN))
 
 
 def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int | None = None,

@@ -141,6 +141,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shutdown.grace", None, "BETTER_COMPUTE_SHUTDOWN_GRACE", "15s", "duration",
             "after SIGTERM, calls still running this long are cancelled (unanswered) and "
             "the server ends; keep it under the service manager's stop timeout"),
+    Setting("shutdown.drain", None, "BETTER_COMPUTE_SHUTDOWN_DRAIN", "(none)", "duration",
+            "after SIGTERM, before shutdown.grace, the server serves on this long with /ready "
+            "answering 503 and every answer closing its connection, so a load balancer moves "
+            "new calls to other replicas first (docs/high-availability.md)"),
     Setting("reservations.max_queued", None, "BETTER_COMPUTE_RESERVATIONS_MAX_QUEUED", "100",
             "number", "queued reservations one tenant may have in one pool; past it `reserve "
             "--queue` is refused (quota_exceeded) when it would queue (0: no bound)"),

@@ -14,9 +14,13 @@ datastore's ``get_connection``). On PostgreSQL a call that fails with a connecti
 error makes the guard probe the server with a fresh connection; when that fails too the
 store is *down*: from then on every call fails at once with ``Unavailable`` instead of
 waiting for a pooled connection (and the library retries connection errors ten times,
-so each call would otherwise hang for minutes). At most every ``PROBE_INTERVAL`` one
-caller probes again; when a probe connects, the pool's idle connections are checked
-(the ones the restart broke are dropped) and calls go through again. On SQLite nothing
+so each call would otherwise hang for minutes). A connection whose server takes no writes
+(``read_only_sql_transaction``: a standby, a primary being demoted) is closed, so the pool
+replaces it with one to whichever server is the primary now (several hosts with
+``target_session_attrs=read-write``: docs/high-availability.md); the call answers
+``unavailable``. At most every ``PROBE_INTERVAL`` one caller probes again; when a probe
+connects, the pool's idle connections are checked (the ones the restart broke are dropped)
+and calls go through again. On SQLite nothing
 is refused (reads keep working on a full disk); the guard remembers that a write failed
 until a write succeeds again, which is what ``/ready`` reports.
 """
@@ -71,6 +75,8 @@ def _postgres_reason(error: BaseException) -> str | None:
         return "a statement timed out"
     if isinstance(error, psycopg.errors.DiskFull):
         return "PostgreSQL's disk is full"
+    if isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
+        return "PostgreSQL takes no writes (a standby, or a primary being demoted)"
     if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
         state = getattr(error, "sqlstate", None) or ""
         if state.startswith("57P"):
@@ -137,6 +143,15 @@ def _connection_lost(exc: BaseException) -> bool:
             state = getattr(error, "sqlstate", None) or ""
             return not state or state.startswith(("08", "57P"))
     return False
+
+
+def _read_only(exc: BaseException) -> bool:
+    """A PostgreSQL connection that takes no writes: its server is (now) a standby."""
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover
+        return False
+    return any(isinstance(e, psycopg.errors.ReadOnlySqlTransaction) for e in _causes(exc))
 
 
 def _waited_for_the_pool(exc: BaseException) -> bool:
@@ -236,7 +251,12 @@ def install_guard(datastore: Any, guard: StoreGuard) -> None:
         writing = bool(kwargs.get("commit", False))
         try:
             with original(*args, **kwargs) as conn:
-                yield conn
+                try:
+                    yield conn
+                except Exception as exc:
+                    if _read_only(exc):  # the pool drops it; its next one finds the primary
+                        conn.close()
+                    raise
         except Exception as exc:
             if guard.failed(exc, writing=writing):
                 if guard.down_reason is not None:
@@ -251,19 +271,23 @@ def install_guard(datastore: Any, guard: StoreGuard) -> None:
 
 
 def postgres_guard(datastore: Any) -> StoreGuard:
-    """The guard of a PostgreSQL datastore: probes with a fresh connection of its own."""
+    """The guard of a PostgreSQL datastore: probes with a fresh connection of its own, made
+    with every parameter the pool's are (several hosts with ``target_session_attrs``, TLS),
+    so a probe succeeds only where the pool's connections would: a standby that a multi-host
+    URL skips does not count as the store being back."""
     import psycopg
 
     pool = datastore.pool
-    params = {k: v for k, v in dict(pool.kwargs or {}).items()
-              if k in ("dbname", "host", "port", "user", "password")}
+    params = {k: v for k, v in dict(pool.kwargs or {}).items() if k != "row_factory"}
+    options = " ".join(filter(None, [str(params.pop("options", "") or ""),
+                                     f"-c statement_timeout={PROBE_CONNECT_TIMEOUT * 1000}"]))
 
     def probe() -> None:
-        # Bounded on both ends: the connection (libpq), the query (the server), a peer
-        # that stops acknowledging (the kernel).
-        with psycopg.connect(**params, connect_timeout=PROBE_CONNECT_TIMEOUT, autocommit=True,
-                             options=f"-c statement_timeout={PROBE_CONNECT_TIMEOUT * 1000}",
-                             tcp_user_timeout=PROBE_CONNECT_TIMEOUT * 1000) as conn:
+        # Bounded on both ends: the connection (libpq, each host), the query (the server),
+        # a peer that stops acknowledging (the kernel).
+        with psycopg.connect(**{**params, "connect_timeout": PROBE_CONNECT_TIMEOUT,
+                                "tcp_user_timeout": PROBE_CONNECT_TIMEOUT * 1000},
+                             autocommit=True, options=options) as conn:
             conn.execute("SELECT 1")
 
     return StoreGuard(probe, pool.check)
