@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eventsourcing.application import AggregateNotFoundError
+
 from better_compute.cli.client import HttpClient
 from better_compute.domain.bookings import NodeBookings, bookings_uuid, overlaps
 from better_compute.domain.errors import BetterComputeError
@@ -216,7 +218,10 @@ def assert_everything_acknowledged_is_there(layout: Layout, clients: Clients,
                 assert not rsv.live, (rsv_id, "released, but live in the store")
         booked = []
         for node in nodes:
-            agg = repository.get(bookings_uuid(node))
+            try:
+                agg = repository.get(bookings_uuid(node))
+            except AggregateNotFoundError:  # nothing was ever placed on it
+                continue
             assert isinstance(agg, NodeBookings)
             booked += [{**b, "node": node} for b in agg.bookings.values()]
         for i, x in enumerate(booked):

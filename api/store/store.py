@@ -438,11 +438,21 @@ class SqlRunner:
         return rec
 
     def create_tables(self, statements: list[str]) -> None:
-        if not self.postgres:
-            statements = [
+        """Run each ``CREATE … IF NOT EXISTS`` statement. On PostgreSQL each is its own
+        transaction: a ``CREATE INDEX`` locks its table (SHARE) until its transaction ends, so
+        in one transaction a process opening the store would hold one table while it waits
+        for a writer holding the next, which may want the first: a deadlock, and the process
+        (a replica starting in a rolling restart) did not start. Alone, each statement waits
+        for the writers of its table, then lets go; what a failure leaves undone, the next
+        opening does."""
+        if self.postgres:
+            for statement in statements:
+                with self.transaction(commit=True) as cursor:
+                    cursor.execute(statement)
+            return
+        with self.transaction(commit=True) as cursor:
+            for statement in [
                 "CREATE TABLE IF NOT EXISTS bc_locks (name TEXT PRIMARY KEY, n INTEGER)",
                 *statements,
-            ]
-        with self.transaction(commit=True) as cursor:
-            for statement in statements:
+            ]:
                 cursor.execute(statement)

@@ -53,7 +53,7 @@ class Setup:
 
     def sessions(self) -> dict[str, tuple[str, int]]:
         """Each node's session state and epoch, as the store has them."""
-        return {n: (str(doc["session"]), int(doc["sessionEpoch"]))
+        return {n: (str(doc["session"]["state"]), int(doc["session"]["epoch"]))
                 for n in self.nodes for doc in [self.operator.cli_json("nodes", "get", n)]}
 
     def unreachable_marks(self) -> int:
