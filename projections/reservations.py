@@ -25,7 +25,8 @@ def _epoch(value: Any) -> float | None:
 class Reservations(SnapshotRows):
     name = "reservations"
     together = True  # followed by every create (placing; the queue's head)
-    version = 2  # 2: counts by tenant, pool and state (bc_rsv_count, read by /metrics)
+    # 2: counts by tenant, pool and state (bc_rsv_count, read by /metrics); 3: no row at 0
+    version = 3
 
     def table_names(self) -> list[str]:
         return ["bc_rsv", "bc_rsv_count"]
@@ -98,10 +99,18 @@ class Reservations(SnapshotRows):
 
 
 def _count(sql: Sql, cursor: Any, key: tuple[str, str, str] | None, change: int) -> None:
-    if key is not None:
-        sql.execute(cursor, "INSERT INTO bc_rsv_count (tenant_id, pool_id, state, n) "
-                    "VALUES (?, ?, ?, ?) ON CONFLICT (tenant_id, pool_id, state) "
-                    "DO UPDATE SET n = bc_rsv_count.n + excluded.n", (*key, change))
+    """Count ``change`` for ``key``. A count that falls to 0 loses its row: which states a
+    reservation is seen in depends on where batches end (placed and bound in one save, it is
+    seen placed only when a batch ends between the two), so rows at 0 would make the table
+    depend on how it was applied, and differ from a rebuild (``store verify``)."""
+    if key is None:
+        return
+    sql.execute(cursor, "INSERT INTO bc_rsv_count (tenant_id, pool_id, state, n) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (tenant_id, pool_id, state) "
+                "DO UPDATE SET n = bc_rsv_count.n + excluded.n", (*key, change))
+    if change < 0:
+        sql.execute(cursor, "DELETE FROM bc_rsv_count WHERE tenant_id = ? AND pool_id = ? "
+                    "AND state = ? AND n = 0", key)
 
 
 def count_reservations(sql: Sql) -> list[tuple[str, str, str, int]]:
