@@ -34,6 +34,7 @@ from tests.support import cli_inprocess, eventually
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "ha"
+PARTS = ("haproxy", "r1", "r2", "r3", "pg1", "pg2", "etcd")
 
 
 @dataclass
@@ -83,7 +84,8 @@ class Layout:
 def ha_layout(settings: dict[str, str]) -> Iterator[Layout]:
     """``scripts/ha up --fast`` with these replica settings in a folder under /tmp (short
     paths for the sockets; reachable by ``nobody``, who runs PostgreSQL when the tests run
-    as root), ``scripts/ha down`` and the folder gone after."""
+    as root); after, every part killed (``scripts/ha kill``: nothing is kept, so nothing
+    needs a clean stop) and the folder gone."""
     folder = Path(tempfile.mkdtemp(prefix="bc-ha.", dir="/tmp"))
     folder.chmod(0o711)
     layout = Layout(folder, {})
@@ -95,8 +97,8 @@ def ha_layout(settings: dict[str, str]) -> Iterator[Layout]:
         layout.state = json.loads((folder / "state.json").read_text())
         yield layout
     finally:
-        subprocess.run([str(SCRIPT), "down", "--dir", str(folder)], capture_output=True,
-                       timeout=300)
+        subprocess.run([str(SCRIPT), "kill", *PARTS, "--dir", str(folder)],
+                       capture_output=True, timeout=300)
         shutil.rmtree(folder, ignore_errors=True)
 
 

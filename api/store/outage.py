@@ -44,6 +44,11 @@ log = logging.getLogger("better_compute.store")
 PROBE_INTERVAL = 0.5  # seconds between probes of a store that is down
 PROBE_CONNECT_TIMEOUT = 2  # seconds (libpq's smallest)
 
+# What libpq says when every host it reached is a standby (target_session_attrs=read-write,
+# or primary): the primary is lost and a standby not yet promoted.
+_NO_PRIMARY = ("session is read-only", "server is in hot standby mode")
+NO_PRIMARY = "no PostgreSQL server takes writes (a standby not promoted yet?)"
+
 # SQLite's primary result codes that mean the disk or the lock, not the statement.
 _SQLITE_OUTAGE = {5: "BUSY", 6: "LOCKED", 7: "NOMEM", 8: "READONLY", 10: "IOERR",
                   13: "FULL", 14: "CANTOPEN"}
@@ -79,6 +84,8 @@ def _postgres_reason(error: BaseException) -> str | None:
         return "PostgreSQL takes no writes (a standby, or a primary being demoted)"
     if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
         state = getattr(error, "sqlstate", None) or ""
+        if not state and any(m in str(error) for m in _NO_PRIMARY):
+            return NO_PRIMARY
         if state.startswith("57P"):
             return "PostgreSQL is shutting down or starting up"
         if state.startswith("53"):

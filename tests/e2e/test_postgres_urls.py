@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from better_compute.api.runtime import Runtime
+from better_compute.api.store.outage import NO_PRIMARY
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import Unavailable
 from tests.cluster import Operator
@@ -133,6 +134,18 @@ def test_the_server_follows_the_primary_to_a_promoted_standby(tmp_path: Path) ->
             assert _tcp_sessions(second) == (0, 0)  # a standby: read-write skips it
 
             first.stop()
+            # Until the standby is promoted, no server takes writes: a write answers
+            # `unavailable` and says so, at once (the store's probe uses every parameter of
+            # the URL: it once connected to the standby, found the store "up", and each
+            # call then waited for a pooled connection that could never open).
+            def refused_for_want_of_a_primary() -> bool:
+                code, _, err = cli_inprocess(["sites", "create", "--kind", "shared", "--region",
+                                              "eu-1", "--key", "during"], operator.env)
+                assert code != 0, "a write succeeded with no primary"
+                return "[unavailable]" in err and NO_PRIMARY in err
+
+            eventually(refused_for_want_of_a_primary, "a write names the missing primary",
+                       timeout=60)
             second.promote()
 
             def writes() -> bool:

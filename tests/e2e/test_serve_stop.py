@@ -144,3 +144,38 @@ def test_a_caller_that_leaves_mid_body_is_counted_not_logged_as_an_error(
         assert httpx.get(f"{server.url}/api/compute/health", verify=_context(ca)).status_code == 200
     text = log.read_text(errors="replace")
     assert "Traceback" not in text and " ERROR " not in text, text[-4000:]
+
+
+def test_sigterm_with_a_drain_serves_on_with_ready_at_503_and_closing_connections(
+        tmp_path: Path) -> None:
+    """Behind a load balancer (docs/high-availability.md): SIGTERM turns /ready to 503 at
+    once, while calls are still answered, each closing its connection so that the client's
+    next one goes through the balancer to another replica; after the drain the server stops
+    as without one."""
+    drain = 6.0  # the calls below are made within it (were they not, they would fail)
+    env = {**store_env("sqlite", tmp_path), "BETTER_COMPUTE_SHUTDOWN_DRAIN": f"{drain:g}s"}
+    token = initialize(env)
+    log = tmp_path / "serve.log"
+    ca = Path(env["BETTER_COMPUTE_DATA_DIR"]) / "serving-ca.pem"
+    call = {"jsonrpc": "2.0", "id": 1, "method": "system.whoami"}
+    auth = {"authorization": f"Bearer {token}"}
+    with serve(env, log_file=log) as server, \
+            httpx.Client(base_url=server.url, verify=_context(ca), timeout=30) as client:
+        ready = client.get("/api/compute/ready")
+        assert ready.status_code == 200 and ready.headers.get("connection") != "close"
+        sent = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+
+        def says_stopping() -> bool:
+            answer = client.get("/api/compute/ready")
+            return answer.status_code == 503 and answer.json()["checks"].get("server", "") \
+                .startswith("stopping")
+
+        eventually(says_stopping, "/ready answers 503: stopping")
+        answer = client.post("/api/compute/rpc", json=call, headers=auth)
+        assert answer.status_code == 200 and answer.json()["result"]["tenantId"] == "root"
+        assert answer.headers["connection"] == "close"
+        assert server.process.wait(timeout=STOP_BOUND) in (0, -signal.SIGTERM, 143)
+        assert time.monotonic() - sent >= drain - 0.5
+    text = log.read_text(errors="replace")
+    assert f"draining for {drain:g}s" in text and "Traceback" not in text, text[-3000:]

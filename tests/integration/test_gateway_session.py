@@ -334,3 +334,33 @@ def test_handshakes_under_way_are_bounded_per_address_and_a_node_is_served(
     run_with_gateway(env, tmp_path, body, hello_timeout=60,
                      handshakes=Handshakes(3, 2, settings=("gateway.max_handshakes",
                                                            "gateway.max_handshakes_per_address")))
+
+
+def test_a_stopping_replica_hands_its_sessions_back_recording_nothing(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """serve stops (SIGTERM, after its drain): the gateway tells each agent it is stopping
+    and ends the session without recording a disconnect (the agent reconnects at once,
+    through the load balancer, to another replica, whose session supersedes this one), and
+    refuses new sessions meanwhile, so they go elsewhere too."""
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        client = NodeClient(plane, node)
+        assert isinstance(await client.connect(), wire.Welcome)
+        await client.receive_desired()
+        before = plane.event_types(node.node_id)
+        assert plane.gateway is not None
+        await plane.gateway.hand_back()
+        refused = await client.receive()
+        assert isinstance(refused, wire.Refused) and refused.code == "unavailable"
+        assert "stopping" in refused.message
+        assert await client.closed_by_peer()
+        await wait_for(lambda: plane.gateway is not None and not plane.gateway.sessions)
+        assert plane.event_types(node.node_id) == before  # no node.disconnected
+        assert plane.node(node.node_id)["session"]["state"] == "connected"
+
+        again = NodeClient(plane, node)
+        refused = await again.connect()
+        assert isinstance(refused, wire.Refused) and refused.code == "unavailable"
+        assert plane.event_types(node.node_id) == before  # no new epoch either
+
+    run_with_gateway(env, tmp_path, body)
