@@ -214,14 +214,14 @@ def assert_everything_acknowledged_is_there(layout: Layout, clients: Clients,
     try:
         repository = runtime.store.repository
         for key, rsv_id in clients.created.items():
-            rsv = repository.get(parse_id("rsv", rsv_id))
+            rsv: Any = repository.get(parse_id("rsv", rsv_id))
             assert isinstance(rsv, Reservation), (key, rsv_id)
             if rsv_id in clients.released:
                 assert not rsv.live, (rsv_id, "released, but live in the store")
         booked = []
         for node in nodes:
             try:
-                agg = repository.get(bookings_uuid(node))
+                agg: Any = repository.get(bookings_uuid(node))
             except AggregateNotFoundError:  # nothing was ever placed on it
                 continue
             assert isinstance(agg, NodeBookings)

@@ -26,7 +26,7 @@ def test_a_connection_that_takes_no_writes_answers_unavailable_and_is_replaced(
     runtime = open_runtime(store_env("postgres", tmp_path))
     try:
         quick_init(runtime)
-        pool = runtime.store.recorder.datastore.pool
+        pool = runtime.store.recorder.datastore.pool  # type: ignore[attr-defined]
         held = [pool.getconn(timeout=10) for _ in range(pool.get_stats()["pool_size"])]
         for conn in held:
             conn.execute("SET default_transaction_read_only = on")
