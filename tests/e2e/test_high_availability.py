@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ssl
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -60,7 +59,7 @@ class Setup:
         return sum(self.operator.events(n).count("node.unreachable") for n in self.nodes)
 
     def clients(self) -> Clients:
-        return Clients(self.operator.env, self.pool, CLIENTS, uuid.uuid4().hex[:8])
+        return Clients(self.operator.env, self.pool, CLIENTS)
 
 
 @pytest.fixture(scope="module")
