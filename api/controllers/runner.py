@@ -145,6 +145,10 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
                 await anyio.sleep(retry)
                 continue
             log.info("this process runs the controllers")
+            # Silence before this leader's first pass does not count: it was not watching.
+            # Another replica led, or none did while the store was away (its gateways could
+            # not write heartbeats): nodes heard of last then are not unreachable for that.
+            lifecycle.lost_sight()
             state.extra["controllers_leader"] = True
             async with anyio.create_task_group() as dispatching:
                 dispatching.start_soon(_dispatch, dispatcher, hub, tick, settle)
