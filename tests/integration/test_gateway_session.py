@@ -364,3 +364,48 @@ def test_a_stopping_replica_hands_its_sessions_back_recording_nothing(
         assert plane.event_types(node.node_id) == before  # no new epoch either
 
     run_with_gateway(env, tmp_path, body)
+
+
+class _Leads:
+    """A leadership always held (this test's process is the only one)."""
+
+    def try_acquire(self) -> bool:
+        return True
+
+    def still_leader(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+
+def test_a_new_leader_counts_no_silence_from_before_it_led(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """After a database failover another replica may take the controllers. Its first pass
+    saw heartbeats no gateway could write while the store was away (two minutes old here):
+    it marked every node unreachable at once, and creates answered no_capacity until the
+    agents reconnected (seen in benchmarks/ha.py). A new leader counts silence only from
+    its first pass on, as one that lost the store does."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from better_compute.api.controllers.runner import run_controllers
+
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        client = NodeClient(plane, node)
+        assert isinstance(await client.connect(), wire.Welcome)
+        await client.receive_desired()
+        plane.clock.advance(120)
+        state = SimpleNamespace(runtime=plane.runtime, extra={})
+        async with anyio.create_task_group() as tg:
+            await tg.start(partial(run_controllers, leadership=_Leads()), state)
+            # The first pass starts the node's acceptance, and looks at its silence.
+            await wait_for(lambda: "node.acceptance.started" in plane.event_types(node.node_id))
+            assert "node.unreachable" not in plane.event_types(node.node_id)
+            plane.clock.advance(31)  # silence this leader saw for itself
+            await wait_for(lambda: "node.unreachable" in plane.event_types(node.node_id))
+            tg.cancel_scope.cancel()
+        await client.close()
+
+    run_with_gateway(env, tmp_path, body)
