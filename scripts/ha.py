@@ -687,16 +687,16 @@ def exports(layout: Layout) -> str:
 # ------------------------------------------------------------------------------ main
 
 def up(layout: Layout) -> None:
+    """Every part that is not running, started, in the order each needs the one before:
+    etcd; both members together (Patroni lets one bootstrap and the other copy it); the
+    store's init once a primary takes writes (the standby catches up meanwhile); the
+    replicas; HAProxy; and, before returning, the standby streaming synchronously."""
     start(layout, "etcd")
-    running = [m for m in MEMBERS if layout.pid(m)]
     for member in MEMBERS:
-        if member not in running:
+        if not layout.pid(member):
             start_member(layout, member)
-            if not running:  # the first member bootstraps the cluster alone
-                wait_for(lambda: primary(layout) is not None, "a PostgreSQL primary",
-                         layout=layout, part=member)
-                running.append(member)
-    wait_members(layout)
+    wait_for(lambda: primary(layout) is not None, "a PostgreSQL primary", layout=layout,
+             part=MEMBERS[0])
     init_store(layout)
     for replica in REPLICAS:
         if not layout.pid(replica):
@@ -704,6 +704,7 @@ def up(layout: Layout) -> None:
     for replica in REPLICAS:
         wait_replica(layout, replica)
     start(layout, "haproxy")
+    wait_members(layout)
     (layout.dir / "env").write_text(exports(layout))
 
 
