@@ -26,9 +26,9 @@ import pytest
 # Tests that take 4 s or more (their setup, call and teardown), from a 2-core run.
 SECONDS: dict[str, float] = {
     # scripts/ha's layout (module-scoped: the three run in one worker, the first sets it up)
-    "tests/e2e/test_high_availability.py::test_a_rolling_restart_of_the_three_replicas_loses_no_call": 120,
-    "tests/e2e/test_high_availability.py::test_the_standby_takes_over_when_the_primarys_host_is_lost": 66,
-    "tests/e2e/test_high_availability.py::test_scripts_ha_status_names_each_part_and_its_role": 10,
+    "tests/e2e/test_high_availability.py::test_a_rolling_restart_of_the_three_replicas_loses_no_call": 104,
+    "tests/e2e/test_high_availability.py::test_the_standby_takes_over_when_the_primarys_host_is_lost": 44,
+    "tests/e2e/test_high_availability.py::test_scripts_ha_status_names_each_part_and_its_role": 8,
     "tests/e2e/test_store_outage.py::test_serve_rides_out_a_15s_then_a_60s_postgresql_outage": 111,
     "tests/e2e/test_tutorial.py::test_the_readme_and_the_tutorial_run_as_written": 52,
     "tests/e2e/test_join_e2e.py::test_agent_side_refusals_write_nothing_and_spend_no_token": 43,
