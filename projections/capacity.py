@@ -18,7 +18,9 @@ its live bookings that no hold has yet (``bookings.booked`` until
 ``bookings.ended``). The rollup moves only on events: a future booking turns
 from reserved into allocated when the reservations controller records its
 binding at the start (``node.devices.assigned``), within one controller tick.
-Version 2 added the bookings (new tables, rebuilt from sequence 0).
+Version 2 added the bookings (new tables, rebuilt from sequence 0); version 3 the pools'
+history in 5-minute buckets (``bc_capacity_history``, projections/capacity_history.py), written
+whenever the next event falls in another bucket and at a batch's end.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from better_compute.domain.node_rules import (
     SESSION_UNREACHABLE,
     node_capacity,
 )
-from better_compute.projections import jsontext
+from better_compute.projections import capacity_history, jsontext
 from better_compute.projections.framework import ReadModel, Sql
 
 _COLUMNS = GPU_FIELDS  # cpu and memory rows leave the GPU-only columns at 0
@@ -211,10 +213,10 @@ _UPDATE_NODE = (
 
 class Capacity(ReadModel):
     name = "capacity"
-    version = 2  # 2: live bookings feed ``reserved`` (new tables)
+    version = 3  # 2: live bookings feed ``reserved`` (new tables); 3: the pools' history
 
     def table_names(self) -> list[str]:
-        return [NODE_TABLE, POOL_TABLE]
+        return [NODE_TABLE, POOL_TABLE, capacity_history.TABLE]
 
     def tables(self) -> list[str]:
         sums = ", ".join(f"{c} DOUBLE PRECISION NOT NULL DEFAULT 0" for c in _COLUMNS)
@@ -232,15 +234,21 @@ class Capacity(ReadModel):
             "(acceptance_state)",
             f"CREATE TABLE IF NOT EXISTS {POOL_TABLE} (pool_id TEXT NOT NULL, "
             f"resource TEXT NOT NULL, {sums}, PRIMARY KEY (pool_id, resource))",
+            *capacity_history.tables(),
         ]
 
     def __init__(self) -> None:
         # Nodes changed in this batch, written once at its end (a stream of creates books
         # and binds on the same few nodes): uuid -> (state, contribution before the batch).
         self._pending: dict[str, tuple[NodeState, dict[str, dict[str, float]]]] = {}
+        # The history bucket of the events applied since the last write of the history, and
+        # the pools they touched.
+        self._bucket: int | None = None
+        self._touched: set[str] = set()
 
     def begin_batch(self) -> None:
         self._pending = {}
+        self._bucket, self._touched = None, set()
 
     def wants(self, event_type: type[Any]) -> bool:
         kind = str(event_type.TOPIC)
@@ -257,6 +265,10 @@ class Capacity(ReadModel):
             uuid = str(event.originator_id)
         else:
             return
+        bucket = capacity_history.bucket_of(event.timestamp)
+        if bucket != self._bucket:  # the rows of the bucket before are complete
+            self._write(sql, cursor)
+            self._bucket = bucket
         if kind in _WRITTEN_AT_ONCE:  # a node enters, leaves or moves pools: no coalescing
             self._flush(sql, cursor, uuid)
             self._apply_now(sql, cursor, uuid, event, kind)
@@ -271,8 +283,17 @@ class Capacity(ReadModel):
         _apply_to_state(pending[0], event, kind)
 
     def end_batch(self, sql: Sql, cursor: Any) -> None:
+        self._write(sql, cursor)
+
+    def _write(self, sql: Sql, cursor: Any) -> None:
+        """The nodes changed since the last write, their pools' sums, and those pools' history
+        rows for the bucket of the events applied meanwhile."""
         for uuid in list(self._pending):
             self._flush(sql, cursor, uuid)
+        if self._touched and self._bucket is not None:
+            capacity_history.record(sql, cursor, sorted(self._touched), self._bucket,
+                                    POOL_TABLE)
+        self._touched = set()
 
     def _flush(self, sql: Sql, cursor: Any, uuid: str) -> None:
         pending = self._pending.pop(uuid, None)
@@ -320,6 +341,7 @@ class Capacity(ReadModel):
     def _add(self, sql: Sql, cursor: Any, pool_id: str,
              before: dict[str, dict[str, float]] | None, after: dict[str, dict[str, float]]
              ) -> None:
+        self._touched.add(pool_id)  # a history row even when the sums did not move
         for resource in RESOURCES:
             old = (before or {}).get(resource, {})
             new = after.get(resource, {})

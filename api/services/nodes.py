@@ -24,9 +24,10 @@ from better_compute.api.services.unit import RETRY_ATTEMPTS
 from better_compute.api.store.eventlog import render
 from better_compute.api.store.node_presence import Reports
 from better_compute.domain.access import Principal
-from better_compute.domain.base import TenantOwned
+from better_compute.domain.base import TenantOwned, iso
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
-from better_compute.domain.errors import Conflict, NotFound
+from better_compute.domain.durations import format_duration, parse_duration
+from better_compute.domain.errors import Conflict, InvalidInput, NotFound
 from better_compute.domain.gpus import Gpu
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
@@ -37,8 +38,11 @@ from better_compute.domain.quota import QuotaUse, quota_uuid
 from better_compute.domain.reservation import Reservation
 from better_compute.domain.text import MAX_REASON, check_text
 from better_compute.projections.capacity import capacity_resources, count_nodes, read_capacity
+from better_compute.projections.capacity_history import BUCKET_S, MAX_WINDOW_S, read_history
 
 T = TypeVar("T")
+HISTORY_MIN = timedelta(seconds=12 * BUCKET_S)  # 1h
+HISTORY_MAX = timedelta(seconds=MAX_WINDOW_S)  # 7d
 
 
 
@@ -148,7 +152,32 @@ class NodeService:
         self.service.projections.catch_up("capacity")
         resources = capacity_resources(read_capacity(self.service.sql, pool.public_id))
         return {"poolId": pool.public_id, "gpuModel": pool.gpu_model, "resources": resources,
-                "nodes": count_nodes(self.service.sql, pool.public_id)}
+                "nodes": count_nodes(self.service.sql, pool.public_id),
+                "quota": self._quota(pool, principal.tenant_id)}
+
+    def _quota(self, pool: Pool, tenant_id: str) -> dict[str, Any]:
+        """The tenant's quota on the pool and its use, as ``capacity.preview`` answers it."""
+        limit = pool.quota_for(tenant_id)
+        if limit is None:
+            return {"tenantId": tenant_id, "gpu": "unlimited", "inUse": 0}
+        use = self.service.aggregates.get(QuotaUse, quota_uuid(pool.public_id, tenant_id))
+        return {"tenantId": tenant_id, "gpu": limit, "inUse": use.in_use if use else 0}
+
+    def capacity_history(self, principal: Principal, pool_id: str, window: str | None
+                         ) -> dict[str, Any]:
+        """The pool's GPU figures over the last ``window`` (docs/capacity.md#history)."""
+        pool = self.service.pool(principal, pool_id)
+        span = parse_duration(window or "24h", flag="window")
+        if not HISTORY_MIN <= span <= HISTORY_MAX:
+            raise InvalidInput(f"window {window} is out of range: the history covers "
+                               f"{format_duration(HISTORY_MIN)} to {format_duration(HISTORY_MAX)} "
+                               "(for example 24h or 7d)")
+        self.service.projections.catch_up("capacity")
+        now = self.service.aggregates.now()
+        history = read_history(self.service.sql, pool.public_id, now, int(span.total_seconds()))
+        return {"poolId": pool.public_id, "window": format_duration(span),
+                "step": format_duration(timedelta(seconds=history["step"])),
+                "from": iso(now - span), "to": iso(now), "points": history["points"]}
 
     # --------------------------------------------------------------- commands
 

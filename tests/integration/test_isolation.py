@@ -736,6 +736,29 @@ def _capacity_get(w: World) -> None:
         assert w.ids["node_both"] not in json.dumps(seen)  # figures, never root's node ids
     assert w.ok("root-ro", "capacity.get", poolId=w.ids["pool_root"])["poolId"] == \
         w.ids["pool_root"]
+    # The quota shown is the caller's own tenant's: acme holds 3 GPUs of 16, globex 1 of 8.
+    assert unchanged(w, "acme-ro", "capacity.get", poolId=w.ids["pool_both"])["quota"] == \
+        {"tenantId": "acme", "gpu": 16, "inUse": 3}
+    assert unchanged(w, "globex-member", "capacity.get", poolId=w.ids["pool_both"])["quota"] == \
+        {"tenantId": "globex", "gpu": 8, "inUse": 1}
+
+
+@case("capacity.history")
+def _capacity_history(w: World) -> None:
+    with_fleet(w)
+    for who, pool in [("globex-admin", "pool_acme"), ("globex-member", "pool_root"),
+                      ("acme-admin", "pool_root"), ("acme-ro", "pool_root")]:
+        w.refused(who, "capacity.history", "not_found", poolId=w.ids[pool])
+    w.refused(None, "capacity.history", "unauthenticated", poolId=w.ids["pool_both"])
+    # A pool's figures, as capacity.get shows them to every tenant it is offered to: counts,
+    # never another tenant's reservations or root's nodes.
+    for who in ("acme-ro", "globex-member"):
+        seen = unchanged(w, who, "capacity.history", poolId=w.ids["pool_both"], window="1h")
+        assert seen["points"][-1]["total"] == 16 and seen["points"][-1]["allocated"] == 3
+        shown = json.dumps(seen)
+        assert not [i for i in ("node_both", "rsv_acme", "rsv_globex") if w.ids[i] in shown]
+    assert w.ok("root-ro", "capacity.history", poolId=w.ids["pool_root"])["poolId"] == \
+        w.ids["pool_root"]
 
 
 @case("capacity.preview")
