@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from better_compute.cli.event_lines import summary as event_summary
 from tests.browser import NARROW, WIDE, ConsolePage, chromium
 from tests.cluster import Cluster, Operator, running_cluster
 from tests.conftest import BACKENDS
@@ -90,17 +91,26 @@ def release(operator: Operator, *reservations: str) -> None:
         operator.cli("release", rsv)
 
 
-def cli_capacity(c: Cluster, pool: str) -> dict[str, float]:
+def _number(value: Any) -> float | str:
+    try:
+        return float(value)
+    except ValueError:
+        return str(value)  # "unlimited"
+
+
+def cli_capacity(c: Cluster, pool: str) -> dict[str, float | str]:
     """`capacity --pool P -o json`, flattened as the page names its fields."""
     doc = c.cli_json("capacity", "--pool", pool)
-    out = {f"{name}.{k}": float(v) for name, resource in doc["resources"].items()
-           for k, v in resource.items() if k != "unit"}
+    out: dict[str, float | str] = {f"{name}.{k}": float(v)
+                                   for name, resource in doc["resources"].items()
+                                   for k, v in resource.items() if k != "unit"}
     out.update({f"nodes.{k}": float(v) for k, v in doc["nodes"].items()})
+    out.update({f"quota.{k}": _number(v) for k, v in doc["quota"].items() if k != "tenantId"})
     return out
 
 
-def page_capacity(page: ConsolePage, pool: str) -> dict[str, float]:
-    return {k: float(v) for k, v in page.fields(f'[data-pool="{pool}"]').items()}
+def page_capacity(page: ConsolePage, pool: str) -> dict[str, float | str]:
+    return {k: _number(v) for k, v in page.fields(f'#pools-list [data-pool="{pool}"]').items()}
 
 
 def row(page: ConsolePage, rsv: str, state: str | None = None) -> Any:
@@ -189,6 +199,184 @@ def test_a_reservation_made_with_the_cli_shows_in_the_feed_within_2_s(
     sequences = page.feed_sequences()
     assert sequences == sorted(set(sequences))  # once each, in order
 
+    # Each event summarised by the rule `events watch` prints by (cli/event_lines.py), the
+    # same text for every event of this cluster's log the page holds; its JSON one click away.
+    lines = c.cli("events", "list", "-o", "json", "--since", str(sequences[0] - 1),
+                  "--limit", "1000").splitlines()
+    logged = {e["sequence"]: e for e in map(json.loads, lines)}
+    shown = dict(page.page.eval_on_selector_all(
+        "#feed li", "els => els.map(e => [Number(e.dataset.sequence),"
+        " e.querySelector('[data-summary]').textContent])"))
+    assert len(shown) > 10 and set(shown) <= set(logged)
+    assert {n: text for n, text in shown.items() if text != event_summary(logged[n])} == {}
+    assert shown[min(n for n, e in logged.items() if e["type"] == "reservation.placed"
+                     and e["subject"] == rsv)] == f"2 GPUs on {c.node}"
+    placed = f'#feed li[data-subject="{rsv}"][data-type="reservation.placed"]'
+    assert page.page.locator(f"{placed} details.raw pre").is_hidden()
+    page.page.click(f"{placed} details.raw > summary")
+    raw = json.loads(page.page.inner_text(f"{placed} details.raw pre"))
+    assert {k: raw[k] for k in ("sequence", "type", "subject", "data")} == \
+        {k: logged[raw["sequence"]][k] for k in ("sequence", "type", "subject", "data")}
+
+
+def shown_reservations(page: ConsolePage) -> list[str]:
+    return list(page.page.eval_on_selector_all(
+        "#reservations-list tr[data-reservation]", "rows => rows.map(r => r.dataset.reservation)"))
+
+
+def test_search_filter_and_sort_reservations_and_nodes_kept_in_the_url(
+        cluster: Cluster, open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    ended = reserve(c, c, gpus=1)
+    release(c, ended)
+    live = reserve(c, c, gpus=3)
+    try:
+        page = open_page()
+        page.sign_in(root_token(c))
+        page.view("reservations")
+        row(page, live).wait_for()
+        everything = shown_reservations(page)
+        assert {ended, live} <= set(everything) and everything[0] == live  # newest first
+
+        page.page.fill("#reservations-q", live[-8:].upper())  # any part of the id, any case
+        eventually(lambda: shown_reservations(page) == [live], "the search finds one")
+        assert page.page.inner_text("#reservations-count") == f"1 of {len(everything)} reservations"
+        page.page.fill("#reservations-q", "")
+        page.page.select_option("#reservations-state", "released")
+        eventually(lambda: ended in shown_reservations(page) and live not in shown_reservations(page),
+                   "the state filter keeps released ones")
+        assert set(page.page.eval_on_selector_all(
+            "#reservations-list tr[data-state]", "rows => rows.map(r => r.dataset.state)")) == \
+            {"released"}
+        page.page.select_option("#reservations-state", "live")
+        page.page.select_option("#reservations-pool", c.pool)
+        eventually(lambda: shown_reservations(page) == [live], "live ones of the pool")
+
+        page.page.select_option("#reservations-state", "")
+        page.page.click("#reservations-list button[data-sort=GPUs]")  # fewest GPUs first
+        counts = page.page.eval_on_selector_all(
+            "#reservations-list [data-field=gpus]", "els => els.map(e => Number(e.textContent))")
+        assert counts == sorted(counts) and len(set(counts)) > 1
+        assert page.page.get_attribute("#reservations-list th[aria-sort]", "aria-sort") == \
+            "ascending"
+        page.page.click("#reservations-list button[data-sort=GPUs]")  # most first
+        counts = page.page.eval_on_selector_all(
+            "#reservations-list [data-field=gpus]", "els => els.map(e => Number(e.textContent))")
+        assert counts == sorted(counts, reverse=True)
+
+        page.page.fill("#reservations-q", ended)
+        url = page.page.evaluate("location.href")  # page.url follows replaceState late
+        assert f"q={ended}" in url and "sort=-GPUs" in url and f"pool={c.pool}" in url
+        page.page.reload()  # the list comes back as it was: the query is in the URL
+        page.page.locator("#live[data-state=live]").wait_for()
+        eventually(lambda: shown_reservations(page) == [ended], "the reload keeps the search")
+        assert page.page.input_value("#reservations-q") == ended
+        assert page.page.input_value("#reservations-pool") == c.pool
+
+        page.view("nodes")
+        node = f'#nodes-list [data-node="{c.node}"]'
+        page.page.locator(node).wait_for()
+        host = page.page.inner_text(f"{node} h2")
+        page.page.fill("#nodes-q", host.upper())
+        page.page.locator(node).wait_for()
+        page.page.fill("#nodes-q", live)  # a node is found by the reservation it holds
+        page.page.locator(node).wait_for()
+        page.page.fill("#nodes-q", "no-such-node")
+        page.page.locator("#nodes-list .empty").wait_for()
+        page.page.fill("#nodes-q", "")
+        page.page.select_option("#nodes-state", "cordoned")
+        page.page.locator("#nodes-list .empty").wait_for()
+        page.page.select_option("#nodes-state", "holding")
+        page.page.locator(node).wait_for()
+        assert "state=holding" in page.page.evaluate("location.href")
+        page.page.select_option("#nodes-sort", "free")
+        assert page.page.inner_text("#nodes-count") == "1 of 1 nodes"
+    finally:
+        release(c, live)
+
+
+def test_every_object_has_a_url_that_opens_it_and_survives_a_reload(
+        cluster: Cluster, open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    rsv = reserve(c, c, gpus=2)
+    try:
+        eventually(lambda: c.state(rsv) == "active", "the reservation is active")
+        page = open_page()
+        page.page.goto(f"{page.url}#/reservations/{rsv}")  # a link, opened before signing in
+        page.page.fill("#token", root_token(c))
+        page.page.click("#sign-in-form button[type=submit]")
+        here = f'#view-object [data-object="{rsv}"]'
+        page.page.locator(here).wait_for()
+        assert page.page.inner_text("#object-title") == f"Reservation {rsv}"
+        shown = page.fields(here)
+        assert shown["state"] == "active" and shown["nodeId"] == c.node
+        assert shown["binding.nodeId"] == c.node  # nested fields, not JSON in a cell
+        assert shown["hostResources.cpus"] == c.cli("reservations", "get", rsv, "--query",
+                                                   "hostResources.cpus")
+        assert page.page.locator(f'{here} [data-type="reservation.placed"]').count() == 1
+        page.page.locator(f"{here} [data-action=release]").wait_for()
+        page.page.reload()
+        page.page.locator(here).wait_for()
+        assert page.page.url.endswith(f"#/reservations/{rsv}")
+
+        page.page.click(f'{here} a[href="#/nodes/{c.node}"]')  # from the reservation to its node
+        page.page.locator(f'#view-object [data-object="{c.node}"] [data-node="{c.node}"]').wait_for()
+        assert page.page.get_attribute('#nav a[aria-current="page"]', "data-view") == "nodes"
+        page.page.reload()
+        page.page.locator(f'#view-object [data-object="{c.node}"]').wait_for()
+
+        page.page.goto(f"{page.url}#/pools/{c.pool}")
+        pool = f'#view-object [data-object="{c.pool}"]'
+        page.page.locator(f'{pool} [data-chart="{c.pool}"] svg').wait_for()
+        page.page.go_back()  # links are history entries: back is the node again
+        page.page.locator(f'#view-object [data-object="{c.node}"]').wait_for()
+
+        missing = "rsv_" + "a" * 26
+        page.page.goto(f"{page.url}#/reservations/{missing}")
+        page.page.locator("#object-body .error", has_text="not_found").wait_for()
+    finally:
+        release(c, rsv)
+
+
+def chart_values(page: ConsolePage, pool: str, series: str, where: str = "#pools-list") -> list[int]:
+    text = page.page.get_attribute(f'{where} [data-chart="{pool}"] [data-series={series}]',
+                                   "data-values") or ""
+    return [int(v) for v in text.split(",") if v]
+
+
+def test_the_pool_card_charts_its_gpus_over_time_and_shows_the_quota(
+        cluster: Cluster, open_page: Callable[..., ConsolePage]) -> None:
+    c = cluster
+    page = open_page()
+    page.sign_in(root_token(c))
+    chart = f'#pools-list [data-chart="{c.pool}"]'
+    page.page.locator(f"{chart} svg").wait_for()
+    before = chart_values(page, c.pool, "allocated")
+    assert before and before[-1] == 0
+    rsv = reserve(c, c, gpus=3)  # made in this test: the chart's "now" shows it
+    try:
+        eventually(lambda: chart_values(page, c.pool, "allocated")[-1] == 3,
+                   "the chart shows the reservation", timeout=30)
+        assert chart_values(page, c.pool, "available")[-1] == 5
+        assert page.page.inner_text(f'{chart} [data-chart-field="allocated.now"]') == "3"
+        history = c.cli_json("api", "capacity.history", f"poolId={c.pool}")
+        assert history["window"] == "1d" and history["points"][-1]["allocated"] == 3
+        assert len(chart_values(page, c.pool, "allocated")) == len(history["points"])
+
+        page.page.click(f'{chart} button[data-window="7d"]')
+        page.page.locator(f'{chart}[data-window="7d"] svg').wait_for()
+        assert page.page.get_attribute(f'{chart} button[data-window="7d"]', "aria-pressed") == "true"
+        week = chart_values(page, c.pool, "allocated")
+        assert week[-1] == 3 and len(week) in (7 * 24 + 1, 7 * 24 + 2)  # now on an hour or not
+
+        # The caller's quota on the card: the pool's owner has no limit, and sees its offers.
+        assert page.fields(f'#pools-list [data-pool="{c.pool}"] .quota') == \
+            {"quota.gpu": "unlimited", "quota.inUse": "0"}
+    finally:
+        release(c, rsv)
+    eventually(lambda: chart_values(page, c.pool, "allocated", "#pools-list")[-1] == 0,
+               "the chart follows the release", timeout=30)
+
 
 def test_reserve_from_the_form_see_it_active_extend_and_release_it(
         cluster: Cluster, open_page: Callable[..., ConsolePage]) -> None:
@@ -216,9 +404,17 @@ def test_reserve_from_the_form_see_it_active_extend_and_release_it(
     page.page.click("#reserve-preview")
     answer = "#reserve-answer"
     page.page.locator(f"{answer} [data-field=fits]").wait_for()
+    # A summary a person reads, not the answer's keys; the answer itself one click away.
     shown = page.fields(answer)
-    assert shown["fits"] == "true" and shown["nodeId"] == c.node and shown["gpus"] == "2"
-    assert shown["earliestStart"] == "2030-01-02T03:04:05Z"
+    assert shown["fits"] == "fits now" and shown["nodeId"] == c.node
+    assert shown["asked"].startswith("2 GPUs from ")
+    assert shown["hostResources"].endswith(" GiB of memory")
+    assert shown["quota"] == "unlimited"
+    assert "earliestStart" not in page.page.inner_text(answer)
+    page.page.click(f"{answer} details.raw > summary")
+    raw = json.loads(page.page.inner_text(f"{answer} details.raw pre"))
+    assert raw["fits"] is True and raw["nodeId"] == c.node and raw["gpus"] == 2
+    assert raw["earliestStart"] == "2030-01-02T03:04:05Z"  # a field a newer server adds
     page.page.unroute("**/api/compute/rpc")
 
     page.page.click("#reserve-submit")
@@ -348,6 +544,11 @@ def test_a_tenant_sees_only_its_own_reservations(cluster: Cluster,
         page.page.locator(f'#feed li[data-subject="{ours}"]').first.wait_for()
         page.view("nodes")
         page.page.locator("#nodes-list .empty").wait_for()
+        page.view("pools")  # acme's quota on the pool card: 4 GPUs, the 1 it holds in use
+        card = f'#pools-list [data-pool="{c.pool}"] .quota'
+        page.page.locator(f'{card} [data-field="quota.inUse"]', has_text="1").wait_for()
+        assert page.fields(card) == {"quota.gpu": "4", "quota.inUse": "1"}
+        page.page.locator(f'#pools-list [data-chart="{c.pool}"] svg').wait_for()
         markup = page.text()
         assert ours in markup
         assert [i for i in others if i in markup] == []
@@ -374,7 +575,9 @@ def test_a_read_only_token_sees_no_action_controls(cluster: Cluster,
         assert page.page.locator("#reserve-form").count() == 0
         for view in ("pools", "nodes", "reservations", "events"):
             page.view(view)
-            assert page.page.locator("main button:visible").count() == 0, view
+            # Buttons that only change what the page shows (a chart's window, a sort) stay.
+            assert page.page.locator(
+                "main button:visible:not([data-window]):not(.sort)").count() == 0, view
         assert page.page.inner_text("#who-text") == "root · read-only"
 
         # A token revoked meanwhile signs the tab out at its next call, with the API's word.
@@ -447,7 +650,7 @@ def test_everything_is_reachable_with_the_keyboard(cluster: Cluster,
         page.page.keyboard.press("Enter")
         page.page.locator("#live[data-state=live]").wait_for()
         reached = []
-        for _ in range(12):
+        for _ in range(40):  # through the pools view (links, tables, chart buttons), round
             page.page.keyboard.press("Tab")
             reached.append(focused(page))
             if reached[-1] == "Reservations":
@@ -508,8 +711,15 @@ def test_every_view_at_both_widths_screenshots_and_axe(cluster: Cluster,
                 # The long lists as a person first sees them: one screen.
                 shots.append(page.shot(view, full_page=view in ("pools", "nodes")))
                 violations[f"{view}@{width}"] = page.axe_violations()
+            for kind, object_id in (("reservations", rsv), ("pools", c.pool)):
+                page.page.goto(f"{page.url}#/{kind}/{object_id}")
+                page.page.locator(f'#view-object [data-object="{object_id}"]').wait_for()
+                if kind == "pools":
+                    page.page.locator(f'#view-object [data-chart="{c.pool}"] svg').wait_for()
+                shots.append(page.shot(f"{kind.rstrip('s')}-page"))
+                violations[f"{kind}-page@{width}"] = page.axe_violations()
             page.view("reservations")
-            page.page.click(f'[data-key="release:{rsv}"]')
+            page.page.click(f'#reservations-list [data-key="release:{rsv}"]')
             page.page.locator("#confirm[open]").wait_for()
             shots.append(page.shot("release-dialog", full_page=False))
             violations[f"dialog@{width}"] = page.axe_violations()

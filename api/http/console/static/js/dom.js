@@ -23,7 +23,17 @@ export function visible(text) {
  * Children: nodes, strings and numbers (as text), null/undefined/false (skipped), arrays.
  */
 export function h(tag, attrs = {}, ...children) {
-  const el = document.createElement(tag);
+  return build(document.createElement(tag), attrs, children);
+}
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+/** The same as h() for SVG elements (charts): svg('path', {d: 'M0 0H10', class: 'line'}). */
+export function svg(tag, attrs = {}, ...children) {
+  return build(document.createElementNS(SVG_NS, tag), attrs, children);
+}
+
+function build(el, attrs, children) {
   for (const [name, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined || value === false) continue;
     if (name === 'dataset') {
@@ -31,7 +41,7 @@ export function h(tag, attrs = {}, ...children) {
     } else if (name.startsWith('on') && typeof value === 'function') {
       el.addEventListener(name.slice(2), value);
     } else if (name === 'class') {
-      el.className = String(value);
+      el.setAttribute('class', String(value));
     } else if (value === true) {
       el.setAttribute(name, '');
     } else {
@@ -97,4 +107,38 @@ export function fields(obj, prefix = '') {
     }
   }
   return prefix ? rows : h('dl', { class: 'fields' }, rows);
+}
+
+/** A link to a place in the page (a fragment from route.js), its text as text. */
+export function link(fragment, ...children) {
+  return h('a', { href: fragment }, ...children);
+}
+
+/** An answer's JSON, one click away: a closed disclosure that shows it indented. */
+export function rawJson(value, label = 'Raw JSON') {
+  return h('details', { class: 'raw' }, h('summary', {}, label),
+    h('pre', { class: 'data', dataset: { raw: '' } }, JSON.stringify(value ?? null, null, 2)));
+}
+
+/**
+ * An object as nested fields, as `kubectl describe` prints one: a definition list whose nested
+ * objects are definition lists, lists of plain values one line, lists of objects one block
+ * each. `data-field` names each value by its path (`binding.nodeId`).
+ */
+export function describe(obj, prefix = '') {
+  return h('dl', { class: 'describe' }, Object.entries(obj || {}).map(([k, v]) => {
+    const path = prefix + k;
+    let shown;
+    if (Array.isArray(v) && v.some((x) => x && typeof x === 'object')) {
+      shown = h('ol', { class: 'describe-list' },
+        v.map((x, i) => h('li', {}, x && typeof x === 'object' ? describe(x, `${path}.${i}.`) : value(x))));
+    } else if (Array.isArray(v)) {
+      shown = v.length ? v.map(value).join(', ') : '—';
+    } else if (v && typeof v === 'object') {
+      shown = Object.keys(v).length ? describe(v, `${path}.`) : '—';
+    } else {
+      shown = value(v);
+    }
+    return h('div', {}, h('dt', {}, k), h('dd', { dataset: { field: path } }, shown));
+  }));
 }

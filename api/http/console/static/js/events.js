@@ -1,11 +1,13 @@
 // The live event feed: newest first, every event once (the Feed drops duplicates by sequence),
-// filtered by type in the page, so changing the filter never reconnects nor loses a line.
+// filtered by type in the page, so changing the filter never reconnects nor loses a line. Each
+// event as `events watch` prints it (sequence, type, subject, summary), its JSON one click away.
 
 import { typeMatcher } from './api.js';
-import { h, time, visible } from './dom.js';
+import { h, link, rawJson, time, visible } from './dom.js';
+import { href, viewOf } from './route.js';
+import { kind, summary } from './summary.js';
 
 const KEEP = 1000; // events kept in the page; older ones drop off the end
-const SHORT = 160; // characters of an event's data shown before it is opened
 
 export class FeedView {
   constructor(list, statusLine, filterInput) {
@@ -22,16 +24,7 @@ export class FeedView {
   }
 
   add(event) {
-    const item = h('li', { class: 'event', dataset: { sequence: event.sequence, type: event.type,
-      subject: event.subject ?? '', tenant: event.tenantId ?? '' } },
-    h('span', { class: 'seq' }, `#${event.sequence}`),
-    h('span', { class: 'type' }, event.type),
-    h('span', { class: 'subject id' }, event.subject ?? ''),
-    h('span', { class: 'tenant' }, event.tenantId ?? ''),
-    time(event.time),
-    data(event.data));
-    item.hidden = !this.matches(event.type);
-    this.list.prepend(item);
+    this.list.prepend(eventItem(event, this.matches));
     while (this.list.children.length > KEEP) this.list.lastElementChild.remove();
   }
 
@@ -45,10 +38,20 @@ export class FeedView {
   }
 }
 
-/** The event's data as JSON text: long data folded behind its first line. */
-function data(value) {
-  const text = JSON.stringify(value ?? {});
-  if (text.length <= SHORT) return h('code', { class: 'data' }, text);
-  return h('details', {}, h('summary', {}, h('code', {}, `${text.slice(0, SHORT)}…`)),
-    h('code', { class: 'data' }, text));
+/** One event as `events watch` prints it, its JSON (the whole line of the stream) one click
+ * away; the subject links to its object's page when the console has one. */
+export function eventItem(event, matches = () => true) {
+  const subject = event.subject ?? '';
+  const view = viewOf(subject);
+  const item = h('li', { class: `event ${kind(event.type) || ''}`, dataset: { sequence: event.sequence,
+    type: event.type, subject, tenant: event.tenantId ?? '' } },
+  h('span', { class: 'seq' }, `#${event.sequence}`),
+  h('span', { class: 'type' }, event.type),
+  h('span', { class: 'subject id' }, view ? link(href(view, subject), subject) : subject),
+  h('span', { class: 'tenant' }, event.tenantId ?? ''),
+  time(event.time),
+  h('span', { class: 'summary', dataset: { summary: '' } }, summary(event)),
+  rawJson(event, 'JSON'));
+  item.hidden = !matches(event.type);
+  return item;
 }

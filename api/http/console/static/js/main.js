@@ -2,19 +2,24 @@
 //
 // The token is kept in sessionStorage (this tab, this browser session) and sent only in the
 // Authorization header. Every number shown is a field of an RPC result, as the CLI prints it.
+// Where the page is (a view, its search and filters, or one object) is the URL's fragment
+// (route.js), so a link opens it and a reload keeps it.
 
 import { Api, Feed, RpcError } from './api.js';
-import { visible } from './dom.js';
+import { loadObject, renderObject } from './detail.js';
+import { h, visible } from './dom.js';
 import { FeedView } from './events.js';
-import { renderNodes } from './nodes.js';
+import { NODE_FILTERS, NODE_SORTS, renderNodes } from './nodes.js';
 import { renderPools } from './pools.js';
 import { ReserveForm } from './reserve.js';
-import { renderReservations } from './reservations.js';
+import { STATE_FILTERS, renderReservations } from './reservations.js';
+import { VIEWS, href, parseRoute } from './route.js';
 
 const TOKEN_KEY = 'better-compute.token';
-const VIEWS = ['pools', 'nodes', 'reservations', 'events'];
 const HISTORY = 200; // events shown from before the page opened
 const POLL_MS = 10000; // GPU telemetry has no events: read the nodes again this often
+const CHART_MS = 5000; // a pool's chart is read again at most this often
+const TOOLS = { nodes: ['q', 'state', 'sort'], reservations: ['q', 'state', 'pool'] };
 
 const $ = (id) => document.getElementById(id);
 
@@ -29,6 +34,10 @@ const app = {
   again: false,
   timer: null,
   poll: null,
+  route: parseRoute(location.hash),
+  object: null, // what the object's page read (a reservation and its events)
+  history: new Map(), // `${poolId}:${window}` -> {at, answer}
+  windows: new Map(), // poolId -> the chart's window
 };
 
 function can(me) {
@@ -56,7 +65,7 @@ async function signIn(token) {
   app.feedView = new FeedView($('feed'), $('feed-status'), $('feed-types'));
   app.reserveForm = app.can.reserve ? new ReserveForm($('reserve'), app, refreshSoon) : null;
   if (!app.reserveForm) $('reserve').replaceChildren();
-  showView(location.hash.slice(1));
+  showView(parseRoute(location.hash));
   await refresh();
   await startFeed();
   app.poll = setInterval(refreshSoon, POLL_MS);
@@ -69,11 +78,13 @@ function signOut(message = '') {
   clearInterval(app.poll);
   clearTimeout(app.timer);
   Object.assign(app, { api: null, me: null, feed: null, feedView: null, reserveForm: null,
-    data: null, poll: null, timer: null });
-  for (const id of ['pools-list', 'nodes-list', 'reserve', 'reservations-list', 'feed', 'feed-status', 'who-text', 'live']) {
+    data: null, poll: null, timer: null, object: null });
+  app.history.clear();
+  for (const id of ['pools-list', 'nodes-list', 'nodes-count', 'reserve', 'reservations-list',
+    'reservations-count', 'feed', 'feed-status', 'who-text', 'live', 'object-title', 'object-body']) {
     $(id).replaceChildren();
   }
-  for (const v of VIEWS) $(`view-${v}`).hidden = true;
+  for (const v of [...VIEWS, 'object']) $(`view-${v}`).hidden = true;
   $('who').hidden = true;
   $('nav').hidden = true;
   $('sign-in').hidden = false;
@@ -84,13 +95,48 @@ function signOut(message = '') {
 
 // ----------------------------------------------------------------- views and data
 
-function showView(name) {
-  const view = VIEWS.includes(name) ? name : 'pools';
-  for (const v of VIEWS) $(`view-${v}`).hidden = v !== view;
+function showView(route) {
+  app.route = route;
+  const shown = route.id ? 'object' : route.view;
+  for (const v of [...VIEWS, 'object']) $(`view-${v}`).hidden = v !== shown;
   for (const link of document.querySelectorAll('#nav a')) {
-    if (link.dataset.view === view) link.setAttribute('aria-current', 'page');
+    if (link.dataset.view === route.view) link.setAttribute('aria-current', 'page');
     else link.removeAttribute('aria-current');
   }
+  syncTools(route);
+  if (route.id && app.object?.id !== route.id) app.object = null;
+}
+
+/** The list view's controls show its query (a link or a reload opens the list as it was). */
+function syncTools(route) {
+  for (const name of TOOLS[route.view] || []) {
+    if (route.id) return;
+    const control = $(`${route.view}-${name}`);
+    const want = route.params[name] || '';
+    if (control.value !== want) control.value = want;
+  }
+}
+
+/** The list views' search, filter and sort, as the controls hold them, into the URL (without a
+ * new history entry per keystroke) and the list. */
+function toolsChanged(view) {
+  const params = Object.fromEntries(TOOLS[view].map((n) => [n, $(`${view}-${n}`).value]));
+  if (view === 'reservations') params.sort = app.route.params.sort || '';
+  history.replaceState(null, '', href(view, null, params));
+  app.route = parseRoute(location.hash);
+  if (app.data) render();
+}
+
+function setSort(value) {
+  history.replaceState(null, '', href('reservations', null, { ...app.route.params, sort: value }));
+  app.route = parseRoute(location.hash);
+  if (app.data) render();
+}
+
+function options(select, entries) {
+  const chosen = select.value;
+  select.replaceChildren(...entries.map(([value, label]) => h('option', { value }, label)));
+  select.value = entries.some(([value]) => value === chosen) ? chosen : '';
 }
 
 /** Every reservation of tenant ``t`` (the caller's own when null): the server answers a page
@@ -121,8 +167,48 @@ async function load(api, me) {
   const tenants = me.tenantId === 'root' ? (await api.call('tenants.list')).map((t) => t.id) : [null];
   const lists = await Promise.all(tenants.map((t) => allReservations(api, t)));
   const reservations = lists.flat();
-  return { pools, sites, capacity, nodes, reservations };
+  const route = app.route;
+  const object = route.id ? await loadObject(api, route).then((o) => o && { id: route.id, ...o },
+    (err) => {
+      if (err instanceof RpcError && err.code === 'unauthenticated') throw err;
+      return { id: route.id, error: err };
+    }) : null;
+  const charted = route.view !== 'pools' ? [] : route.id ? [route.id] : pools.map((p) => p.id);
+  await loadHistory(api, charted.filter((id) => pools.some((p) => p.id === id)));
+  return { data: { pools, sites, capacity, nodes, reservations }, object };
 }
+
+function chartWindow(poolId) {
+  return app.windows.get(poolId) || '24h';
+}
+
+/** The charted pools' capacity.history, each read again at most every CHART_MS. */
+async function loadHistory(api, poolIds) {
+  await Promise.all(poolIds.map(async (poolId) => {
+    const span = chartWindow(poolId);
+    const key = `${poolId}:${span}`;
+    const cached = app.history.get(key);
+    if (cached && Date.now() - cached.at < CHART_MS) return;
+    let answer;
+    try {
+      answer = await api.call('capacity.history', { poolId, window: span });
+    } catch (err) {
+      if (err instanceof RpcError && err.code === 'unauthenticated') throw err;
+      answer = { error: `${err.code}: ${err.message}` };
+    }
+    app.history.set(key, { at: Date.now(), answer });
+  }));
+}
+
+const charts = {
+  history: (poolId) => app.history.get(`${poolId}:${chartWindow(poolId)}`)?.answer ?? null,
+  window: chartWindow,
+  setWindow: (poolId, span) => {
+    app.windows.set(poolId, span);
+    render();
+    refresh();
+  },
+};
 
 async function refresh() {
   if (app.refreshing) {
@@ -132,9 +218,10 @@ async function refresh() {
   const api = app.api;
   app.refreshing = (async () => {
     try {
-      const data = await load(api, app.me);
+      const { data, object } = await load(api, app.me);
       if (api !== app.api) return; // signed out meanwhile
       app.data = data;
+      app.object = object;
       render();
     } catch (err) {
       if (api !== app.api) return;
@@ -162,10 +249,32 @@ function refreshSoon() {
 
 function render() {
   const actions = { app, refreshSoon };
-  renderPools($('pools-list'), app.data);
-  renderNodes($('nodes-list'), app.data, app.can, actions);
-  renderReservations($('reservations-list'), app.data, app.can, actions);
-  if (app.reserveForm) app.reserveForm.setPools(app.data.pools);
+  const { data, route } = app;
+  renderPools($('pools-list'), data, charts);
+  const list = route.view === 'nodes' && !route.id ? route.params : {};
+  const nodes = renderNodes($('nodes-list'), data, app.can, actions, list);
+  $('nodes-count').textContent = `${nodes} of ${data.nodes.length} nodes`;
+  const rsv = route.view === 'reservations' && !route.id ? route.params : {};
+  options($('reservations-pool'), [['', 'every pool'],
+    ...data.pools.map((p) => [p.id, `${p.name || p.key || p.id} (${p.id})`])]);
+  syncTools(route);
+  const shown = renderReservations($('reservations-list'), data, app.can, actions, rsv, setSort);
+  $('reservations-count').textContent = `${shown} of ${data.reservations.length} reservations`;
+  if (app.reserveForm) app.reserveForm.setPools(data.pools);
+  if (route.id) {
+    const parts = { back: $('object-back'), title: $('object-title'), body: $('object-body') };
+    const object = app.object?.id === route.id ? app.object : null;
+    if (route.view === 'reservations' && !object) {
+      parts.title.textContent = route.id;
+      parts.body.replaceChildren(h('p', { class: 'hint' }, 'Reading…'));
+    } else if (object?.error) {
+      parts.title.textContent = route.id;
+      parts.body.replaceChildren(h('p', { class: 'error', role: 'alert' },
+        `${object.error.code || 'error'}: ${object.error.message}`));
+    } else {
+      renderObject(parts, route, object, data, { can: app.can, actions, charts });
+    }
+  }
 }
 
 function setLive(state, detail) {
@@ -217,11 +326,22 @@ function boot() {
   });
   $('sign-out').addEventListener('click', () => signOut('Signed out: the token is forgotten.'));
   window.addEventListener('hashchange', () => {
-    const view = location.hash.slice(1);
-    if (!app.me || !VIEWS.includes(view)) return;
-    showView(view);
-    $(`${view}-title`).focus(); // the keyboard and screen readers continue from the new view
+    if (!app.me) return;
+    const route = parseRoute(location.hash);
+    showView(route);
+    if (app.data) render();
+    if (route.id || route.view === 'pools') refresh(); // the object, the charts
+    // The keyboard and screen readers continue from the new view.
+    $(route.id ? 'object-title' : `${route.view}-title`).focus();
   });
+  options($('nodes-state'), Object.entries(NODE_FILTERS).map(([v, [label]]) => [v, label]));
+  options($('nodes-sort'), Object.entries(NODE_SORTS).map(([v, [label]]) => [v, label]));
+  options($('reservations-state'), Object.entries(STATE_FILTERS).map(([v, [label]]) => [v, label]));
+  for (const view of Object.keys(TOOLS)) {
+    const form = $(`${view}-tools`);
+    form.addEventListener('input', () => toolsChanged(view));
+    form.addEventListener('submit', (event) => event.preventDefault());
+  }
   const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved) {
     signIn(saved).catch((err) => signOut(`Signed out (${err.code}): ${err.message}`));

@@ -1,32 +1,53 @@
-// Pools with their capacity, exactly the fields of capacity.get (what `capacity -o json` prints).
+// Pools with their capacity, exactly the fields of capacity.get (what `capacity -o json` prints),
+// the caller's quota on each, and each pool's GPUs over time (capacity.history).
 
-import { h, replace, value } from './dom.js';
+import { utilisationChart } from './chart.js';
+import { h, link, replace, value } from './dom.js';
+import { href } from './route.js';
 
 const GPU_USE = ['allocated', 'reserved', 'available'];
 const GPU_OUT = ['provisioning', 'unhealthy', 'maintenance', 'unreachable'];
 const HOST = ['total', 'allocatable', 'allocated', 'reserved', 'available'];
 const NODES = ['total', 'adopting', 'adopted', 'connected', 'unreachable'];
 
-export function renderPools(container, data) {
+/** Every pool's card; `charts` = {history(poolId), window(poolId), setWindow(poolId, w)}. */
+export function renderPools(container, data, charts) {
   if (!data.pools.length) {
     replace(container, h('p', { class: 'empty' }, 'No pools visible to this token.'));
     return;
   }
-  const sites = new Map(data.sites.map((s) => [s.id, s]));
-  replace(container, data.pools.map((pool) => card(pool, sites.get(pool.siteId),
-    data.capacity.get(pool.id))));
+  replace(container, data.pools.map((pool) => poolCard(pool, data, charts)));
 }
 
-function card(pool, site, cap) {
+/** One pool's card: the list's, and the page of the pool (#/pools/pool_…). */
+export function poolCard(pool, data, charts) {
+  const site = data.sites.find((s) => s.id === pool.siteId);
+  const cap = data.capacity.get(pool.id);
   const title = pool.name || pool.key || pool.id;
   const headingId = `pool-${pool.id}`;
   return h('article', { class: 'card pool', dataset: { pool: pool.id }, 'aria-labelledby': headingId },
-    h('h2', { id: headingId }, title),
+    h('h2', { id: headingId }, link(href('pools', pool.id), title)),
     h('p', { class: 'meta' },
       h('span', { class: 'id' }, pool.id), ' · ', pool.gpuModel, ' · site ',
       h('span', { class: 'site-name' }, site ? (site.name || site.key || site.id) : pool.siteId),
       site ? ` (${site.region}, ${site.kind})` : ''),
-    cap ? capacity(cap) : h('p', { class: 'empty' }, 'No capacity read.'));
+    cap ? capacity(cap) : h('p', { class: 'empty' }, 'No capacity read.'),
+    cap?.quota ? quota(cap.quota, pool) : null,
+    utilisationChart(pool.id, charts.history(pool.id), charts.window(pool.id), charts.setWindow));
+}
+
+/** The caller's quota on the pool (capacity.get's `quota`), and for the pool's owner the
+ * tenants it is offered to with theirs (pools.list's `offerings`). */
+function quota(q, pool) {
+  const owner = q.gpu === 'unlimited';
+  const offers = owner ? pool.offerings || [] : [];
+  return h('div', { class: 'quota' },
+    h('p', {}, 'Quota of ', h('strong', {}, q.tenantId), ': ',
+      h('span', { dataset: { field: 'quota.gpu' } }, value(q.gpu)), owner ? ' (its own pool)' : ' GPUs',
+      ', in use ', h('span', { dataset: { field: 'quota.inUse' } }, value(q.inUse))),
+    offers.length ? h('p', { class: 'meta offers' }, 'offered to ', offers.map((o, i) => [i ? ', ' : '',
+      h('span', { dataset: { offer: o.tenantId } }, `${o.tenantId} (gpu=${value(o.quota?.gpu)})`)]))
+      : null);
 }
 
 function capacity(cap) {

@@ -1,8 +1,10 @@
-// The reserve form: capacity.preview answers first (every field it returns is shown, so fields
-// a newer server adds appear without a change here), then reservations.create with an
+// The reserve form: capacity.preview answers first, as a summary (whether it fits, where, with
+// which host share, the earliest start, the quota) with the whole answer one click away, so
+// fields a newer server adds appear without a change here; then reservations.create with an
 // idempotency key shown before it is used: a retry with the same key books nothing twice.
 
-import { fields, h, newKey, visible } from './dom.js';
+import { fields, h, link, newKey, rawJson, time, value, visible } from './dom.js';
+import { href } from './route.js';
 
 export class ReserveForm {
   constructor(container, app, refreshSoon) {
@@ -56,8 +58,7 @@ export class ReserveForm {
     this.error.textContent = '';
     try {
       const answer = await this.app.api.call('capacity.preview', this.params());
-      this.answer.replaceChildren(h('h3', {}, answer.fits ? 'Preview: it fits' : 'Preview: it does not fit'),
-        fields(answer));
+      this.answer.replaceChildren(...previewSummary(answer));
     } catch (err) {
       this.fail(err);
     }
@@ -68,7 +69,8 @@ export class ReserveForm {
     try {
       const rsv = await this.app.api.call('reservations.create', { ...this.params(), key: this.key });
       this.answer.replaceChildren(
-        h('h3', {}, 'Reserved ', h('span', { class: 'id', id: 'reserve-created' }, rsv.id)),
+        h('h3', {}, 'Reserved ', link(href('reservations', rsv.id),
+          h('span', { class: 'id', id: 'reserve-created' }, rsv.id))),
         fields({ state: rsv.state, nodeId: rsv.nodeId, gpuCount: rsv.gpuCount, start: rsv.start,
           end: rsv.end, key: rsv.key }));
       this.key = newKey(); // the next reservation is a new one
@@ -86,4 +88,46 @@ export class ReserveForm {
 
 function field(id, label, control, hint = null) {
   return h('div', { class: 'stack' }, h('label', { for: id }, label), control, hint);
+}
+
+function gpuCount(n) {
+  return `${n} GPU${n === 1 ? '' : 's'}`;
+}
+
+function host(resources) {
+  return resources ? `${value(resources.cpus)} CPUs, ${value(resources.memoryGiB)} GiB of memory` : '—';
+}
+
+function nodeLink(id) {
+  return id ? link(href('nodes', id), h('span', { class: 'id' }, id)) : '—';
+}
+
+function row(label, field, ...shown) {
+  return h('div', {}, h('dt', {}, label), h('dd', { dataset: { field } }, ...shown));
+}
+
+/** capacity.preview's answer in a few lines a person reads (docs/api.md#capacitypreview), then
+ * the answer itself, every field, one click away. */
+export function previewSummary(answer) {
+  const q = answer.quota || {};
+  const earliest = answer.earliest;
+  const rows = [
+    row('Verdict', 'fits', answer.fits ? 'fits now' : `does not fit (${value(answer.reason)})`),
+    row('Asked', 'asked', `${gpuCount(answer.gpus)} from `, time(answer.start), ' to ', time(answer.end)),
+  ];
+  if (answer.fits) {
+    rows.push(row('On', 'nodeId', nodeLink(answer.nodeId)),
+      row('Host share', 'hostResources', host(answer.hostResources)));
+  } else {
+    rows.push(row('Why', 'message', value(answer.message)));
+    if (answer.quotaFreesAt) rows.push(row('Quota room at', 'quotaFreesAt', time(answer.quotaFreesAt)));
+    rows.push(row('Earliest start', 'earliest', earliest
+      ? [time(earliest.start), ' to ', time(earliest.end), ' on ', nodeLink(earliest.nodeId),
+        ` (${host(earliest.hostResources)})`]
+      : 'never: no schedulable node of the pool can hold it (a queued reservation waits for one)'));
+  }
+  rows.push(row('Quota', 'quota', q.gpu === 'unlimited' ? 'unlimited'
+    : `${value(q.gpu)} GPUs, ${value(q.inUse)} in use`));
+  return [h('h3', {}, answer.fits ? 'Preview: it fits' : 'Preview: it does not fit'),
+    h('dl', { class: 'fields summary' }, rows), rawJson(answer)];
 }
