@@ -18,7 +18,9 @@ import { VIEWS, href, parseRoute } from './route.js';
 const TOKEN_KEY = 'better-compute.token';
 const HISTORY = 200; // events shown from before the page opened
 const POLL_MS = 10000; // GPU telemetry has no events: read the nodes again this often
-const CHART_MS = 5000; // a pool's chart is read again at most this often
+// A pool's chart is read again after an event (a reservation, a node's change), at most once
+// a CHART_MS, and every poll: with events streaming in, a shown pool costs one call a second.
+const CHART_MS = 1000;
 const TOOLS = { nodes: ['q', 'state', 'sort'], reservations: ['q', 'state', 'pool'] };
 
 const $ = (id) => document.getElementById(id);
@@ -36,8 +38,11 @@ const app = {
   poll: null,
   route: parseRoute(location.hash),
   object: null, // what the object's page read (a reservation and its events)
-  history: new Map(), // `${poolId}:${window}` -> {at, answer}
+  history: new Map(), // `${poolId}:${window}` -> {at, events, answer}
+  events: 0, // events read from the stream so far
+  polls: 0, // polls so far
   windows: new Map(), // poolId -> the chart's window
+  chartTimer: null,
 };
 
 function can(me) {
@@ -68,7 +73,10 @@ async function signIn(token) {
   showView(parseRoute(location.hash));
   await refresh();
   await startFeed();
-  app.poll = setInterval(refreshSoon, POLL_MS);
+  app.poll = setInterval(() => {
+    app.polls += 1;
+    refreshSoon();
+  }, POLL_MS);
 }
 
 function signOut(message = '') {
@@ -77,6 +85,7 @@ function signOut(message = '') {
   if (app.feedView) app.feedView.dispose();
   clearInterval(app.poll);
   clearTimeout(app.timer);
+  clearTimeout(app.chartTimer);
   Object.assign(app, { api: null, me: null, feed: null, feedView: null, reserveForm: null,
     data: null, poll: null, timer: null, object: null });
   app.history.clear();
@@ -182,13 +191,21 @@ function chartWindow(poolId) {
   return app.windows.get(poolId) || '24h';
 }
 
-/** The charted pools' capacity.history, each read again at most every CHART_MS. */
+/** The charted pools' capacity.history: read again when an event or a poll came since, at
+ * most once a CHART_MS (then a later refresh reads it). */
 async function loadHistory(api, poolIds) {
   await Promise.all(poolIds.map(async (poolId) => {
     const span = chartWindow(poolId);
     const key = `${poolId}:${span}`;
     const cached = app.history.get(key);
-    if (cached && Date.now() - cached.at < CHART_MS) return;
+    const seen = `${app.events}/${app.polls}`;
+    if (cached && cached.seen === seen) return;
+    const wait = cached ? cached.at + CHART_MS - Date.now() : 0;
+    if (wait > 0) {
+      clearTimeout(app.chartTimer);
+      app.chartTimer = setTimeout(refreshSoon, wait);
+      return;
+    }
     let answer;
     try {
       answer = await api.call('capacity.history', { poolId, window: span });
@@ -196,7 +213,7 @@ async function loadHistory(api, poolIds) {
       if (err instanceof RpcError && err.code === 'unauthenticated') throw err;
       answer = { error: `${err.code}: ${err.message}` };
     }
-    app.history.set(key, { at: Date.now(), answer });
+    app.history.set(key, { at: Date.now(), seen, answer });
   }));
 }
 
@@ -293,6 +310,7 @@ async function startFeed() {
     since,
     onEvent: (event) => {
       app.feedView.add(event);
+      app.events += 1;
       refreshSoon();
     },
     onStatus: (state, detail) => {
