@@ -2,7 +2,7 @@
 // list shows of it, every field as nested fields (as `kubectl describe` prints one), its
 // events for a reservation, and the API's answer one click away.
 
-import { describe, h, link, rawJson } from './dom.js';
+import { describe, h, link, rawJson, replace } from './dom.js';
 import { eventItem } from './events.js';
 import { holdersOf, hostname, nodeCard } from './nodes.js';
 import { poolCard } from './pools.js';
@@ -28,12 +28,12 @@ export function renderObject(parts, route, object, data, ctx) {
   parts.back.setAttribute('href', href(route.view));
   const found = find(route, object, data, ctx);
   if (!found) {
-    parts.title.textContent = route.id;
+    replace(parts.title, route.id);
     parts.body.replaceChildren(h('p', { class: 'empty', dataset: { missing: route.id } },
       `No ${route.view.replace(/s$/, '')} ${route.id} is visible to this token.`));
     return;
   }
-  parts.title.textContent = found.title;
+  replace(parts.title, found.title); // a pool's or node's name: text, by dom.js's rule
   parts.body.replaceChildren(h('div', { class: 'object', dataset: { object: route.id } }, found.body));
 }
 
