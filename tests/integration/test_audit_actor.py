@@ -27,7 +27,8 @@ from tests.support import POLICY, initialized_runtime
 READS = {
     "system.whoami", "rpc.discover", "pki.show", "tenants.get", "tenants.list", "tokens.list",
     "sites.get", "sites.list", "pools.get", "pools.list", "joinTokens.get", "joinTokens.list",
-    "nodes.list", "nodes.get", "nodes.events", "capacity.get", "capacity.preview",
+    "nodes.list", "nodes.get", "nodes.events", "capacity.get", "capacity.history",
+    "capacity.preview",
     "reservations.get", "reservations.list", "events.list", "projections.status",
     "projections.rebuild", "usage.report",
 }
