@@ -21,7 +21,8 @@ export function utilisationChart(poolId, history, window, setWindow) {
   if (!history || !history.points?.length) {
     return h('figure', { class: 'chart', dataset: { chart: poolId } },
       h('figcaption', {}, h('span', { class: 'chart-title' }, title), buttons),
-      h('p', { class: 'empty' }, history ? 'No history.' : 'Reading the history…'));
+      h('p', { class: 'empty' }, !history ? 'Reading the history…'
+        : history.error ? `No history: ${history.error}` : 'No history.'));
   }
   const points = history.points;
   const allocated = points.map((p) => p.allocated);
