@@ -1,8 +1,11 @@
 // One short summary per event, the rule `better-compute events watch` prints by
 // (cli/event_lines.py `summary` and `kind`), written again here because the page runs no
 // Python: `4 GPUs on node_…` for reservation.placed, `key=value` of the data's plain fields
-// for the rest. tests/e2e/test_console_browser.py checks that both give the same text for
-// the events of a real cluster, so a change to one that is not made to the other fails.
+// for the rest, every hidden character escaped (dom.js `visible`, domain/visible.py) before
+// it is cut to its width. tests/e2e/test_console_browser.py checks that both give the same
+// text for the events of a real cluster, so a change to one alone fails.
+
+import { visible } from './dom.js';
 
 const SUMMARY_WIDTH = 72;
 const GOOD = ['created', 'joined', 'connected', 'adopted', 'placed', 'active', 'healthy', 'offered',
@@ -62,7 +65,7 @@ function scalars(data) {
 export function summary(event) {
   const data = event.data && typeof event.data === 'object' ? event.data : {};
   const special = SUMMARIES[String(event.type)];
-  const text = special ? special(data) : scalars(data);
+  const text = visible(special ? special(data) : scalars(data));
   const chars = Array.from(text); // characters, as Python counts them
   return chars.length <= SUMMARY_WIDTH ? text : `${chars.slice(0, SUMMARY_WIDTH - 1).join('')}…`;
 }
