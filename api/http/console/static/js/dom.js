@@ -114,10 +114,12 @@ export function link(fragment, ...children) {
   return h('a', { href: fragment }, ...children);
 }
 
-/** An answer's JSON, one click away: a closed disclosure that shows it indented. */
+/** An answer's JSON, one click away: a closed disclosure that shows it indented, a line per
+ * block (the line breaks are the layout's; text never carries one, by `visible`). */
 export function rawJson(value, label = 'Raw JSON') {
+  const lines = JSON.stringify(value ?? null, null, 2).split('\n');
   return h('details', { class: 'raw' }, h('summary', {}, label),
-    h('pre', { class: 'data', dataset: { raw: '' } }, JSON.stringify(value ?? null, null, 2)));
+    h('pre', { class: 'data', dataset: { raw: '' } }, lines.map((line) => h('span', { class: 'line' }, line))));
 }
 
 /**
