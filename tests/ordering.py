@@ -61,6 +61,7 @@ SECONDS: dict[str, float] = {
     "tests/integration/test_store_setup.py::test_processes_opening_a_new_store_together_all_succeed": 9,
     "tests/integration/test_rpc_fuzz.py::test_fuzz_every_method": 9,
     "tests/e2e/test_node_lifecycle_e2e.py::test_seven_healthy_gpus_stay_adopting_until_fixed_and_adopted": 9,
+    "tests/e2e/test_run_script.py::test_scripts_run_prints_the_console_the_token_command_and_the_ca": 10,
     "tests/e2e/test_console_resume.py::test_the_feed_resumes_without_gap_or_duplicate_after_the_server_restarts": 9,
     "tests/e2e/test_console_browser.py::test_sign_in_with_a_root_token_then_sign_out_forgets_it": 9,
     "tests/e2e/test_bcd_single_file.py::test_the_shipped_bcd_runs_the_whole_node_path_on_a_bare_python": 9,
@@ -92,6 +93,8 @@ SECONDS: dict[str, float] = {
     "tests/integration/test_systemd_notify.py::test_bcd_node_tells_systemd_when_it_is_ready_and_when_it_stops": 4,
     "tests/integration/test_bcd_node_process.py::test_bcd_node_runs_serves_status_and_stops_on_sigterm": 4,
     "tests/e2e/test_console_browser.py::test_a_tenant_sees_only_its_own_reservations": 4,
+    "tests/e2e/test_console_browser.py::test_search_filter_and_sort_reservations_and_nodes_kept_in_the_url": 4,
+    "tests/e2e/test_console_browser.py::test_every_object_has_a_url_that_opens_it_and_survives_a_reload": 4,
 }
 BY_FOLDER = {"e2e": 5.0, "integration": 0.5, "unit": 0.05}
 
