@@ -37,19 +37,26 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def _examples(*lines: str) -> str:
     return "examples:\n" + "".join(f"  {line}\n" for line in lines)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bcd", description="The better-compute node agent. Host paths live under BCD_ROOT "
         "(default /); BCD_GPU_SOURCE=nvml|nvidia-smi|fake:FILE picks the GPU source.",
         epilog=_examples("sudo sh install-bcd.sh < join-token", "bcd doctor",
                          "bcd node --config /etc/bcd/config.toml", "sudo bcd status"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_Version, help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # No abbreviations anywhere: a prefix of a flag is an unknown flag, not that flag.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_join(sub)
     _add_doctor(sub)
     _add_node(sub)

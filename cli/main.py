@@ -42,6 +42,12 @@ examples:
 
 
 class _Parser(argparse.ArgumentParser):
+    """No abbreviations: ``--gpu`` is not ``--gpus`` (a prefix must never become a booking)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
         command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
@@ -106,15 +112,49 @@ def _help(parser: argparse.ArgumentParser, topic: Sequence[str]) -> int:
     return 0
 
 
-def _command_parser(parser: argparse.ArgumentParser, argv: Sequence[str]
-                    ) -> argparse.ArgumentParser:
-    """The parser of the command ``argv`` names (its leading words), for error messages."""
+def _command_words(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
     words: list[str] = []
     for word in argv:
         if word.startswith("-") or _find(parser, [*words, word]) is None:
             continue
         words.append(word)
-    return _find(parser, words) or parser
+    return words
+
+
+def _command_parser(parser: argparse.ArgumentParser, argv: Sequence[str]
+                    ) -> argparse.ArgumentParser:
+    """The parser of the command ``argv`` names (its leading words), for error messages."""
+    return _find(parser, _command_words(parser, argv)) or parser
+
+
+def _unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """The first ``--flag`` on the line that neither the command nor the groups above it
+    take, with a "did you mean" when one of the command's flags is close. Checked before
+    parsing, so a typo is named as such (not as a required flag missing) and nothing runs."""
+    import difflib
+
+    words = _command_words(parser, argv)
+    known: dict[str, argparse.Action] = {}
+    for depth in range(len(words) + 1):
+        level = _find(parser, words[:depth])
+        if level is not None:
+            known.update(level._option_string_actions)
+    takes_value = False
+    for token in argv:
+        if takes_value:
+            takes_value = False
+            continue
+        if token == "--":
+            return None
+        name = token.split("=", 1)[0]
+        action = known.get(name)
+        if action is not None:
+            takes_value = action.nargs != 0 and "=" not in token
+        elif token.startswith("--"):
+            close = difflib.get_close_matches(name, [o for o in known if o.startswith("--")],
+                                              n=1, cutoff=0.6)
+            return f"{name}" + (f" (did you mean {close[0]}?)" if close else "")
+    return None
 
 
 def report(exc: BetterComputeError) -> int:
@@ -129,6 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    unknown = _unknown_flag(parser, argv)
+    if unknown is not None:
+        _command_parser(parser, argv).error(f"unrecognized arguments: {unknown}")
     args, extra = parser.parse_known_args(argv)
     if extra:
         # Reported by the command's own parser, so the hint names `help <that command>`.

@@ -93,3 +93,15 @@ def test_bad_input_is_refused_with_the_fix_and_books_nothing(env: dict[str, str]
     assert code != 0 and "add --preview" in err
     code, _, err = cli(env, "capacity", "--preview", "--pool", pool)
     assert code != 0 and "--gpus N and --for DURATION" in err
+
+
+def test_a_prefix_of_a_flag_books_nothing(env: dict[str, str]) -> None:
+    """``--gpu 1`` is not ``--gpus 1``: argparse's abbreviations are off, so a typo is a
+    usage error (exit 2) that names the flag meant, and no reservation is made."""
+    env, pool = prepared(env)
+    code, out, err = cli(env, "reserve", "--pool", pool, "--gpu", "1", "--gpus", "1",
+                         "--for", "1h")
+    assert (code, out) == (2, "")
+    assert "unrecognized arguments: --gpu (did you mean --gpus?)" in err
+    code, out, _ = cli(env, "reservations", "list")
+    assert (code, json.loads(out)) == (0, [])

@@ -3,6 +3,7 @@ examples in every help, `error [code]: …` with an exit status per error class.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import uuid
@@ -106,3 +107,48 @@ def test_zsh_and_fish_scripts_parse(shell: str, check: list[str], tmp_path: Path
 def test_every_bcd_command_has_examples_in_its_help(argv: list[str]) -> None:
     code, out, _ = run([*argv, "--help"], bcd_main)
     assert code == 0 and "examples:\n  " in out and "bcd " in out.split("examples:")[1]
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found.extend(_parsers(child))
+    return found
+
+
+def test_no_parser_of_either_program_takes_an_abbreviated_flag() -> None:
+    from better_compute.agent.main import _parser as bcd_parser
+
+    for parser in _parsers(build_parser()) + _parsers(bcd_parser()):
+        assert parser.allow_abbrev is False, parser.prog
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["reserve", "--pool", "pool-eu-1-h100", "--gpu", "1", "--for", "1h"],
+     "unrecognized arguments: --gpu (did you mean --gpus?)"),
+    (["reserve", "--gpu=1", "--pool", "p", "--for", "1h"],
+     "unrecognized arguments: --gpu (did you mean --gpus?)"),
+    (["nodes", "list", "--poo", "p"], "unrecognized arguments: --poo (did you mean --pool?)"),
+    (["-o", "json", "pools", "offer", "p", "--to", "acme", "--quot", "gpu=1"],
+     "unrecognized arguments: --quot (did you mean --quota?)"),
+    (["sites", "list", "--frobnicate"], "unrecognized arguments: --frobnicate\n"),
+])
+def test_a_prefix_or_typo_of_a_flag_is_a_usage_error_that_names_the_flag(
+        argv: list[str], named: str) -> None:
+    code, out, err = run(argv)
+    assert code == exit_codes.USAGE and out == ""
+    assert f"error [usage]: {named}" in err
+
+
+def test_a_value_that_looks_like_a_flag_is_still_a_value() -> None:
+    code, _, err = run(["nodes", "cordon", "node_x", "--reason=--gpus", "--help"])
+    assert code == 0, err
+    code, _, err = run(["api", "system.whoami", "--", "--not-a-flag=1", "--help"])
+    assert "unrecognized" not in err
+
+
+def test_bcd_refuses_a_prefix_of_a_flag() -> None:
+    code, _, err = run(["join", "--token", "./join-token"], bcd_main)
+    assert code == 2 and "unrecognized arguments: --token" in err
