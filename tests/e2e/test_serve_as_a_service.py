@@ -53,19 +53,22 @@ def test_serve_reads_its_settings_from_the_config_file(tmp_path: Path) -> None:
 
 def test_refusals_name_the_setting(tmp_path: Path) -> None:
     env = store_env("sqlite", tmp_path)
-    off_loopback = run([CLI, "serve", "--metrics-listen", "0.0.0.0:9464"], env)
+    # Each run names its own free --listen: serve never falls back to the default 8443,
+    # which another server on this machine may hold (its refusal would name --listen).
+    listen = ["--listen", f"127.0.0.1:{free_port()}"]
+    off_loopback = run([CLI, "serve", *listen, "--metrics-listen", "0.0.0.0:9464"], env)
     assert off_loopback.returncode == 2  # a bad value: usage (cli/exit_codes.py)
     assert "--metrics-listen serves /metrics without a token, so on loopback only" in \
         off_loopback.stderr
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        in_use = run([CLI, "serve", "--metrics-listen", f"127.0.0.1:{port}"], env)
+        in_use = run([CLI, "serve", *listen, "--metrics-listen", f"127.0.0.1:{port}"], env)
     assert in_use.returncode == 2
     assert in_use.stderr.strip() == (f"error [invalid_input]: --metrics-listen 127.0.0.1:{port}: cannot listen "
                                      "there (Address already in use); pick a free port")
     config = tmp_path / "bad.toml"
     config.write_text('[metrics]\nlisen = "127.0.0.1:1"\n')
-    typo = run([CLI, "serve", "--config", str(config)], env)
+    typo = run([CLI, "serve", *listen, "--config", str(config)], env)
     assert typo.returncode == 2
     assert f"{config}: unknown setting 'metrics.lisen' (did you mean metrics.listen?)" in \
         typo.stderr
