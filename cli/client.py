@@ -203,6 +203,7 @@ class LocalClient:
 
         self.runtime = Runtime.open(env)
         self.token = token
+        self._initialized = False
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         import msgspec
@@ -212,6 +213,9 @@ class LocalClient:
         from better_compute.domain.access import LOCAL_OPERATOR
 
         service = self.runtime.service
+        if not self._initialized:  # every method, on a store `init` never ran on: not_initialized
+            service.pki()
+            self._initialized = True
 
         def authenticate() -> Any:
             # Whoever can open the store's files is its operator; a token, when set, narrows that.

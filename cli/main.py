@@ -140,7 +140,7 @@ def _unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str |
         if level is not None:
             known.update(level._option_string_actions)
     takes_value = False
-    for token in argv:
+    for at, token in enumerate(argv):
         if takes_value:
             takes_value = False
             continue
@@ -153,7 +153,9 @@ def _unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str |
         elif token.startswith("--"):
             close = difflib.get_close_matches(name, [o for o in known if o.startswith("--")],
                                               n=1, cutoff=0.6)
-            return f"{name}" + (f" (did you mean {close[0]}?)" if close else "")
+            value = argv[at + 1:at + 2] if "=" not in token else []
+            shown = " ".join([token, *(v for v in value if not v.startswith("-"))])
+            return shown + (f" (did you mean {close[0]}?)" if close else "")
     return None
 
 

@@ -180,6 +180,7 @@ def watch_local(env: Mapping[str, str], since: int | None, types: str | None,
 
     runtime = Runtime.open(env)
     try:
+        runtime.service.pki()  # a store `init` never ran on: not_initialized
         token = env.get("BETTER_COMPUTE_TOKEN", "").strip()
         principal = runtime.service.authenticate(token) if token else LOCAL_OPERATOR
         log = EventLog(runtime.store)

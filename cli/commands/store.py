@@ -43,10 +43,23 @@ def _config(ctx: Context) -> Any:
     return StoreConfig.from_env(ctx.env)
 
 
+def _require_initialized(ctx: Context) -> None:
+    """A store `init` never ran on has nothing to back up or verify: not_initialized."""
+    from better_compute.api.runtime import Runtime
+
+    runtime = Runtime.open(ctx.env)
+    try:
+        runtime.service.pki()
+    finally:
+        runtime.close()
+
+
 def store_backup(ctx: Context, a: argparse.Namespace) -> None:
     from better_compute.api.store.backup import backup_sqlite
 
-    ctx.emit(backup_sqlite(_config(ctx), Path(a.out)))
+    config = _config(ctx)
+    _require_initialized(ctx)
+    ctx.emit(backup_sqlite(config, Path(a.out)))
 
 
 def store_restore(ctx: Context, a: argparse.Namespace) -> None:
@@ -89,6 +102,7 @@ def store_verify(ctx: Context, a: argparse.Namespace) -> int:
     _config(ctx)
     runtime = Runtime.open(ctx.env)
     try:
+        runtime.service.pki()  # a store `init` never ran on: not_initialized
         with _progress(sys.stderr.isatty()) as update:
             report = verify(runtime, update)
     finally:

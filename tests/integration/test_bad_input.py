@@ -275,7 +275,8 @@ def test_a_store_that_was_never_initialized(tmp_path: Path, env: dict[str, str])
     assert "better-compute init" in err
     code, _, err = cli_inprocess(["api", "system.whoami"], {**env, "BETTER_COMPUTE_TOKEN":
                                                            FORGED_TOKEN})
-    assert code == 4 and "error [unauthenticated]: " in err and "unknown or revoked" in err
+    # No token is known before `init`: what to fix is the missing init, not the token.
+    assert code == 10 and "error [not_initialized]: " in err
     rt = open_runtime(env)
     try:
         assert (rt.store.recorder.max_notification_id() or 0) == 0

@@ -102,6 +102,6 @@ def test_a_prefix_of_a_flag_books_nothing(env: dict[str, str]) -> None:
     code, out, err = cli(env, "reserve", "--pool", pool, "--gpu", "1", "--gpus", "1",
                          "--for", "1h")
     assert (code, out) == (2, "")
-    assert "unrecognized arguments: --gpu (did you mean --gpus?)" in err
+    assert "unrecognized arguments: --gpu 1 (did you mean --gpus?)" in err
     code, out, _ = cli(env, "reservations", "list")
     assert (code, json.loads(out)) == (0, [])
