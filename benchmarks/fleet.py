@@ -48,16 +48,20 @@ def make_pool(service: Any, principal: Principal = LOCAL_OPERATOR, key: str = "p
 
 def build_node(pool_id: str, owner: str = "root", *, gpus: int = 8, cpus: int = 224,
                memory_gib: float = 2015.56, domains: Sequence[int] | None = None,
-               adopted: bool = True, at: datetime | None = None, gpu_name: str = H100_NAME
-               ) -> Node:
+               adopted: bool = True, at: datetime | None = None, gpu_name: str = H100_NAME,
+               hostname: str | None = None) -> Node:
     uuid = new_uuid()
     host = public_id("node", uuid)[5:13]
     docs = gpu_docs(gpus, host, domains=domains, name=gpu_name)
     at = at or datetime.now(UTC)
+    hardware: dict[str, Any] = {"serial": host, "cpus": cpus, "memoryGib": memory_gib,
+                                "macs": []}
+    if hostname is not None:
+        hardware["hostname"] = hostname
     node = Node(
         id=uuid, tenant_id=owner, pool_id=pool_id, site_id="site_x", join_token_id="jt_x",
         role=NODE_ROLE, hardware_key=f"serial:{host}",
-        hardware={"serial": host, "cpus": cpus, "memoryGib": memory_gib, "macs": []},
+        hardware=hardware,
         gpus=docs, key_pin="sha256/x", certificate_serial="1",
         certificate_not_after=at + timedelta(days=365), bcd_version="test",
     )

@@ -15,6 +15,7 @@ BY_CODE = {
     "invalid_input": USAGE,
     "invalid_policy": USAGE,
     "kubernetes_not_enabled": USAGE,
+    "ambiguous": USAGE,
     "not_found": 3,
     "unauthenticated": 4,
     "permission_denied": 5,

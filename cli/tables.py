@@ -153,6 +153,12 @@ def _get(*path: str) -> Getter:
     return get
 
 
+def _name(doc: dict[str, Any]) -> Any:
+    """A site's or pool's name: its --name, else its --key (the rule api/services/names.py
+    resolves names by, so what NAME shows is what `get NAME` takes)."""
+    return doc.get("name") or doc.get("key")
+
+
 def _node_state(doc: dict[str, Any]) -> str:
     parts = [str(doc.get("provisionState") or "")]
     if _get("acceptance", "state")(doc) == "failed":
@@ -175,6 +181,7 @@ NODES = Table((
     Column("HELD", lambda d: d.get("heldGpus", 0)),
     Column("SESSION", _get("session", "state")),
     Column("AGE", lambda d: age(d.get("joinedAt"))),
+    Column("HOSTNAME", _get("hardware", "hostname"), wide=True),
     Column("TENANT", _get("tenantId"), wide=True),
     Column("SITE", _get("siteId"), wide=True),
     Column("EPOCH", _get("session", "epoch"), wide=True),
@@ -222,13 +229,13 @@ CAPACITY = Table(
 
 SITES = Table((
     Column("ID", _get("id")), Column("KIND", _get("kind")), Column("REGION", _get("region")),
-    Column("NAME", _get("name")), Column("AGE", lambda d: age(d.get("createdAt"))),
+    Column("NAME", _name), Column("AGE", lambda d: age(d.get("createdAt"))),
     Column("TENANT", _get("tenantId"), wide=True), Column("KEY", _get("key"), wide=True),
 ))
 
 POOLS = Table((
     Column("ID", _get("id")), Column("SITE", _get("siteId")), Column("CLASS", _get("class")),
-    Column("MODEL", _get("gpuModel")), Column("NAME", _get("name")),
+    Column("MODEL", _get("gpuModel")), Column("NAME", _name),
     Column("OFFERED TO", lambda d: ",".join(o["tenantId"] for o in d.get("offerings") or [])),
     Column("AGE", lambda d: age(d.get("createdAt"))),
     Column("TENANT", _get("tenantId"), wide=True), Column("KEY", _get("key"), wide=True),

@@ -7,8 +7,9 @@ rebuilds the same class from it. ``rpc_code`` is the JSON-RPC 2.0 number.
     BetterComputeError
     ├── InvalidInput          bad parameters, files or flags   (invalid_input)
     │   ├── PolicyError       a pool policy file is invalid    (invalid_policy)
-    │   └── KubernetesNotEnabled  --kubernetes on a pool without policy.kubernetes
-    │                                                          (kubernetes_not_enabled)
+    │   ├── KubernetesNotEnabled  --kubernetes on a pool without policy.kubernetes
+    │   │                                                      (kubernetes_not_enabled)
+    │   └── Ambiguous         a name that names several objects (ambiguous)
     ├── Unauthenticated       no or unknown token              (unauthenticated)
     ├── PermissionDenied      the caller's role or tenant      (permission_denied)
     ├── NotFound              no such object for this caller   (not_found)
@@ -51,6 +52,12 @@ class PolicyError(InvalidInput):
 
 class KubernetesNotEnabled(InvalidInput):
     code = "kubernetes_not_enabled"
+
+
+class Ambiguous(InvalidInput):
+    """A name given where an id is taken names several objects; ``data.matches`` lists them."""
+
+    code = "ambiguous"
 
 
 class Unauthenticated(BetterComputeError):

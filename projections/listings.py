@@ -163,10 +163,12 @@ def listing_seq_of(sql: Sql, kind: str, tenant_id: str, object_id: str) -> int |
 def query_listing(
     sql: Sql, kind: str, *, tenant_id: str | None = None, visible_to: str | None = None,
     where: dict[str, str] | None = None, after_seq: int | None = None,
-    limit: int | None = None,
+    limit: int | None = None, containing: str | None = None,
 ) -> list[dict[str, Any]]:
     """Documents of one kind, oldest first; filtered by owner or by audience; with
-    ``after_seq`` only those created after it, at most ``limit`` (before ``where``)."""
+    ``after_seq`` only those created after it, at most ``limit`` (before ``where``); with
+    ``containing`` only those whose JSON text holds that text (a name's JSON string, found
+    without decoding the other rows)."""
     clauses = ["kind = ?"]
     params: list[Any] = [kind]
     if tenant_id is not None:
@@ -175,6 +177,10 @@ def query_listing(
     if visible_to is not None:
         clauses.append("audience LIKE ?")
         params.append(f"%,{visible_to},%")
+    if containing is not None:
+        clauses.append("doc LIKE ? ESCAPE '\\'")
+        escaped = containing.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        params.append(f"%{escaped}%")
     if after_seq is not None:
         clauses.append("created_seq > ?")
         params.append(after_seq)

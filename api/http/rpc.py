@@ -199,7 +199,7 @@ def answer(
         return RpcResponse(id=request_id, error=_unknown_method(request.method))
     try:
         principal = authenticate() if not m.public else _maybe(authenticate)
-        params = decode_params(m, request.params)
+        params = services.names.resolve_params(principal, decode_params(m, request.params))
         actor = None if principal is None else (principal.token_id or LOCAL)
         with acting_as(actor):  # the events this call saves carry who made it
             result = m.handler(Call(services, principal), params)  # type: ignore[arg-type]

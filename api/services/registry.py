@@ -15,6 +15,7 @@ from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.inventory import InventoryService
 from better_compute.api.services.join import JoinService
 from better_compute.api.services.limits import ServiceLimits
+from better_compute.api.services.names import Names
 from better_compute.api.services.nodes import NodeService
 from better_compute.api.services.reservations import ReservationService
 from better_compute.api.services.tokens import TokenService
@@ -33,6 +34,7 @@ class Services:
     inventory: InventoryService  # a node's GPUs: checked, claimed, accepted by an operator
     join: JoinService
     reservations: ReservationService
+    names: Names  # sites, pools and nodes by name where an id is taken
 
 
 def build_services(aggregates: Aggregates, *, lifetimes: TokenLifetimes,
@@ -47,4 +49,4 @@ def build_services(aggregates: Aggregates, *, lifetimes: TokenLifetimes,
     return Services(aggregates=aggregates, compute=compute, tokens=compute.tokens,
                     nodes=NodeService(compute), inventory=InventoryService(compute),
                     join=JoinService(compute),
-                    reservations=ReservationService(compute, lane))
+                    reservations=ReservationService(compute, lane), names=Names(aggregates))

@@ -35,6 +35,6 @@ def register(sub: Any, extensions: Sequence[Extension] = ()) -> None:
                  examples=["better-compute capacity --pool $POOL",
                            "better-compute capacity --preview --pool $POOL --gpus 4 --for 2h",
                            "better-compute capacity --pool $POOL --query resources.gpu.available"])
-    p.add_argument("--pool", required=True, metavar="POOL", help="the pool (pool_…)")
+    p.add_argument("--pool", required=True, metavar="POOL", help="the pool: its id (pool_…) or its name")
     for add_arguments, _ in extensions:
         add_arguments(p)

@@ -195,7 +195,7 @@ def _register_sites(sub: Any) -> None:
     p.add_argument("--key", help="idempotency key: the same key returns the same site")
     p = add_verb(g, "get", sites_get, "Show one site.",
                  examples=["better-compute sites get $SITE"])
-    p.add_argument("site", metavar="SITE", help="site_… as sites create printed")
+    p.add_argument("site", metavar="SITE", help="the site: its id (site_…) or its name")
     add_verb(g, "list", sites_list, "List the sites you see.",
              examples=["better-compute sites list", "better-compute sites list -o name"])
 
@@ -208,7 +208,7 @@ def _register_pools(sub: Any) -> None:
                  examples=["export POOL=$(better-compute pools create --site $SITE --class "
                            "metal-host --gpu-model H100 --policy-file pool-policy.json "
                            "--key pool-eu-1-h100 --query id)"])
-    p.add_argument("--site", required=True, metavar="SITE", help="the site (site_…) of the pool")
+    p.add_argument("--site", required=True, metavar="SITE", help="the site of the pool: its id (site_…) or its name")
     p.add_argument("--class", dest="node_class", required=True, metavar="CLASS",
                    help="metal-host: joining machines become host nodes whose GPUs are held")
     p.add_argument("--gpu-model", required=True,
@@ -221,13 +221,13 @@ def _register_pools(sub: Any) -> None:
     p = add_verb(g, "get", pools_get, "Show one pool with its policy and offerings.",
                  examples=["better-compute pools get $POOL",
                            "better-compute pools get $POOL --query policy -o yaml"])
-    p.add_argument("pool", metavar="POOL", help="pool_… as pools create printed")
+    p.add_argument("pool", metavar="POOL", help="the pool: its id (pool_…) or its name (--name, else --key)")
     p = add_verb(g, "list", pools_list, "List the pools you own or are offered.",
                  examples=["better-compute pools list", "better-compute pools list --site $SITE"])
     p.add_argument("--site", metavar="SITE", help="only the pools of this site")
     p = add_verb(g, "offer", pools_offer, "Offer a pool to a tenant with a gpu quota.",
                  examples=["better-compute pools offer $POOL --to acme --quota gpu=16"])
-    p.add_argument("pool", metavar="POOL", help="pool_… as pools create printed")
+    p.add_argument("pool", metavar="POOL", help="the pool: its id (pool_…) or its name (--name, else --key)")
     p.add_argument("--to", required=True, metavar="TENANT", help="the tenant id, for example acme")
     p.add_argument("--quota", required=True, action="append", metavar="gpu=N",
                    help="the GPUs the tenant may hold at once; the resource is gpu (singular)")

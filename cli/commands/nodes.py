@@ -77,30 +77,30 @@ def register(sub: Any) -> None:
                  "One node; --query provisionState or --query conditions picks a part.",
                  examples=["better-compute nodes get $NODE --query provisionState",
                            "better-compute nodes get $NODE --query conditions"])
-    p.add_argument("node", metavar="NODE", help="a node id (node_…)")
+    p.add_argument("node", metavar="NODE", help="the node: its id (node_…) or its hostname")
     p = add_verb(g, "events", nodes_events,
                  "The node's events, oldest first (node.joined, node.connected, …).",
                  examples=["better-compute nodes events $NODE",
                            "better-compute nodes events $NODE --query '[].type'"])
-    p.add_argument("node", metavar="NODE", help="a node id (node_…)")
+    p.add_argument("node", metavar="NODE", help="the node: its id (node_…) or its hostname")
     p = add_verb(g, "cordon", nodes_cordon,
                  "Put the node in maintenance: no new placements; holds on it stay.",
                  examples=["better-compute nodes cordon $NODE --reason 'replace PSU 2'"])
-    p.add_argument("node", metavar="NODE", help="a node id (node_…)")
+    p.add_argument("node", metavar="NODE", help="the node: its id (node_…) or its hostname")
     p.add_argument("--reason", help="why (shown in its conditions and events)")
     p = add_verb(g, "uncordon", nodes_uncordon, "End the node's maintenance.",
                  examples=["better-compute nodes uncordon $NODE"])
-    p.add_argument("node", metavar="NODE", help="a node id (node_…)")
+    p.add_argument("node", metavar="NODE", help="the node: its id (node_…) or its hostname")
     p = add_verb(g, "drain", nodes_drain,
                  "Drain the node: no new placements; holds and future bookings stay until they "
                  "end; maintenance.state goes draining, then drained.", examples=DRAIN_EXAMPLES)
-    p.add_argument("node", metavar="NODE", help="a node id (node_…)")
+    p.add_argument("node", metavar="NODE", help="the node: its id (node_…) or its hostname")
     p.add_argument("--reason", help="why (shown in its conditions and events)")
     p = add_verb(g, "remove", nodes_remove,
                  "Remove the node from its pool; refused while anything is held or booked unless "
                  "--force. Its bcd is refused and stops; the machine may join again.",
                  examples=REMOVE_EXAMPLES)
-    p.add_argument("node", metavar="NODE", help="a node id (node_…)")
+    p.add_argument("node", metavar="NODE", help="the node: its id (node_…) or its hostname")
     p.add_argument("--force", action="store_true",
                    help="release every reservation held or booked on it first (reason "
                    "node-removed)")

@@ -152,7 +152,7 @@ def _register_reserve(sub: Any) -> None:
                            "--selector 'vramGiB >= 80' --start +2h",
                            "better-compute reserve --pool $POOL --gpus 4 --for 2h --key "
                            "rsv-3f9a… --wait 0"])
-    p.add_argument("--pool", required=True, metavar="POOL", help="the pool (pool_…)")
+    p.add_argument("--pool", required=True, metavar="POOL", help="the pool: its id (pool_…) or its name")
     p.add_argument("--gpus", required=True, type=int, metavar="N", help="how many GPUs")
     p.add_argument("--for", dest="duration", required=True, metavar="DURATION",
                    help="how long: 30m, 2h, 1d")

@@ -186,14 +186,15 @@ def test_malformed_ids(store: Store) -> None:
     store.refused(["pools", "get", "pool_xyz"], "'pool_xyz' is not a pool id")
     store.refused(["pools", "get", site], "is not a pool id", "pool_ followed by 26")
     store.refused(["sites", "get", pool], "is not a site id")
-    store.refused(["sites", "get", "garbage"], "is not a site id")
     store.refused(["tokens", "revoke", "tok_1"], "is not a tok id")
+    # Anything but an id is a name (api/services/names.py): one that names nothing is not found.
+    store.refused(["sites", "get", "garbage"], "no site named 'garbage'", code=3)
     store.refused(["pools", "offer", "nope", "--to", "acme", "--quota", "gpu=1"],
-                  "is not a pool id")
-    store.refused(["pools", "list", "--site", "eu-1"], "is not a site id")
-    store.refused(["pools", "create", "--site", "site-eu-1", "--class", "metal-host",
+                  "no pool named 'nope'", "pools list", code=3)
+    store.refused(["pools", "list", "--site", "eu-1"], "no site named 'eu-1'", code=3)
+    store.refused(["pools", "create", "--site", "site-eu-9", "--class", "metal-host",
                    "--gpu-model", "H100", "--policy-file", store.ids["policy"]],
-                  "is not a site id")
+                  "no site named 'site-eu-9'", code=3)
     store.refused(["pools", "get", "pool_" + "a" * 25 + "q"], "no pool", code=3)
 
 
