@@ -128,3 +128,16 @@ def test_name_and_hostname_columns(env: dict[str, str]) -> None:
     code, out, _ = _cli(env, "nodes", "list", "-o", "wide")
     assert code == 0 and "HOSTNAME" in out.splitlines()[0]
     assert any(nodes[0] in line and "gpu-sn-7701" in line for line in out.splitlines())
+
+
+def test_completion_names_lists_ids_and_names_of_what_the_caller_sees(
+        env: dict[str, str]) -> None:
+    env, pool, nodes = _fleet(env)
+    code, out, err = _cli(env, "completion", "--names", "pool")
+    assert (code, out.split()) == (0, [pool, "pool-eu-1-h100"]), err
+    code, out, err = _cli(env, "completion", "--names", "node")
+    assert code == 0 and out.split() == [*nodes, "gpu-sn-7701", "gpu-sn-7702"], err
+    code, out, err = _cli(env, "completion", "--names", "site")
+    assert code == 0 and out.split()[1:] == ["site-pool-eu-1-h100"], err
+    code, _, err = _cli(env, "completion", "bash", "--names", "pool")
+    assert code == 2 and "not both" in err

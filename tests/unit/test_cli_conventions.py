@@ -91,6 +91,37 @@ def test_bash_completion_completes_commands_flags_and_choices(tmp_path: Path) ->
     assert done.stdout.splitlines() == ["nodes", "list", "table wide json yaml name", "--pool"]
 
 
+def test_bash_completion_asks_for_ids_and_names_where_an_object_is_taken(
+        tmp_path: Path) -> None:
+    """On TAB after --pool, or at a command's NODE or RSV, the script runs `better-compute
+    completion --names KIND` (a stand-in here, which records what it was asked)."""
+    (tmp_path / "completion.bash").write_text(script("bash", build_parser()))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "better-compute"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'asked'}\n"
+                    'case "$3" in pool) printf "pool_aaa\\npool-eu-1-h100\\n" ;; '
+                    'node) printf "node_bbb\\ngpu-sn-7701\\n" ;; rsv) echo rsv_ccc ;; esac\n')
+    fake.chmod(0o755)
+    probe = tmp_path / "probe.sh"
+    probe.write_text(
+        f"export PATH={bin_dir}:$PATH\nsource {tmp_path / 'completion.bash'}\n"
+        't() { COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _better_compute; '
+        'echo "${COMPREPLY[*]}"; }\n'
+        "t better-compute reserve --gpus 1 --pool pool-\n"
+        't better-compute nodes get ""\n'
+        "t better-compute release r\n"
+        "t better-compute nodes cordon gpu-sn-7701 --re\n"
+        "t better-compute capacity --pool pool_a\n")
+    done = subprocess.run(["bash", str(probe)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["pool-eu-1-h100", "node_bbb gpu-sn-7701", "rsv_ccc",
+                                        "--reason", "pool_aaa"]
+    assert (tmp_path / "asked").read_text().splitlines() == [
+        "completion --names pool", "completion --names node", "completion --names rsv",
+        "completion --names pool"]
+
+
 @pytest.mark.parametrize("shell,check", [("zsh", ["zsh", "-n"]), ("fish", ["fish", "-n"])])
 def test_zsh_and_fish_scripts_parse(shell: str, check: list[str], tmp_path: Path) -> None:
     text = script(shell, build_parser())
