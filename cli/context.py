@@ -72,6 +72,21 @@ class Context:
 
         emit(value, query=getattr(self.args, "query", None), output=self.output, table=table)
 
+    def list_scope(self) -> dict[str, Any]:
+        """A list method's tenant params: ``allTenants`` with -A (and only an explicit
+        --tenant, which the server refuses beside it), else the command's tenant."""
+        if getattr(self.args, "all_tenants", False):
+            return {"allTenants": True, "tenantId": getattr(self.args, "tenant", None)}
+        return {"tenantId": self.tenant}
+
+    def list_table(self, table: Table) -> Table:
+        """``table``, with TENANT as its first column under -A (kubectl's NAMESPACE)."""
+        if not getattr(self.args, "all_tenants", False):
+            return table
+        from better_compute.cli.tables import with_tenant
+
+        return with_tenant(table)
+
     @property
     def tenant(self) -> str | None:
         return getattr(self.args, "tenant", None) or self.env.get("BETTER_COMPUTE_TENANT") or None

@@ -27,6 +27,14 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
                         help="print only this part of the answer; a scalar prints bare")
 
 
+def add_all_tenants(parser: argparse.ArgumentParser, what: str) -> None:
+    """-A/--all-tenants, kubectl's spelling, on a list command: every tenant's objects
+    (root-tenant tokens only), with a TENANT column in tables."""
+    parser.add_argument("--all-tenants", "-A", action="store_true",
+                        help=f"every tenant's {what}, with a TENANT column (root-tenant tokens "
+                        "only)")
+
+
 def epilog(examples: Sequence[str]) -> str | None:
     if not examples:
         return None

@@ -39,6 +39,13 @@ class Table(NamedTuple):
     footer: Callable[[Any], str] | None = None
 
 
+def with_tenant(table: Table) -> Table:
+    """``table`` with TENANT first, shown by default (a list of every tenant's objects)."""
+    rest = tuple(c for c in table.columns if c.header != "TENANT")
+    tenant = Column("TENANT", lambda d: d.get("tenantId"))
+    return table._replace(columns=(tenant, *rest))
+
+
 def cell(value: Any) -> str:
     """A value as a table shows it: every character a terminal would act on, or a reader
     would not see as written, escaped (domain/visible.py)."""

@@ -151,11 +151,16 @@ def _owner(event_type: type[Any]) -> str:
     return event_type.__qualname__.split(".", 1)[0].lower()
 
 
-def listing_seq_of(sql: Sql, kind: str, tenant_id: str, object_id: str) -> int | None:
-    """Where ``object_id`` (of ``kind``, owned by ``tenant_id``) stands in its listing."""
+def listing_seq_of(sql: Sql, kind: str, tenant_id: str | None, object_id: str) -> int | None:
+    """Where ``object_id`` (of ``kind``, owned by ``tenant_id``, or by anyone for None) stands
+    in its listing."""
     with sql.transaction(commit=False) as cursor:
-        sql.execute(cursor, "SELECT created_seq FROM bc_listing WHERE kind = ? AND id = ? "
-                    "AND tenant_id = ?", (kind, object_id, tenant_id))
+        if tenant_id is None:
+            sql.execute(cursor, "SELECT created_seq FROM bc_listing WHERE kind = ? AND id = ?",
+                        (kind, object_id))
+        else:
+            sql.execute(cursor, "SELECT created_seq FROM bc_listing WHERE kind = ? AND id = ? "
+                        "AND tenant_id = ?", (kind, object_id, tenant_id))
         row = cursor.fetchone()
     return int(row["created_seq"]) if row is not None else None
 

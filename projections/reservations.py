@@ -131,11 +131,15 @@ def count_in_state(sql: Sql, tenant_id: str, pool_id: str, state: str) -> int:
     return int(row["n"]) if row is not None else 0
 
 
-def created_seq_of(sql: Sql, tenant_id: str, reservation_id: str) -> int | None:
-    """Where ``reservation_id`` stands in ``tenant_id``'s list (None: not one of its)."""
+def created_seq_of(sql: Sql, tenant_id: str | None, reservation_id: str) -> int | None:
+    """Where ``reservation_id`` stands in ``tenant_id``'s list (None: not one of its), or in
+    every tenant's (``tenant_id`` None)."""
     with sql.transaction(commit=False) as cursor:
-        sql.execute(cursor, "SELECT created_seq FROM bc_rsv WHERE id = ? AND tenant_id = ?",
-                    (reservation_id, tenant_id))
+        if tenant_id is None:
+            sql.execute(cursor, "SELECT created_seq FROM bc_rsv WHERE id = ?", (reservation_id,))
+        else:
+            sql.execute(cursor, "SELECT created_seq FROM bc_rsv WHERE id = ? AND tenant_id = ?",
+                        (reservation_id, tenant_id))
         row = cursor.fetchone()
     return int(row["created_seq"]) if row is not None else None
 

@@ -24,6 +24,13 @@ class TenantScope(Params, kw_only=True):
     tenant_id: str | None = None
 
 
+class ListScope(TenantScope, kw_only=True):
+    """A list method's scope: one tenant's objects (``tenantId``, default the caller's), or
+    every tenant's (``allTenants``: root-tenant callers only)."""
+
+    all_tenants: bool = False
+
+
 class RpcRequest(msgspec.Struct):
     """``id`` is UNSET when the member is absent: a notification, which gets no answer."""
 

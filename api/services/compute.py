@@ -250,7 +250,10 @@ class ComputeService:
     def sites_get(self, principal: Principal, site_id: str) -> dict[str, Any]:
         return self._site(principal, site_id).to_doc()
 
-    def sites_list(self, principal: Principal) -> list[dict[str, Any]]:
+    def sites_list(self, principal: Principal, all_tenants: bool = False
+                   ) -> list[dict[str, Any]]:
+        if all_tenants:
+            self.aggregates.listed_tenant(principal, None, True, "sites")
         if principal.is_root:
             return self.listing("site")
         own = self.listing("site", tenant_id=principal.tenant_id)
@@ -295,7 +298,10 @@ class ComputeService:
         pool = self.pool(principal, pool_id)
         return pool.to_doc(viewer=None if principal.is_root else principal.tenant_id)
 
-    def pools_list(self, principal: Principal, site_id: str | None) -> list[dict[str, Any]]:
+    def pools_list(self, principal: Principal, site_id: str | None, all_tenants: bool = False
+                   ) -> list[dict[str, Any]]:
+        if all_tenants:
+            self.aggregates.listed_tenant(principal, None, True, "pools")
         if site_id:
             parse_id("site", site_id)  # a malformed --site is an error, not an empty list
         where = {"siteId": site_id} if site_id else None

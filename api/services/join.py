@@ -123,9 +123,10 @@ class JoinService:
     def get(self, principal: Principal, token_id: str) -> dict[str, Any]:
         return self._token(principal, token_id).to_doc(self.service.clock())
 
-    def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None
-             ) -> list[dict[str, Any]]:
-        tenant = self.service.aggregates.scope(principal, tenant_id)
+    def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None,
+             all_tenants: bool = False) -> list[dict[str, Any]]:
+        tenant = self.service.aggregates.listed_tenant(principal, tenant_id, all_tenants,
+                                                       "join tokens")
         docs = self.service.listing("jointoken", tenant_id=tenant,
                                     where={"poolId": pool_id} if pool_id else None)
         now = self.service.clock()

@@ -100,15 +100,15 @@ class NodeService:
 
     # ---------------------------------------------------------------- queries
 
-    def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None
-             ) -> builtins.list[dict[str, Any]]:
+    def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None,
+             all_tenants: bool = False) -> builtins.list[dict[str, Any]]:
         where = None
         if pool_id:
             parse_id("pool", pool_id)  # a malformed --pool is an error, not an empty list
             where = {"poolId": pool_id}
         if principal.is_root and tenant_id is None:
-            return self.service.listing("node", where=where)
-        tenant = self.service.aggregates.scope(principal, tenant_id)
+            all_tenants = True
+        tenant = self.service.aggregates.listed_tenant(principal, tenant_id, all_tenants, "nodes")
         return self.service.listing("node", tenant_id=tenant, where=where)
 
     def get(self, principal: Principal, node_id: str) -> dict[str, Any]:

@@ -334,12 +334,13 @@ class ReservationService:
         return self.queue.doc_of(self.reservation(principal, reservation_id))
 
     def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None,
-             state: str | None, limit: int | None = None, after: str | None = None
-             ) -> list[dict[str, Any]]:
-        """One page of a tenant's reservations, oldest first: at most ``limit`` (default and
-        most ``MAX_PAGE``, domain/paging.py) created after ``after``; a page shorter than
-        ``limit`` is the last (docs/api.md)."""
-        tenant = self.service.aggregates.scope(principal, tenant_id)
+             state: str | None, limit: int | None = None, after: str | None = None,
+             all_tenants: bool = False) -> list[dict[str, Any]]:
+        """One page of a tenant's reservations (``all_tenants``: every tenant's), oldest
+        first: at most ``limit`` (default and most ``MAX_PAGE``, domain/paging.py) created
+        after ``after``; a page shorter than ``limit`` is the last (docs/api.md)."""
+        tenant = self.service.aggregates.listed_tenant(principal, tenant_id, all_tenants,
+                                                       "reservations")
         if pool_id:
             parse_id("pool", pool_id)
         page = page_size(limit, "reservation")
@@ -352,7 +353,7 @@ class ReservationService:
             raise InvalidInput(f"--state {', '.join(unknown)} is not a reservation state: use "
                                f"{', '.join(STATES)} (comma-separated)")
         after_seq = position_after(after, lambda rsv: created_seq_of(self.sql, tenant, rsv),
-                                   "reservation", tenant)
+                                   "reservation", tenant or "any")
         return self.queue.add_positions(list_reservations(
             self.sql, tenant_id=tenant, pool_id=pool_id or None, states=states,
             after_seq=after_seq, limit=page))

@@ -123,20 +123,21 @@ class TokenService:
                 data={"per": "tokens", "tokens": live, "limit": limit})
 
     def list(self, principal: Principal, tenant_id: str | None, limit: int | None = None,
-             after: str | None = None) -> builtins.list[dict[str, Any]]:
-        """One page of a tenant's tokens, oldest first: at most ``limit`` (default and most
-        ``MAX_PAGE``, domain/paging.py) created after the token ``after``; a shorter page is
-        the last."""
+             after: str | None = None, all_tenants: bool = False
+             ) -> builtins.list[dict[str, Any]]:
+        """One page of a tenant's tokens (``all_tenants``: every tenant's), oldest first: at
+        most ``limit`` (default and most ``MAX_PAGE``, domain/paging.py) created after the
+        token ``after``; a shorter page is the last."""
         service = self.service
-        tenant = service.aggregates.scope(principal, tenant_id)
-        principal.require_admin_of(tenant, "list tokens")
+        tenant = service.aggregates.listed_tenant(principal, tenant_id, all_tenants, "tokens")
+        principal.require_admin_of(tenant or principal.tenant_id, "list tokens")
         page = page_size(limit, "token")
         if after is not None:
             parse_id("tok", after)
         service.projections.catch_up("listings")
         after_seq = position_after(
             after, lambda tok: listing_seq_of(service.sql, "apitoken", tenant, tok), "token",
-            tenant)
+            tenant or "any")
         docs = query_listing(service.sql, "apitoken", tenant_id=tenant, after_seq=after_seq,
                              limit=page)
         used = service.token_use.last_used(d["id"] for d in docs)

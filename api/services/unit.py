@@ -30,7 +30,7 @@ from eventsourcing.persistence import IntegrityError
 
 from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned
-from better_compute.domain.errors import Conflict, NotFound
+from better_compute.domain.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from better_compute.domain.ids import check_tenant_id
 from better_compute.domain.tenant import Tenant, tenant_uuid
 from better_compute.projections.listings import (
@@ -115,6 +115,22 @@ class Aggregates:
         tenant = tenant_id or principal.tenant_id
         principal.require_can_act_on(tenant)
         return tenant
+
+    def listed_tenant(self, principal: Principal, tenant_id: str | None, all_tenants: bool,
+                      what: str) -> str | None:
+        """The tenant a list method lists: ``scope``'s, or None for every tenant's when
+        ``all_tenants`` (``allTenants``, the CLI's -A), which only root-tenant callers may ask."""
+        if not all_tenants:
+            return self.scope(principal, tenant_id)
+        if tenant_id:
+            raise InvalidInput(f"allTenants lists every tenant's {what}: give it or tenantId, "
+                               "not both (-A or --tenant)")
+        if not principal.is_root:
+            raise PermissionDenied(
+                f"only root-tenant tokens list every tenant's {what} (allTenants, -A/"
+                f"--all-tenants); this token is tenant {principal.tenant_id}'s: leave out -A to "
+                f"list its own {what}")
+        return None
 
     def tenant(self, tenant_id: str) -> Tenant:
         check_tenant_id(tenant_id)

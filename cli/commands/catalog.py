@@ -9,7 +9,7 @@ from typing import Any
 
 from better_compute.cli.context import Context
 from better_compute.cli.files import check_new_file, write_new_secret
-from better_compute.cli.registry import add_group, add_verb
+from better_compute.cli.registry import add_all_tenants, add_group, add_verb
 from better_compute.cli.tables import POOLS, SITES, TOKENS
 from better_compute.domain.errors import InvalidInput
 
@@ -39,7 +39,7 @@ def tokens_create(ctx: Context, a: argparse.Namespace) -> None:
 
 def tokens_list(ctx: Context, a: argparse.Namespace) -> None:
     """Every one: the server answers a page at a time."""
-    ctx.emit(ctx.call_pages("tokens.list", tenantId=ctx.tenant), TOKENS)
+    ctx.emit(ctx.call_pages("tokens.list", **ctx.list_scope()), TOKENS)
 
 
 def tokens_revoke(ctx: Context, a: argparse.Namespace) -> None:
@@ -77,7 +77,7 @@ def sites_get(ctx: Context, a: argparse.Namespace) -> None:
 
 
 def sites_list(ctx: Context, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("sites.list"), SITES)
+    ctx.emit(ctx.call("sites.list", allTenants=a.all_tenants or None), ctx.list_table(SITES))
 
 
 def read_policy_file(path: str) -> dict[str, Any]:
@@ -106,7 +106,8 @@ def pools_get(ctx: Context, a: argparse.Namespace) -> None:
 
 
 def pools_list(ctx: Context, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("pools.list", siteId=a.site), POOLS)
+    ctx.emit(ctx.call("pools.list", siteId=a.site, allTenants=a.all_tenants or None),
+             ctx.list_table(POOLS))
 
 
 def parse_quota(items: list[str]) -> dict[str, Any]:
@@ -164,8 +165,10 @@ def _register_tokens(sub: Any) -> None:
     p.add_argument("--out", metavar="FILE", help="write the secret to FILE (0600, never overwritten)")
     p = add_verb(g, "list", tokens_list,
                  "List a tenant's tokens (never their secrets): state, end, last use.",
-                 examples=["better-compute tokens list --tenant acme"])
+                 examples=["better-compute tokens list --tenant acme",
+                           "better-compute tokens list -A     # every tenant's (root admins)"])
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
+    add_all_tenants(p, "tokens")
     p = add_verb(g, "revoke", tokens_revoke, "Revoke a token.",
                  examples=["better-compute tokens revoke tok_…"])
     p.add_argument("token_id", metavar="TOKEN_ID", help="tok_… as tokens list shows")
@@ -196,8 +199,10 @@ def _register_sites(sub: Any) -> None:
     p = add_verb(g, "get", sites_get, "Show one site.",
                  examples=["better-compute sites get $SITE"])
     p.add_argument("site", metavar="SITE", help="the site: its id (site_…) or its name")
-    add_verb(g, "list", sites_list, "List the sites you see.",
-             examples=["better-compute sites list", "better-compute sites list -o name"])
+    p = add_verb(g, "list", sites_list, "List the sites you see.",
+                 examples=["better-compute sites list", "better-compute sites list -o name",
+                           "better-compute sites list -A      # with their TENANT (root)"])
+    add_all_tenants(p, "sites")
 
 
 def _register_pools(sub: Any) -> None:
@@ -223,8 +228,10 @@ def _register_pools(sub: Any) -> None:
                            "better-compute pools get $POOL --query policy -o yaml"])
     p.add_argument("pool", metavar="POOL", help="the pool: its id (pool_…) or its name (--name, else --key)")
     p = add_verb(g, "list", pools_list, "List the pools you own or are offered.",
-                 examples=["better-compute pools list", "better-compute pools list --site $SITE"])
+                 examples=["better-compute pools list", "better-compute pools list --site $SITE",
+                           "better-compute pools list -A      # with their TENANT (root)"])
     p.add_argument("--site", metavar="SITE", help="only the pools of this site")
+    add_all_tenants(p, "pools")
     p = add_verb(g, "offer", pools_offer, "Offer a pool to a tenant with a gpu quota.",
                  examples=["better-compute pools offer $POOL --to acme --quota gpu=16"])
     p.add_argument("pool", metavar="POOL", help="the pool: its id (pool_…) or its name (--name, else --key)")

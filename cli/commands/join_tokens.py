@@ -9,7 +9,7 @@ from typing import Any
 
 from better_compute.cli.context import Context
 from better_compute.cli.files import check_new_file, write_new_secret
-from better_compute.cli.registry import add_group, add_verb
+from better_compute.cli.registry import add_all_tenants, add_group, add_verb
 from better_compute.cli.tables import JOIN_TOKENS
 from better_compute.domain.errors import Conflict
 
@@ -41,7 +41,8 @@ def create(ctx: Context, a: argparse.Namespace) -> None:
 
 
 def list_tokens(ctx: Context, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("joinTokens.list", tenantId=ctx.tenant, poolId=a.pool), JOIN_TOKENS)
+    ctx.emit(ctx.call("joinTokens.list", **ctx.list_scope(), poolId=a.pool),
+             ctx.list_table(JOIN_TOKENS))
 
 
 def get(ctx: Context, a: argparse.Namespace) -> None:
@@ -82,9 +83,11 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="FILE",
                    help="write the secret to FILE (mode 0600, never overwritten)")
     p = add_verb(g, "list", list_tokens, "List a tenant's join tokens (never their secrets).",
-                 examples=["better-compute join-tokens list --pool $POOL"])
+                 examples=["better-compute join-tokens list --pool $POOL",
+                           "better-compute join-tokens list -A    # every tenant's (root)"])
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
     p.add_argument("--pool", metavar="POOL", help="only this pool's tokens")
+    add_all_tenants(p, "join tokens")
     p = add_verb(g, "get", get, "Show one join token: state, uses, binding, expiry.",
                  examples=["better-compute join-tokens get jt_… --query state"])
     p.add_argument("join_token", metavar="JOIN_TOKEN", help="jt_… as join-tokens list shows")

@@ -7,12 +7,12 @@ import argparse
 from typing import Any
 
 from better_compute.cli.context import Context
-from better_compute.cli.registry import add_group, add_verb
+from better_compute.cli.registry import add_all_tenants, add_group, add_verb
 from better_compute.cli.tables import EVENTS, NODES
 
 
 def nodes_list(ctx: Context, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("nodes.list", tenantId=ctx.tenant, poolId=a.pool), NODES)
+    ctx.emit(ctx.call("nodes.list", **ctx.list_scope(), poolId=a.pool), ctx.list_table(NODES))
 
 
 def nodes_get(ctx: Context, a: argparse.Namespace) -> None:
@@ -68,11 +68,13 @@ def register(sub: Any) -> None:
     p = add_verb(g, "list", nodes_list, "Nodes of the tenant (root: every tenant's).",
                  examples=["better-compute nodes list --pool $POOL",
                            "better-compute nodes list -o wide",
+                           "better-compute nodes list -A           # every tenant's (root)",
                            "export NODE=$(better-compute nodes list --pool $POOL --query '[0].id')",
                            "for n in $(better-compute nodes list -o name); do "
                            "better-compute nodes get $n --query provisionState; done"])
     p.add_argument("--pool", metavar="POOL", help="only the nodes of this pool")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
+    add_all_tenants(p, "nodes")
     p = add_verb(g, "get", nodes_get,
                  "One node; --query provisionState or --query conditions picks a part.",
                  examples=["better-compute nodes get $NODE --query provisionState",

@@ -17,7 +17,7 @@ from typing import Any
 from better_compute.cli.commands import capacity
 from better_compute.cli.commands.queue_wait import wait_while_queued
 from better_compute.cli.context import Context
-from better_compute.cli.registry import add_group, add_verb
+from better_compute.cli.registry import add_all_tenants, add_group, add_verb
 from better_compute.cli.tables import RESERVATIONS
 from better_compute.domain.errors import InvalidInput, Unavailable
 
@@ -91,9 +91,11 @@ def reservations_get(ctx: Context, a: argparse.Namespace) -> None:
 
 
 def reservations_list(ctx: Context, a: argparse.Namespace) -> None:
-    """Every one: the server answers a page at a time, oldest first."""
-    ctx.emit(ctx.call_pages("reservations.list", tenantId=ctx.tenant, poolId=a.pool,
-                            state=a.state), RESERVATIONS)
+    """Every one, newest first: the server answers a page at a time, oldest first (stable
+    pages while new ones are made); a person picks "the last one" from the top."""
+    items = ctx.call_pages("reservations.list", **ctx.list_scope(), poolId=a.pool,
+                           state=a.state)
+    ctx.emit(items[::-1], ctx.list_table(RESERVATIONS))
 
 
 def _narrowing(p: argparse.ArgumentParser) -> None:
@@ -194,13 +196,16 @@ def _register_the_rest(sub: Any) -> None:
     g = add_group(sub, "reservations", "Reservations: list them or show one.",
                   examples=["better-compute reservations list",
                             "better-compute reservations get $RSV --query state"])
-    p = add_verb(g, "list", reservations_list, "A tenant's reservations, oldest first.",
+    p = add_verb(g, "list", reservations_list, "A tenant's reservations, newest first.",
                  examples=["better-compute reservations list",
                            "better-compute reservations list --pool $POOL --state active -o wide",
+                           "better-compute reservations list -A --state active   # every "
+                           "tenant's (root)",
                            "better-compute reservations list -o name"])
     p.add_argument("--pool", metavar="POOL", help="only this pool's")
     p.add_argument("--state", help="only these states, e.g. active or placed,binding")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
+    add_all_tenants(p, "reservations")
     p = add_verb(g, "get", reservations_get,
                  "One reservation; --query state or --query binding as in the tutorial.",
                  examples=["better-compute reservations get $RSV --query state",

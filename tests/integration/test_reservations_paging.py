@@ -90,4 +90,4 @@ def test_the_cli_pages_through_every_reservation(env: dict[str, str], small_page
         made.append(json.loads(out)["id"])
     code, out, err = cli(env, "reservations", "list", "--query", "[].id")
     assert code == 0, err
-    assert json.loads(out) == made
+    assert json.loads(out) == made[::-1]  # newest first: [0] is the one made last

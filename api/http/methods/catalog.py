@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 from better_compute.api.http.rpc import Call, method
-from better_compute.api.http.schemas import NoParams, Params
+from better_compute.api.http.schemas import ListScope, NoParams, Params
 
 
 class TenantsCreate(Params, kw_only=True):
@@ -48,17 +48,17 @@ def tokens_create(call: Call, p: TokensCreate) -> dict[str, Any]:
     return call.service.tokens_create(call.principal, p.tenant_id, p.role, p.name, p.ttl)
 
 
-class TokensList(Params, kw_only=True):
-    tenant_id: str | None = None
+class TokensList(ListScope, kw_only=True):
     limit: int | None = None  # at most this many (1 to 1,000, the default)
     after: str | None = None  # only those created after this token (the next page)
 
 
 @method("tokens.list", TokensList,
         "A tenant's tokens (never their secrets), with their state, end and last use; a page "
-        "of at most limit (1,000) after after.")
+        "of at most limit (1,000) after after; allTenants: every tenant's (root admins).")
 def tokens_list(call: Call, p: TokensList) -> list[dict[str, Any]]:
-    return call.service.tokens_list(call.principal, p.tenant_id, p.limit, p.after)
+    return call.service.tokens.list(call.principal, p.tenant_id, p.limit, p.after,
+                                    p.all_tenants)
 
 
 class TokensRevoke(Params, kw_only=True):
@@ -92,9 +92,14 @@ def sites_get(call: Call, p: SitesGet) -> dict[str, Any]:
     return call.service.sites_get(call.principal, p.site_id)
 
 
-@method("sites.list", NoParams, "Sites the caller sees.")
-def sites_list(call: Call, _: NoParams) -> list[dict[str, Any]]:
-    return call.service.sites_list(call.principal)
+class SitesList(Params, kw_only=True):
+    all_tenants: bool = False  # say that every tenant's are meant (root sees them all anyway)
+
+
+@method("sites.list", SitesList,
+        "Sites the caller sees (root: every tenant's; allTenants says so, root only).")
+def sites_list(call: Call, p: SitesList) -> list[dict[str, Any]]:
+    return call.service.sites_list(call.principal, p.all_tenants)
 
 
 class PoolsCreate(Params, kw_only=True):
@@ -125,11 +130,14 @@ def pools_get(call: Call, p: PoolsGet) -> dict[str, Any]:
 
 class PoolsList(Params, kw_only=True):
     site_id: str | None = None
+    all_tenants: bool = False  # say that every tenant's are meant (root sees them all anyway)
 
 
-@method("pools.list", PoolsList, "Pools the caller owns or is offered.")
+@method("pools.list", PoolsList,
+        "Pools the caller owns or is offered (root: every tenant's; allTenants says so, root "
+        "only).")
 def pools_list(call: Call, p: PoolsList) -> list[dict[str, Any]]:
-    return call.service.pools_list(call.principal, p.site_id)
+    return call.service.pools_list(call.principal, p.site_id, p.all_tenants)
 
 
 class PoolsOffer(Params, kw_only=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from better_compute.api.http.rpc import Call, method
-from better_compute.api.http.schemas import Params, TenantScope
+from better_compute.api.http.schemas import ListScope, Params
 from better_compute.api.services.join import JoinService
 from better_compute.api.wire.join import JoinParams
 
@@ -20,7 +20,7 @@ class JoinTokensCreate(Params, kw_only=True):
     key: str | None = None
 
 
-class JoinTokensList(TenantScope, kw_only=True):
+class JoinTokensList(ListScope, kw_only=True):
     pool_id: str | None = None
 
 
@@ -40,9 +40,10 @@ def join_tokens_create(call: Call, p: JoinTokensCreate) -> dict[str, Any]:
                                p.expect_mac, p.expect_uuid, p.key)
 
 
-@method("joinTokens.list", JoinTokensList, "A tenant's join tokens (never their secrets).")
+@method("joinTokens.list", JoinTokensList,
+        "A tenant's join tokens (never their secrets); allTenants: every tenant's (root).")
 def join_tokens_list(call: Call, p: JoinTokensList) -> list[dict[str, Any]]:
-    return _joins(call).list(call.principal, p.tenant_id, p.pool_id)
+    return _joins(call).list(call.principal, p.tenant_id, p.pool_id, p.all_tenants)
 
 
 @method("joinTokens.get", JoinTokenRef, "One join token: state, uses, binding, expiry.")

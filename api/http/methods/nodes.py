@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from better_compute.api.http.rpc import Call, method
-from better_compute.api.http.schemas import Params, TenantScope
+from better_compute.api.http.schemas import ListScope, Params
 from better_compute.api.services.nodes import NodeService
 
 
-class NodesList(TenantScope, kw_only=True):
+class NodesList(ListScope, kw_only=True):
     pool_id: str | None = None
 
 
@@ -39,9 +39,11 @@ def _nodes(call: Call) -> NodeService:
     return call.services.nodes
 
 
-@method("nodes.list", NodesList, "Nodes of a tenant (root: all), optionally of one pool.")
+@method("nodes.list", NodesList,
+        "Nodes of a tenant (root without tenantId, or allTenants: every tenant's), optionally "
+        "of one pool.")
 def nodes_list(call: Call, p: NodesList) -> list[dict[str, Any]]:
-    return _nodes(call).list(call.principal, p.tenant_id, p.pool_id)
+    return _nodes(call).list(call.principal, p.tenant_id, p.pool_id, p.all_tenants)
 
 
 @method("nodes.get", NodeRef,

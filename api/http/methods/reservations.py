@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from better_compute.api.http.rpc import Call, method
-from better_compute.api.http.schemas import Params
+from better_compute.api.http.schemas import ListScope, Params
 
 
 class ReservationsCreate(Params, kw_only=True):
@@ -42,8 +42,7 @@ class ReservationRef(Params, kw_only=True):
     tenant_id: str | None = None
 
 
-class ReservationsList(Params, kw_only=True):
-    tenant_id: str | None = None
+class ReservationsList(ListScope, kw_only=True):
     pool_id: str | None = None
     state: str | None = None  # one state or a comma-separated list
     limit: int | None = None  # at most this many (1 to 1,000, the default)
@@ -75,10 +74,11 @@ def reservations_get(call: Call, p: ReservationRef) -> dict[str, Any]:
 
 
 @method("reservations.list", ReservationsList,
-        "A tenant's reservations, oldest first, a page of at most limit (1,000) after after.")
+        "A tenant's reservations (allTenants: every tenant's, root), oldest first, a page of "
+        "at most limit (1,000) after after.")
 def reservations_list(call: Call, p: ReservationsList) -> list[dict[str, Any]]:
     return call.services.reservations.list(call.principal, p.tenant_id, p.pool_id, p.state,
-                                           p.limit, p.after)
+                                           p.limit, p.after, p.all_tenants)
 
 
 @method("reservations.release", ReservationRef,
