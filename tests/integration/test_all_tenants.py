@@ -39,7 +39,7 @@ def test_the_list_commands_take_all_tenants() -> None:
 
 
 def test_root_lists_every_tenants_reservations_with_a_tenant_column(env: dict[str, str]) -> None:
-    root, acme, _ = _two_tenants(env)
+    root, _, _ = _two_tenants(env)
     code, out, err = cli_inprocess(["reservations", "list", "--query", "[].tenantId"], root)
     assert (code, json.loads(out)) == (0, ["root"]), err  # BETTER_COMPUTE_TENANT's only
     code, out, err = cli_inprocess(["reservations", "list", "-A", "--query", "[].tenantId"],
