@@ -9,7 +9,6 @@ reservations listed for one pool says nothing), and always with ``-o wide``. Tim
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -55,8 +54,10 @@ def cell(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else f"{value:.1f}"
-    if isinstance(value, dict | list):
-        return visible(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    if isinstance(value, list):  # never JSON in a cell: a detail view nests (describe)
+        return ", ".join(cell(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{cell(k)}={cell(v)}" for k, v in value.items())
     return visible(str(value))
 
 
@@ -132,7 +133,8 @@ def render(value: Any, table: Table, *, wide: bool = False) -> str:
 
 
 def generic_table(value: Any) -> str:
-    """Any other answer: a list of objects by its scalar fields, an object field by field."""
+    """Any other answer: a list of objects by its scalar fields, an object as its fields,
+    nested (``describe``)."""
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         headers: list[str] = []
         for row in value:
@@ -143,8 +145,76 @@ def generic_table(value: Any) -> str:
     if isinstance(value, list):
         return "".join(cell(v) + "\n" for v in value) if value else "No resources found.\n"
     if isinstance(value, dict):
-        return _text_rows(["FIELD", "VALUE"], [[cell(k), cell(v)] for k, v in value.items()])
+        return describe(value)
     return cell(value) + "\n"
+
+
+# --------------------------------------------------------------------------- detail views
+
+INDENT = "  "
+INLINE_LIST = 72  # a list of scalars up to this many characters stays on its key's line
+NONE = "<none>"  # an empty or null value, as kubectl describe shows it
+
+
+def _scalar(value: Any) -> bool:
+    return not isinstance(value, dict | list)
+
+
+def _flat(items: list[Any]) -> bool:
+    """Objects whose values are scalars or short lists of scalars: a table reads them."""
+    return all(isinstance(i, dict) and all(_scalar(v) or (isinstance(v, list) and all(
+        _scalar(x) for x in v)) for v in i.values()) for i in items)
+
+
+def _inline(value: Any) -> str:
+    """A scalar, or a list of scalars joined by commas, as one cell."""
+    if isinstance(value, list):
+        return ", ".join(cell(v) for v in value) if value else NONE
+    return NONE if value is None else cell(value)
+
+
+def describe(doc: dict[str, Any], depth: int = 0) -> str:
+    """One object as kubectl describe shows one: a field a line, ``name:`` and its value
+    aligned; nested objects indented under their name; lists of scalars on their line (or one
+    ``- item`` a line when long); lists of flat objects as an indented table; never JSON."""
+    pad = INDENT * depth
+    width = max((len(cell(k)) for k in doc), default=0) + 2
+    lines: list[str] = []
+    for key, value in doc.items():
+        label = f"{pad}{cell(key)}:"
+        if _scalar(value) or (isinstance(value, list | dict) and not value):
+            shown = _inline(None if isinstance(value, list | dict) else value)
+            lines.append(f"{label.ljust(len(pad) + width)}{shown}".rstrip())
+        elif isinstance(value, dict):
+            lines.append(label)
+            lines.append(describe(value, depth + 1).rstrip("\n"))
+        elif all(_scalar(v) for v in value):
+            text = _inline(value)
+            if len(text) <= INLINE_LIST:
+                lines.append(f"{label.ljust(len(pad) + width)}{text}")
+            else:
+                lines.append(label)
+                lines.extend(f"{pad}{INDENT}- {cell(v)}" for v in value)
+        elif _flat(value):
+            lines.append(label)
+            headers: list[str] = []
+            for row in value:
+                headers.extend(k for k in row if k not in headers)
+            table = _text_rows([cell(h).upper() for h in headers],
+                               [[_inline(row.get(h)) if h in row else "" for h in headers]
+                                for row in value])
+            lines.extend(f"{pad}{INDENT}{line}" for line in table.splitlines())
+        else:
+            lines.append(label)
+            for item in value:
+                if isinstance(item, dict):
+                    body = describe(item, depth + 2).splitlines()
+                    first = body[0][len(pad) + 2 * len(INDENT):] if body else NONE
+                    lines.append(f"{pad}{INDENT}- {first}")
+                    lines.extend(body[1:])
+                else:
+                    lines.append(f"{pad}{INDENT}- {_inline(item)}")
+    return "".join(line + "\n" for line in lines)
 
 
 # --------------------------------------------------------------------------- the resources

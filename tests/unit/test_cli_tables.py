@@ -168,3 +168,36 @@ def test_node_events_table_and_the_watch_line() -> None:
                                           (12 * 86400, "12d")])
 def test_spans_read_like_kubectl_ages(seconds: int, text: str) -> None:
     assert span(seconds) == text
+
+
+def test_detail_views_nest_fields_like_kubectl_describe_and_never_print_json() -> None:
+    rsv = {"id": RSV_IDS[0], "state": "active", "gpuCount": 4,
+           "request": {"gpus": 4, "for": "2h", "selector": None, "nvlink": False},
+           "binding": {"nodeId": NODE_DOCS[0]["id"],
+                       "cdiDevices": [f"bcd.dev/gpu=GPU-0-{g}" for g in range(4)],
+                       "envFile": "/run/bcd/allocations/alloc_0.env"},
+           "hostResources": {"cpus": 104, "memoryGiB": 956}, "labels": []}
+    out = Terminal()
+    emit(rsv, out=out)
+    text = out.getvalue()
+    assert not set(text) & set('{}[]"'), text  # no JSON anywhere
+    assert f"id:            {RSV_IDS[0]}\n" in text
+    assert "request:\n  gpus:     4\n  for:      2h\n  selector: <none>\n  nvlink:   false\n" \
+        in text
+    assert "binding:\n  nodeId:" in text and "  cdiDevices:\n    - bcd.dev/gpu=GPU-0-0\n" in text
+    assert "hostResources:\n  cpus:      104\n  memoryGiB: 956\n" in text
+    assert "labels:        <none>\n" in text
+    node = Terminal()
+    emit(NODE_DOCS[1], out=node)
+    gpus = node.getvalue().split("gpus:\n", 1)[1].splitlines()
+    assert gpus[0].split() == ["UUID", "HEALTHY"] and gpus[4].split() == ["GPU-1-3", "false"]
+    preview = {"fits": False, "reason": "held", "earliest": {
+        "start": "2026-12-03T14:00:00Z", "nodeId": NODE_DOCS[0]["id"],
+        "hostResources": {"cpus": 52, "memoryGiB": 478}}}
+    shown = Terminal()
+    emit(preview, out=shown)
+    assert shown.getvalue().endswith(
+        "earliest:\n  start:         2026-12-03T14:00:00Z\n"
+        f"  nodeId:        {NODE_DOCS[0]['id']}\n"
+        "  hostResources:\n    cpus:      52\n    memoryGiB: 478\n")
+    assert "{" not in shown.getvalue()
