@@ -132,6 +132,29 @@ def render(value: Any, table: Table, *, wide: bool = False) -> str:
     return text
 
 
+class Rows:
+    """A table printed a row at a time (``list --watch``): the header and the first rows set
+    the columns and their widths; every later row is aligned to them (a longer cell only
+    pushes its own line)."""
+
+    def __init__(self, table: Table, docs: list[dict[str, Any]], *, wide: bool) -> None:
+        self.columns = [c for c in table.columns if wide or not c.wide]
+        cells = [self._cells(d) for d in docs]
+        self.widths = [max([len(c.header), *(len(row[i]) for row in cells)])
+                       for i, c in enumerate(self.columns)]
+        self.first = "".join(self._line(row) for row in
+                             [[c.header for c in self.columns], *cells])
+
+    def _cells(self, doc: dict[str, Any]) -> list[str]:
+        return [cell(c.get(doc)) for c in self.columns]
+
+    def _line(self, row: list[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(row, self.widths, strict=True)).rstrip() + "\n"
+
+    def line(self, doc: dict[str, Any]) -> str:
+        return self._line(self._cells(doc))
+
+
 def generic_table(value: Any) -> str:
     """Any other answer: a list of objects by its scalar fields, an object as its fields,
     nested (``describe``)."""

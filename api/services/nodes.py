@@ -22,7 +22,7 @@ from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.inventory import release_all
 from better_compute.api.services.unit import RETRY_ATTEMPTS
 from better_compute.api.store.eventlog import render
-from better_compute.api.store.node_presence import Reports
+from better_compute.api.store.node_presence import Presence, Reports
 from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned, iso
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
@@ -31,7 +31,11 @@ from better_compute.domain.errors import Conflict, InvalidInput, NotFound
 from better_compute.domain.gpus import Gpu
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
-from better_compute.domain.node_rules import ACCEPTANCE_PENDING, acceptance_checks
+from better_compute.domain.node_rules import (
+    ACCEPTANCE_PENDING,
+    PROVISION_REMOVED,
+    acceptance_checks,
+)
 from better_compute.domain.policy import node_sections
 from better_compute.domain.pool import Pool
 from better_compute.domain.quota import QuotaUse, quota_uuid
@@ -44,6 +48,10 @@ T = TypeVar("T")
 HISTORY_MIN = timedelta(seconds=12 * BUCKET_S)  # 1h
 HISTORY_MAX = timedelta(seconds=MAX_WINDOW_S)  # 7d
 
+
+
+def _moment(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _reason(text: str | None, what: str) -> str:
@@ -101,7 +109,10 @@ class NodeService:
     # ---------------------------------------------------------------- queries
 
     def list(self, principal: Principal, tenant_id: str | None, pool_id: str | None,
-             all_tenants: bool = False) -> builtins.list[dict[str, Any]]:
+             all_tenants: bool = False, include_removed: bool = False
+             ) -> builtins.list[dict[str, Any]]:
+        """The nodes, oldest first, each with the newest heartbeat as ``session.lastSeen``;
+        removed nodes only with ``include_removed``."""
         where = None
         if pool_id:
             parse_id("pool", pool_id)  # a malformed --pool is an error, not an empty list
@@ -109,14 +120,35 @@ class NodeService:
         if principal.is_root and tenant_id is None:
             all_tenants = True
         tenant = self.service.aggregates.listed_tenant(principal, tenant_id, all_tenants, "nodes")
-        return self.service.listing("node", tenant_id=tenant, where=where)
+        docs = self.service.listing("node", tenant_id=tenant, where=where)
+        if not include_removed:
+            docs = [d for d in docs if d.get("provisionState") != PROVISION_REMOVED]
+        return self._last_seen(docs)
 
     def get(self, principal: Principal, node_id: str) -> dict[str, Any]:
-        """The node, with ``report``: the newest report summary the gateway kept (or null)."""
+        """The node, with ``report``: the newest report summary the gateway kept (or null),
+        and the newest heartbeat as ``session.lastSeen``."""
         node = self._node(principal, node_id)
         doc = node.to_doc()
         doc["report"] = Reports(self.service.sql).latest(str(node.id))
-        return doc
+        return self._last_seen([doc])[0]
+
+    def _last_seen(self, docs: builtins.list[dict[str, Any]]) -> builtins.list[dict[str, Any]]:
+        """``session.lastSeen`` of each node: its newest heartbeat or report in its current
+        session (what the gateway keeps beside the events, api/store/node_presence.py) when
+        that is newer than the last session event (connected, disconnected)."""
+        if not docs:
+            return docs
+        heard = Presence(self.service.sql).last_seen()
+        for doc in docs:
+            session = doc.get("session") or {}
+            beat = heard.get(str(parse_id("node", doc["id"])))
+            if beat is None or beat[0] != session.get("epoch"):
+                continue
+            recorded = session.get("lastSeen")
+            if recorded is None or _moment(recorded) < beat[1]:
+                doc["session"] = {**session, "lastSeen": iso(beat[1])}
+        return docs
 
     def events(self, principal: Principal, node_id: str) -> builtins.list[dict[str, Any]]:
         """Every event of the node, oldest first, as the event log shows them."""

@@ -129,7 +129,10 @@ _FINAL = ("expired", "invalid_input", "unauthenticated", "permission_denied", "n
 
 def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
                out: TextIO, err: TextIO, show: Printer,
-               audit: Mapping[str, str] | None = None) -> None:
+               audit: Mapping[str, str] | None = None,
+               on_connect: Callable[[], None] | None = None) -> None:
+    """Follow the stream over HTTP; ``on_connect``, when given, runs each time the stream is
+    (re)established instead of the "following" line (``list --watch`` lists then)."""
     import random
 
     from better_compute.cli.client import StreamClient, httpx_module
@@ -142,6 +145,9 @@ def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
     delay = RETRY_FIRST
 
     def connected() -> None:
+        if on_connect is not None:
+            on_connect()
+            return
         where = (f"after sequence {resumer.position}" if resumer.position is not None
                  else "from now on")
         print(f"events watch: following {client.base}/events/watch {where}", file=err,
@@ -172,8 +178,10 @@ def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
 
 
 def watch_local(env: Mapping[str, str], since: int | None, types: str | None,
-                out: TextIO, show: Printer, audit: Mapping[str, str] | None = None) -> None:
-    """No server: follow the local store directly (as the local operator)."""
+                out: TextIO, show: Printer, audit: Mapping[str, str] | None = None,
+                on_connect: Callable[[], None] | None = None) -> None:
+    """No server: follow the local store directly (as the local operator); ``on_connect``
+    runs once the position to follow from is known."""
     from better_compute.api.runtime import Runtime
     from better_compute.api.store.eventlog import AuditFilter, EventLog, filter_for
     from better_compute.domain.access import LOCAL_OPERATOR
@@ -190,6 +198,8 @@ def watch_local(env: Mapping[str, str], since: int | None, types: str | None,
             runtime.service.clock()))
         position = log.head() if since is None else since
         log.check_position(position)
+        if on_connect is not None:
+            on_connect()
         while True:
             entries, read_to = log.scan(flt, position)
             lines = [shown for e in entries

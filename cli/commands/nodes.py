@@ -7,16 +7,40 @@ import argparse
 from typing import Any
 
 from better_compute.cli.context import Context
+from better_compute.cli.follow import add_watch_flag, follow
 from better_compute.cli.registry import add_all_tenants, add_group, add_verb
 from better_compute.cli.tables import EVENTS, NODES
 
 
-def nodes_list(ctx: Context, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("nodes.list", **ctx.list_scope(), poolId=a.pool), ctx.list_table(NODES))
+def nodes_list(ctx: Context, a: argparse.Namespace) -> int | None:
+    def first() -> list[dict[str, Any]]:
+        return list(ctx.call("nodes.list", **ctx.list_scope(), poolId=a.pool,
+                             includeRemoved=a.include_removed or None))
+
+    if not a.watch:
+        ctx.emit(first(), ctx.list_table(NODES))
+        return None
+    scope = ctx.list_scope()
+    pool = ctx.call("pools.get", poolId=a.pool)["id"] if a.pool else None
+
+    def keep(doc: dict[str, Any]) -> bool:
+        return ((pool is None or doc.get("poolId") == pool)
+                and (scope.get("tenantId") is None or doc.get("tenantId") == scope["tenantId"])
+                and (a.include_removed or doc.get("provisionState") != "removed"))
+
+    return follow(ctx, types="node.*", first=first, keep=keep,
+                  fetch=lambda node: dict(ctx.call("nodes.get", nodeId=node)),
+                  table=ctx.list_table(NODES))
 
 
-def nodes_get(ctx: Context, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("nodes.get", nodeId=a.node))
+def nodes_get(ctx: Context, a: argparse.Namespace) -> int | None:
+    doc = ctx.call("nodes.get", nodeId=a.node)
+    if not a.watch:
+        ctx.emit(doc)
+        return None
+    return follow(ctx, types="node.*", first=lambda: [doc], keep=lambda _: True,
+                  fetch=lambda node: dict(ctx.call("nodes.get", nodeId=node)), table=NODES,
+                  only={str(doc["id"])})
 
 
 def nodes_events(ctx: Context, a: argparse.Namespace) -> None:
@@ -69,17 +93,23 @@ def register(sub: Any) -> None:
                  examples=["better-compute nodes list --pool $POOL",
                            "better-compute nodes list -o wide",
                            "better-compute nodes list -A           # every tenant's (root)",
+                           "better-compute nodes list --pool $POOL -w  # then a row per change",
                            "export NODE=$(better-compute nodes list --pool $POOL --query '[0].id')",
                            "for n in $(better-compute nodes list -o name); do "
                            "better-compute nodes get $n --query provisionState; done"])
     p.add_argument("--pool", metavar="POOL", help="only the nodes of this pool")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
     add_all_tenants(p, "nodes")
+    p.add_argument("--include-removed", action="store_true",
+                   help="list removed nodes too (hidden by default)")
+    add_watch_flag(p, "each node")
     p = add_verb(g, "get", nodes_get,
                  "One node; --query provisionState or --query conditions picks a part.",
                  examples=["better-compute nodes get $NODE --query provisionState",
-                           "better-compute nodes get $NODE --query conditions"])
+                           "better-compute nodes get $NODE --query conditions",
+                           "better-compute nodes get gpu-sn-7701 -w     # a row per change"])
     p.add_argument("node", metavar="NODE", help="the node: its id (node_…) or its hostname")
+    add_watch_flag(p, "the node")
     p = add_verb(g, "events", nodes_events,
                  "The node's events, oldest first (node.joined, node.connected, …).",
                  examples=["better-compute nodes events $NODE",

@@ -17,6 +17,7 @@ from typing import Any
 from better_compute.cli.commands import capacity
 from better_compute.cli.commands.queue_wait import wait_while_queued
 from better_compute.cli.context import Context
+from better_compute.cli.follow import add_watch_flag, follow
 from better_compute.cli.registry import add_all_tenants, add_group, add_verb
 from better_compute.cli.tables import RESERVATIONS
 from better_compute.domain.errors import InvalidInput, Unavailable
@@ -86,16 +87,42 @@ def extend(ctx: Context, a: argparse.Namespace) -> None:
                       tenantId=ctx.tenant))
 
 
-def reservations_get(ctx: Context, a: argparse.Namespace) -> None:
-    ctx.emit(ctx.call("reservations.get", reservationId=a.reservation, tenantId=ctx.tenant))
+def _reservation(ctx: Context, rsv: str) -> dict[str, Any]:
+    return dict(ctx.call("reservations.get", reservationId=rsv, tenantId=ctx.tenant))
 
 
-def reservations_list(ctx: Context, a: argparse.Namespace) -> None:
+def reservations_get(ctx: Context, a: argparse.Namespace) -> int | None:
+    doc = _reservation(ctx, a.reservation)
+    if not a.watch:
+        ctx.emit(doc)
+        return None
+    return follow(ctx, types="reservation.*", first=lambda: [doc], keep=lambda _: True,
+                  fetch=lambda rsv: _reservation(ctx, rsv), table=RESERVATIONS,
+                  only={str(doc["id"])})
+
+
+def reservations_list(ctx: Context, a: argparse.Namespace) -> int | None:
     """Every one, newest first: the server answers a page at a time, oldest first (stable
     pages while new ones are made); a person picks "the last one" from the top."""
-    items = ctx.call_pages("reservations.list", **ctx.list_scope(), poolId=a.pool,
-                           state=a.state)
-    ctx.emit(items[::-1], ctx.list_table(RESERVATIONS))
+    def first() -> list[dict[str, Any]]:
+        items = ctx.call_pages("reservations.list", **ctx.list_scope(), poolId=a.pool,
+                               state=a.state)
+        return list(items[::-1])
+
+    if not a.watch:
+        ctx.emit(first(), ctx.list_table(RESERVATIONS))
+        return None
+    scope = ctx.list_scope()
+    pool = ctx.call("pools.get", poolId=a.pool)["id"] if a.pool else None
+    states = {s.strip() for s in (a.state or "").split(",") if s.strip()}
+
+    def keep(doc: dict[str, Any]) -> bool:
+        return ((pool is None or doc.get("poolId") == pool)
+                and (not states or doc.get("state") in states)
+                and (scope.get("tenantId") is None or doc.get("tenantId") == scope["tenantId"]))
+
+    return follow(ctx, types="reservation.*", first=first, keep=keep,
+                  fetch=lambda rsv: _reservation(ctx, rsv), table=ctx.list_table(RESERVATIONS))
 
 
 def _narrowing(p: argparse.ArgumentParser) -> None:
@@ -206,9 +233,12 @@ def _register_the_rest(sub: Any) -> None:
     p.add_argument("--state", help="only these states, e.g. active or placed,binding")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
     add_all_tenants(p, "reservations")
+    add_watch_flag(p, "each reservation")
     p = add_verb(g, "get", reservations_get,
                  "One reservation; --query state or --query binding as in the tutorial.",
                  examples=["better-compute reservations get $RSV --query state",
-                           "better-compute reservations get $RSV --query binding"])
+                           "better-compute reservations get $RSV --query binding",
+                           "better-compute reservations get $RSV -w   # placed, binding, active…"])
     p.add_argument("reservation", metavar="RSV", help="rsv_…")
     p.add_argument("--tenant", help="the tenant (default: BETTER_COMPUTE_TENANT)")
+    add_watch_flag(p, "the reservation")

@@ -11,6 +11,7 @@ from better_compute.api.services.nodes import NodeService
 
 class NodesList(ListScope, kw_only=True):
     pool_id: str | None = None
+    include_removed: bool = False  # removed nodes too (hidden by default)
 
 
 class NodeRef(Params, kw_only=True):
@@ -41,9 +42,10 @@ def _nodes(call: Call) -> NodeService:
 
 @method("nodes.list", NodesList,
         "Nodes of a tenant (root without tenantId, or allTenants: every tenant's), optionally "
-        "of one pool.")
+        "of one pool; removed ones only with includeRemoved.")
 def nodes_list(call: Call, p: NodesList) -> list[dict[str, Any]]:
-    return _nodes(call).list(call.principal, p.tenant_id, p.pool_id, p.all_tenants)
+    return _nodes(call).list(call.principal, p.tenant_id, p.pool_id, p.all_tenants,
+                             p.include_removed)
 
 
 @method("nodes.get", NodeRef,
