@@ -17,7 +17,12 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from better_compute.api.net import is_loopback
-from better_compute.domain.errors import InvalidInput, Unavailable, error_from_code
+from better_compute.domain.errors import (
+    BetterComputeError,
+    InvalidInput,
+    Unavailable,
+    error_from_code,
+)
 
 
 def httpx_module() -> ModuleType:
@@ -81,6 +86,95 @@ def tls_context(env: Mapping[str, str], *, system_store: bool = True) -> ssl.SSL
                 "it at the serving CA certificate `better-compute init` wrote"
             ) from None
     return context
+
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def connection_error(base: str, exc: BaseException, closed: bool | None = None
+                     ) -> BetterComputeError:
+    """What a failed connection to ``base`` (the API root) means for the person who set
+    BETTER_COMPUTE_URL: ``invalid_input`` (exit 2: fix the setting, retrying cannot help) when
+    the server's certificate is not trusted, when the URL says http:// to a port that speaks
+    TLS, or when the port asks for a client certificate (the agents' gateway); otherwise
+    ``unavailable`` (exit 11: retry). ``closed``: the server closed or reset the connection
+    without an answer (default: read from ``exc``, an http.client or socket error)."""
+    if closed is None:
+        closed = isinstance(exc, ConnectionError | ssl.SSLError | http_client().HTTPException)
+    parsed = urlparse(base)
+    host, https = parsed.hostname or "", parsed.scheme == "https"
+    port = parsed.port or (443 if https else 80)
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in text:
+        return InvalidInput(
+            f"{base}: the server's certificate is not trusted ({text}): set "
+            "BETTER_COMPUTE_CA_FILE to the serving CA certificate `better-compute init` wrote "
+            "(DATA_DIR/serving-ca.pem), or use the host name the server's certificate names "
+            "(serve --hostname)")
+    if not https and closed and _speaks_tls(host, port):
+        return InvalidInput(
+            f"{base}: port {port} speaks HTTPS, and the URL says http:// ({text}): set "
+            f"BETTER_COMPUTE_URL=https://{parsed.netloc}")
+    if https and closed and (
+            "CERTIFICATE_REQUIRED" in text.upper() or _asks_for_a_certificate(host, port)):
+        return InvalidInput(
+            f"{base}: the server asks for a client certificate ({text}): that is the agents' "
+            "gateway (mutual TLS, for bcd), not the API: set BETTER_COMPUTE_URL to the API's "
+            "address (`serve --listen`; scripts/run serves it on https://localhost:8443)")
+    return Unavailable(f"cannot reach {base} ({text})")
+
+
+def http_client() -> ModuleType:
+    import http.client
+
+    return http.client
+
+
+def _tls_probe(host: str, port: int) -> ssl.SSLSocket | None:
+    """A TLS connection to ``host:port`` that trusts anything (only to learn what speaks
+    there; nothing is sent on it that a secret could be part of), or None."""
+    import socket
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        raw = socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S)
+    except OSError:
+        return None
+    try:
+        return context.wrap_socket(raw, server_hostname=host)
+    except (OSError, ssl.SSLError):
+        raw.close()
+        return None
+
+
+def _speaks_tls(host: str, port: int) -> bool:
+    probe = _tls_probe(host, port)
+    if probe is None:
+        return False
+    probe.close()
+    return True
+
+
+def _asks_for_a_certificate(host: str, port: int) -> bool:
+    """The TLS handshake completes, and the server then ends the connection (TLS 1.3 sends
+    its verdict on the client's certificate after the handshake) instead of answering a
+    plain HTTP request: a server that requires a client certificate."""
+    probe = _tls_probe(host, port)
+    if probe is None:
+        return False
+    try:
+        probe.sendall(b"GET /api/compute/health HTTP/1.1\r\nHost: probe\r\n"
+                      b"Connection: close\r\n\r\n")
+        answered = probe.recv(16)
+    except ssl.SSLError as exc:
+        return "CERTIFICATE_REQUIRED" in str(exc).upper() or isinstance(exc, ssl.SSLEOFError)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return not answered
 
 
 class HttpClient:
@@ -152,12 +246,7 @@ class HttpClient:
                 self.close()
         except (OSError, http.client.HTTPException) as exc:
             self.close()
-            hint = ""
-            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
-                hint = (": the server's certificate is not trusted; set BETTER_COMPUTE_CA_FILE "
-                        "to the serving CA certificate `better-compute init` wrote")
-            raise Unavailable(f"cannot reach {self.base} ({exc or type(exc).__name__}){hint}"
-                              ) from None
+            raise connection_error(self.base, exc) from None
         try:
             answer = json.loads(content)
             if not isinstance(answer, dict):

@@ -135,7 +135,7 @@ def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
     (re)established instead of the "following" line (``list --watch`` lists then)."""
     import random
 
-    from better_compute.cli.client import StreamClient, httpx_module
+    from better_compute.cli.client import StreamClient, connection_error, httpx_module
 
     httpx = httpx_module()
     url = env["BETTER_COMPUTE_URL"].strip()
@@ -144,7 +144,10 @@ def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
     resumer = Resumer(since)
     delay = RETRY_FIRST
 
+    ever_connected: list[bool] = []
+
     def connected() -> None:
+        ever_connected.append(True)
         if on_connect is not None:
             on_connect()
             return
@@ -167,6 +170,12 @@ def watch_http(env: Mapping[str, str], since: int | None, types: str | None,
                 reason = str(exc)
             except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if not ever_connected:  # never connected: a setting may be wrong
+                    closed = isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError |
+                                        httpx.ConnectError)
+                    error = connection_error(client.base, exc, closed)
+                    if isinstance(error, InvalidInput):
+                        raise error from None
             pause = delay * (0.75 + random.random() / 2)
             where = f"after sequence {resumer.position}" if resumer.position is not None else "now"
             print(f"events watch: {reason}; reconnecting in {pause:.1f}s to resume {where}",
