@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from .errors import BcdError
+from .errors import BcdError, io_code
 from .files import write_atomic
 
 
@@ -43,6 +43,7 @@ class NodeSection(_Section, kw_only=True):
     tenant_id: str
     role: str = "node"
     certificate_not_after: str | None = None  # RFC 3339
+    join_token_id: str | None = None  # jt_…: the join token this machine joined with
 
 
 class FilesSection(_Section, kw_only=True):
@@ -101,13 +102,14 @@ def load(path: Path) -> AgentConfig | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise BcdError(f"cannot read {path}: {exc.strerror}; run bcd as root or fix its mode") from None
+        raise BcdError(f"cannot read {path}: {exc.strerror}; run bcd as root or fix its mode",
+                       code=io_code(exc)) from None
     try:
         return msgspec.toml.decode(data, type=AgentConfig)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise BcdError(
             f"{path} is not a valid bcd config: {exc}. Fix that line (docs/bcd.md lists "
-            "every key) or move the file away to join afresh"
+            "every key) or move the file away to join afresh", code="invalid_input"
         ) from None
 
 

@@ -36,7 +36,7 @@ def normalize_server(url: str) -> str:
     if parts.scheme != "https" or not parts.netloc:
         raise BcdError(
             f"--server {url!r} is not an https URL: give the control plane's API root, "
-            "for example https://compute.example.com/api/compute"
+            "for example https://compute.example.com/api/compute", code="invalid_input"
         )
     return url.strip().rstrip("/")
 
@@ -84,8 +84,8 @@ def _decode_well_known(url: str, response: httpx.Response) -> WellKnown:
     if response.status_code != 200:
         raise BcdError(
             f"GET {url} answered HTTP {response.status_code}: check --server (the API root, "
-            "ending in /api/compute) and that this control plane serves the well-known document"
-        )
+            "ending in /api/compute) and that this control plane serves the well-known document",
+            code="unavailable" if response.status_code >= 500 else "invalid_input")
     try:
         return msgspec.json.decode(response.content, type=WellKnown)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -110,11 +110,13 @@ def _get(url: str, verify: ssl.SSLContext) -> httpx.Response:
         if isinstance(exc.__cause__, ssl.SSLCertVerificationError) or "CERTIFICATE" in str(exc):
             raise BcdError(
                 f"the TLS certificate of {url} is not issued by the pinned serving CA: another "
-                "server answered, or the control plane's serving certificate is not from its PKI"
-            ) from None
-        raise BcdError(f"cannot reach {url}: {exc}; check --server and the network") from None
+                "server answered, or the control plane's serving certificate is not from its PKI",
+                code="invalid_input") from None
+        raise BcdError(f"cannot reach {url}: {exc}; check --server and the network",
+                       code="unavailable") from None
     except httpx.HTTPError as exc:
-        raise BcdError(f"cannot reach {url}: {exc}; check --server and the network") from None
+        raise BcdError(f"cannot reach {url}: {exc}; check --server and the network",
+                       code="unavailable") from None
 
 
 def fetch_unverified(server: str) -> Fetched:
@@ -138,8 +140,8 @@ class HttpControlPlane:
             raise BcdError(
                 f"the serving CA at {self.server} has pin {published}, not the "
                 f"--serving-ca-pin {serving_ca_pin} you gave: refusing to join. Check the pin with "
-                "`better-compute pki show --query servingCaSpkiPin` on the control plane"
-            )
+                "`better-compute pki show --query servingCaSpkiPin` on the control plane",
+                code="invalid_input")
         self._context = pinned_context(first.serving_ca_certificate)
         url = self.server + WELL_KNOWN_PATH
         return _decode_well_known(url, _get(url, self._context))
@@ -155,7 +157,7 @@ class HttpControlPlane:
                 response = client.post(url, json=body)
         except httpx.HTTPError as exc:
             raise BcdError(f"cannot reach {url}: {exc}; nothing was written, run bcd join "
-                           "again once the control plane is reachable") from None
+                           "again once the control plane is reachable", code="unavailable") from None
         return _rpc_result(url, response)
 
 
@@ -163,7 +165,8 @@ def _rpc_result(url: str, response: httpx.Response) -> SignedJoinResponse:
     try:
         answer: Any = json.loads(response.content)
     except ValueError:
-        raise BcdError(f"POST {url} answered HTTP {response.status_code}, not JSON-RPC") from None
+        raise BcdError(f"POST {url} answered HTTP {response.status_code}, not JSON-RPC",
+                       code="unavailable") from None
     if not isinstance(answer, dict):
         raise BcdError(f"POST {url} answered something other than a JSON-RPC response")
     error = answer.get("error")

@@ -19,10 +19,12 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TextIO
 
 import msgspec
@@ -51,7 +53,7 @@ from better_compute.api.wire.sealing import (
 from . import config as config_file
 from .config import AgentConfig, FilesSection, NodeSection, ServerSection
 from .control_plane import ControlPlane, HttpControlPlane, ca_pin, normalize_server
-from .errors import BcdError
+from .errors import BcdError, UsageError
 from .files import write_atomic
 from .hardware import collect
 from .join_token import JoinToken, read_token
@@ -110,12 +112,12 @@ def resolve(options: JoinOptions, existing: AgentConfig | None) -> tuple[str, Pi
     if missing:
         raise BcdError(
             f"bcd join needs {', '.join(missing)} (or the same in config.toml's [server], as the "
-            f"install script writes it); {_FETCH_PINS}"
+            f"install script writes it); {_FETCH_PINS}", code="invalid_input"
         )
     for flag, value in values.items():
         if not str(value).startswith("sha256/"):
             raise BcdError(f"{flag} {value!r} is not a pin: pins look like sha256/<base64>; "
-                           f"{_FETCH_PINS}")
+                           f"{_FETCH_PINS}", code="invalid_input")
     pins = Pins(values["--serving-ca-pin"], values["--join-signing-pin"],  # type: ignore[arg-type]
                 values["--join-encryption-pin"])  # type: ignore[arg-type]
     return normalize_server(str(server)), pins, server_cfg.gateway_url
@@ -148,8 +150,8 @@ def check_well_known(document: WellKnown, pins: Pins) -> tuple[ed25519.Ed25519Pu
         if theirs != ours:
             raise BcdError(
                 f"the control plane publishes {label} pin {theirs}, but {flag} is {ours}: "
-                f"refusing to join (nothing written). Check the pin: {_FETCH_PINS}"
-            )
+                f"refusing to join (nothing written). Check the pin: {_FETCH_PINS}",
+                code="invalid_input")
     signing = _public_key(document.join_signing_public_key, ed25519.Ed25519PublicKey,
                           "joinSigningPublicKey")
     encryption = _public_key(document.join_encryption_public_key, x25519.X25519PublicKey,
@@ -230,7 +232,8 @@ def jwk(public_key: x25519.X25519PublicKey, pin: str) -> str:
 
 def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
                     document: WellKnown, encryption: x25519.X25519PublicKey,
-                    key: ec.EllipticCurvePrivateKey, joined: Joined) -> None:
+                    key: ec.EllipticCurvePrivateKey, joined: Joined, token_id: str | None
+                    ) -> None:
     response = joined.response
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
@@ -251,6 +254,7 @@ def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
             id=response.node_id, site_id=response.site_id, pool_id=response.pool_id,
             tenant_id=response.tenant_id, role=response.role,
             certificate_not_after=rfc3339(joined.not_after, timespec="seconds"),
+            join_token_id=token_id,
         ),
         files=FilesSection(
             key=str(paths.node_key), certificate=str(paths.node_certificate),
@@ -265,6 +269,54 @@ def _write_identity(paths: Paths, server: str, pins: Pins, gateway: str | None,
     config_file.save(paths.config, config)  # last: its [node] is what "joined" means
 
 
+_TOKEN_ID = re.compile(r"^bcjt_([a-z2-7]{26})\.")
+
+
+def join_token_id(secret: str) -> str | None:
+    """The id (``jt_…``) a join token's secret names, or None for one that names none."""
+    found = _TOKEN_ID.match(secret)
+    return f"jt_{found.group(1)}" if found else None
+
+
+def _offered_token(options: JoinOptions, env: Mapping[str, str], stdin: TextIO | None
+                   ) -> JoinToken | None:
+    """The join token this run was given, if any could be read (a second run after a join
+    finds its --token-file deleted: then none was offered)."""
+    if options.token_file and not Path(options.token_file).exists():
+        return None
+    try:
+        return read_token(options.token_file, env, stdin)
+    except UsageError:
+        return None
+
+
+def _check_same_join(existing: AgentConfig, options: JoinOptions, paths: Paths,
+                     env: Mapping[str, str], stdin: TextIO | None) -> None:
+    """A run on a joined machine repeats its join (exit 0: nothing to do) unless it names
+    another control plane, other pins or another join token: then it is refused
+    (``conflict``), since this machine stays joined where it is."""
+    assert existing.node is not None
+    server = existing.server
+    given = (("--server", (options.server or "").strip().rstrip("/"), server.url),
+             ("--serving-ca-pin", options.serving_ca_pin, server.serving_ca_pin),
+             ("--join-signing-pin", options.join_signing_pin, server.join_signing_pin),
+             ("--join-encryption-pin", options.join_encryption_pin, server.join_encryption_pin))
+    why = next((f"{flag} {ours} is not the {theirs} it joined with"
+                for flag, ours, theirs in given if ours and theirs and ours != theirs), None)
+    joined_with = existing.node.join_token_id
+    token = _offered_token(options, env, stdin) if why is None and joined_with else None
+    if token is not None and join_token_id(token.secret) != joined_with:
+        offered = join_token_id(token.secret) or "not a join token"
+        why = f"the join token from {token.source} is {offered}, not {joined_with}, which it " \
+              "joined with"
+    if why is not None:
+        node = existing.node.id
+        raise BcdError(
+            f"this machine is already joined as {node}, and {why}: nothing was changed. To join "
+            f"it elsewhere, remove the node (`better-compute nodes remove {node}`) and run bcd "
+            f"join again, or move {paths.config} away first", code="conflict")
+
+
 def join(options: JoinOptions, *, paths: Paths, env: Mapping[str, str], stdin: TextIO | None,
          out: TextIO = sys.stdout,
          control_plane: Callable[[str], ControlPlane] = HttpControlPlane,
@@ -273,6 +325,7 @@ def join(options: JoinOptions, *, paths: Paths, env: Mapping[str, str], stdin: T
     removed = removed_node(paths)
     if existing is not None and existing.node is not None:
         if removed != existing.node.id:
+            _check_same_join(existing, options, paths, env, stdin)
             print(f"already joined as {existing.node.id}", file=out)
             return 0
         print(f"node {removed} was removed from the control plane: joining again", file=out)
@@ -290,7 +343,8 @@ def join(options: JoinOptions, *, paths: Paths, env: Mapping[str, str], stdin: T
     sealed = seal_to(encryption, msgspec.json.encode(request))
     signed = plane.join(JoinParams(sealed=base64.b64encode(sealed).decode("ascii")))
     joined = verify_response(signed, signing, nonce, key)
-    _write_identity(paths, server, pins, gateway, document, encryption, key, joined)
+    _write_identity(paths, server, pins, gateway, document, encryption, key, joined,
+                    join_token_id(token.secret))
     removed_marker(paths).unlink(missing_ok=True)
     if token.file is not None:
         token.file.unlink(missing_ok=True)

@@ -46,7 +46,8 @@ def _agent_lock(paths: Paths) -> Iterator[None]:
         except BlockingIOError:
             raise BcdError(
                 f"another bcd node is already running on this machine (it holds {folder}/lock): "
-                "stop it first (systemctl stop bcd), or read it with `bcd status`"
+                "stop it first (systemctl stop bcd), or read it with `bcd status`",
+                code="conflict"
             ) from None
         yield
     finally:
@@ -93,7 +94,8 @@ def _metrics_socket(address: tuple[str, int] | None) -> socket.socket | None:
 
 def _log_format(text: str | None) -> str:
     if text not in (None, *logs.FORMATS):
-        raise BcdError(f"log format {text!r} ([log] format of config.toml) is not text or json")
+        raise BcdError(f"log format {text!r} ([log] format of config.toml) is not text or json",
+                       code="invalid_input")
     return text or "text"
 
 
@@ -127,7 +129,9 @@ def node_command(config: str | None, *, paths: Paths, env: Mapping[str, str],
 
 
 class NodeRemovedError(BcdError):
-    """Exit status 3: the node was removed; the systemd unit does not restart bcd then."""
+    """Exit status 3 (``not_found``): the node was removed; the systemd unit does not restart
+    bcd then."""
 
-    exit_code = 3
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="not_found")
 

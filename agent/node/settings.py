@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from .. import config as config_file
 from ..control_plane import ca_pin
-from ..errors import BcdError
+from ..errors import BcdError, io_code
 from ..paths import Paths
 
 _DEFAULT_PORTS = {"https": 443}
@@ -74,7 +74,7 @@ class NodeSettings:
             ) from None
         except OSError as exc:
             raise BcdError(f"cannot read the node key {self.key_path}: {exc.strerror}; "
-                           "run bcd node as root") from None
+                           "run bcd node as root", code=io_code(exc)) from None
         try:
             key = serialization.load_pem_private_key(data, password=None)
         except (ValueError, TypeError):
@@ -119,7 +119,7 @@ def parse_gateway_url(url: str | None, config_path: Path) -> Endpoint:
         raise BcdError(
             f"{config_path} has no gateway_url in [server]: the control plane did not publish "
             "one at join time. Set gateway_url = \"tls://HOST:PORT\" (the address of "
-            "`better-compute serve --gateway-listen`) under [server]"
+            "`better-compute serve --gateway-listen`) under [server]", code="invalid_input"
         )
     parts = urlsplit(url.strip())
     scheme = parts.scheme.lower()
@@ -131,7 +131,7 @@ def parse_gateway_url(url: str | None, config_path: Path) -> Endpoint:
             parts.path not in ("", "/"):
         raise BcdError(
             f"gateway_url {url!r} in {config_path} is not a gateway address: write "
-            "tls://HOST:PORT or https://HOST[:PORT] (no path)"
+            "tls://HOST:PORT or https://HOST[:PORT] (no path)", code="invalid_input"
         )
     return Endpoint(host=parts.hostname, port=port, url=url.strip())
 
@@ -157,12 +157,12 @@ def load_settings(config_path: Path) -> NodeSettings:
     if config is None:
         raise BcdError(
             f"{config_path} does not exist: this machine has not joined. Run `bcd join` first "
-            "(see docs/bcd.md), or pass the right --config"
+            "(see docs/bcd.md), or pass the right --config", code="not_initialized"
         )
     if config.node is None or config.files is None:
         raise BcdError(
             f"{config_path} has no [node]: this machine has not joined yet. Run `bcd join` "
-            "with a join token first"
+            "with a join token first", code="not_initialized"
         )
     node = config.node
     return NodeSettings(

@@ -15,7 +15,7 @@ import msgspec
 
 from better_compute.api.wire.gateway import SectionState
 
-from ..errors import BcdError
+from ..errors import BcdError, io_code
 from ..files import write_atomic
 from ..paths import Paths
 
@@ -47,7 +47,8 @@ def load_state(path: Path, node_id: str) -> NodeState:
     except FileNotFoundError:
         return NodeState(node_id=node_id)
     except OSError as exc:
-        raise BcdError(f"cannot read {path}: {exc.strerror}; run bcd node as root") from None
+        raise BcdError(f"cannot read {path}: {exc.strerror}; run bcd node as root",
+                       code=io_code(exc)) from None
     try:
         state = msgspec.json.decode(data, type=NodeState)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

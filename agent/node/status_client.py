@@ -38,18 +38,19 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def _unreachable(path: Path, why: str) -> BcdError:
-    return BcdError(f"cannot read the running agent at {path}: {why}")
+def _unreachable(path: Path, why: str, code: str = "unavailable") -> BcdError:
+    return BcdError(f"cannot read the running agent at {path}: {why}", code=code)
 
 
 def fetch_status(socket_path: Path) -> dict[str, object]:
     if not socket_path.exists():
         raise BcdError(
             f"bcd node is not running: there is no socket at {socket_path}. Start it "
-            "(systemctl start bcd, or bcd node --config /etc/bcd/config.toml)"
-        )
+            "(systemctl start bcd, or bcd node --config /etc/bcd/config.toml)",
+            code="unavailable")
     if not os.access(socket_path, os.R_OK | os.W_OK):
-        raise _unreachable(socket_path, "permission denied; run it as root (sudo bcd status)")
+        raise _unreachable(socket_path, "permission denied; run it as root (sudo bcd status)",
+                           "permission_denied")
     conn = _UnixConnection(str(socket_path), timeout=10.0)
     try:
         conn.request("GET", STATUS_PATH)

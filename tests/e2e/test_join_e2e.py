@@ -138,6 +138,20 @@ def test_join_the_server_with_bcd_as_the_tutorial_writes_it(tutorial: Tutorial) 
     assert (code, out) == (0, f"already joined as {node_id}\n"), err
     assert t.uses(token_id) == 1
 
+    # Another token, or another pin, on the joined machine: refused (conflict, exit 6), never
+    # "already joined" with exit 0; nothing changes and the other token is not spent.
+    before = (etc / "config.toml").read_bytes()
+    other = t.mint("./other-token", key="join-sn-7701-b")
+    code, out, err = t.bcd("join", "--server", server, *t.pins(), "--token-file", "./other-token")
+    assert (code, out) == (6, ""), err
+    assert f"already joined as {node_id}, and the join token from --token-file other-token " \
+           f"is {other}, not {token_id}" in err
+    pins = t.pins()
+    pins[1] = "sha256/" + "A" * 43 + "="
+    code, _, err = t.bcd("join", "--server", server, *pins)
+    assert code == 6 and f"--serving-ca-pin {pins[1]} is not the" in err, err
+    assert (etc / "config.toml").read_bytes() == before and t.uses(other) == 0
+
 
 def test_agent_side_refusals_write_nothing_and_spend_no_token(tutorial: Tutorial) -> None:
     t = tutorial
@@ -148,7 +162,7 @@ def test_agent_side_refusals_write_nothing_and_spend_no_token(tutorial: Tutorial
 
     def refused(*argv: str, match: str) -> str:
         code, out, err = t.bcd("join", *argv)
-        assert code != 0 and out == ""
+        assert code == 2 and out == "", err  # invalid_input: fix the flag or the file
         assert match in err, err
         assert not config.exists()
         assert t.uses(token_id) == 0

@@ -79,7 +79,7 @@ async def test_bcd_node_runs_serves_status_and_stops_on_sigterm(tmp_path: Path) 
             assert {gpu["family"] for gpu in status["gpus"]} == {"H100"}
 
             second = await anyio.run_process([BCD, "node"], env=env, check=False)
-            assert second.returncode == 1
+            assert second.returncode == 6  # conflict, graded as the CLI's (docs/bcd.md)
             assert b"already running" in second.stderr
 
             process.send_signal(signal.SIGTERM)
@@ -104,7 +104,7 @@ async def test_status_without_a_running_agent_says_how_to_start_it(tmp_path: Pat
     result = await anyio.run_process([BCD, "status"], env={"BCD_ROOT": str(tmp_path),
                                                             "PATH": os.environ["PATH"]},
                                      check=False)
-    assert result.returncode == 1
+    assert result.returncode == 11  # unavailable: start it, then it answers
     assert b"bcd node is not running" in result.stderr and b"systemctl start bcd" in result.stderr
 
 

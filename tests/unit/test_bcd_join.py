@@ -106,13 +106,45 @@ def test_join_writes_identity_only_after_verifying(host: Host, tmp_path: Path) -
 
 def test_second_join_says_already_joined_and_contacts_nothing(host: Host, tmp_path: Path) -> None:
     paths, env = host
-    plane = FakeControlPlane()
-    run_join(options(plane, tmp_path), plane, paths, env)
+    first = "bcjt_" + "a" * 26 + ".first-secret-0123456789abcdefghijkl"
+    plane = FakeControlPlane(token=first)
+    run_join(options(plane), plane, paths, {**env, "BCD_JOIN_TOKEN": first})
     before = paths.config.read_bytes()
-    again = FakeControlPlane()  # a different control plane: it must not even be asked
-    out = run_join(options(again), again, paths, env, stdin="another-token\n")
+    assert tomllib.loads(before.decode())["node"]["join_token_id"] == "jt_" + "a" * 26
+    calls = plane.calls
+    # Its token file was deleted by the join: run again as written, then with the same token.
+    assert run_join(options(plane, token_file=str(tmp_path / "gone")), plane, paths, env) \
+        == f"already joined as {NODE_ID}\n"
+    out = run_join(options(plane), plane, paths, env, stdin=first + "\n")
     assert out == f"already joined as {NODE_ID}\n"
-    assert again.calls == 0 and paths.config.read_bytes() == before
+    assert plane.calls == calls and paths.config.read_bytes() == before
+
+
+@pytest.mark.parametrize("change", ["token", "not-a-token", "pin", "server"])
+def test_a_join_that_contradicts_the_one_made_is_refused(host: Host, tmp_path: Path,
+                                                          change: str) -> None:
+    """Another token, another control plane or other pins on a joined machine: an error
+    (conflict, exit status 6) that changes nothing, never "already joined" and exit 0."""
+    paths, env = host
+    first = "bcjt_" + "a" * 26 + ".first-secret-0123456789abcdefghijkl"
+    plane = FakeControlPlane(token=first)
+    run_join(options(plane), plane, paths, env, stdin=first)
+    before = paths.config.read_bytes()
+    opts, stdin = options(plane), first
+    if change == "token":
+        stdin = "bcjt_" + "b" * 26 + ".other-secret-0123456789abcdefghijkl"
+    elif change == "not-a-token":
+        stdin = "another-token"
+    elif change == "pin":
+        opts = options(FakeControlPlane())  # another PKI's pins
+    else:
+        opts = options(plane, server="https://other.example.com/api/compute")
+    with pytest.raises(BcdError, match=f"already joined as {NODE_ID}, and ") as refused:
+        join(opts, paths=paths, env=env, stdin=io.StringIO(stdin), out=io.StringIO(),
+             control_plane=plane)
+    assert refused.value.code == "conflict" and refused.value.exit_code == 6
+    assert "nothing was changed" in str(refused.value)
+    assert paths.config.read_bytes() == before and plane.calls == 1
 
 
 def test_token_from_environment_and_from_standard_input(host: Host) -> None:

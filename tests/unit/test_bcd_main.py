@@ -21,12 +21,15 @@ def test_positional_arguments_to_join_are_refused_without_echoing_them(
     assert not (tmp_path / "etc").exists()
 
 
-@pytest.mark.parametrize(("command", "says"), [("node", "bcd join"), ("status", "not running")])
+@pytest.mark.parametrize(("command", "says", "status"), [
+    ("node", "bcd join", 10),  # not_initialized: the machine never joined
+    ("status", "not running", 11),  # unavailable: start bcd node
+])
 def test_node_and_status_on_a_machine_that_never_joined(
-        command: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        command: str, says: str, status: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("BCD_ROOT", str(tmp_path))
-    assert main([command]) == 1
+    assert main([command]) == status
     assert says in capsys.readouterr().err
 
 
