@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ssl
-import time
 from pathlib import Path
 
 import httpx
@@ -87,17 +86,16 @@ def test_a_watcher_10000_events_behind_catches_up_in_order(env: dict[str, str]) 
         with serve(watch_env(env, BETTER_COMPUTE_WATCH_WINDOW="1000")) as server:
             write_sites(runtime, 10_000, per_save=100)
             expected = log_sequences(runtime)
-            started = time.monotonic()
+            # How fast it catches up is benchmarks/watch.py's to measure: here only that it
+            # does, with a bound no loaded machine reaches (a hang fails, a slow run does not).
             reader = Reader(server, token, _ca(env), since=0)
-            got = [e["sequence"] for e in reader.events(len(expected), timeout=120)]
-            elapsed = time.monotonic() - started
+            got = [e["sequence"] for e in reader.events(len(expected), timeout=240)]
             assert got == expected  # every event, in order, none twice
             assert len(got) >= 10_000
             # Then it follows live events like any other watcher.
             live = write_sites(runtime, 1)
             assert reader.events(1)[0]["sequence"] == live[0]
             reader.close()
-            assert elapsed < 60, f"catching up 10,000 events took {elapsed:.1f}s"
     finally:
         runtime.close()
 
