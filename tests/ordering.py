@@ -40,6 +40,8 @@ SECONDS: dict[str, float] = {
     "tests/e2e/test_node_retirement_e2e.py::test_drain_remove_force_and_rejoin": 21,
     "tests/e2e/test_node_inventory_e2e.py::test_a_node_cannot_take_another_nodes_gpus_and_a_repair_needs_the_operator": 21,
     "tests/e2e/test_join_e2e.py::test_join_the_server_with_bcd_as_the_tutorial_writes_it": 19,
+    "tests/e2e/test_connection_errors_e2e.py::test_wrong_settings_say_what_to_fix_and_exit_2": 10,
+    "tests/e2e/test_cli_views_e2e.py::test_names_and_watch_against_a_real_server": 8,
     "tests/e2e/test_queue_e2e.py::test_earliest_start_moves_forward_and_the_queue_places_by_itself": 17,
     "tests/e2e/test_kubernetes_e2e.py::test_kubernetes_workers_get_exactly_the_gpus_they_reserved": 17,
     "tests/e2e/test_spine_e2e.py::test_a_release_while_bcd_is_away_completes_when_it_returns": 16,
