@@ -54,7 +54,7 @@ def test_hostile_text_from_a_node_is_bounded_and_shown_escaped(env: dict[str, st
             assert raw not in shown.stdout, (raw, shown.stdout)
         assert "1.0 \\x1b]0;TITLE\\x07\\x1b[2J\\x1b[31m\\u202e[red]x[/red]\\u2066\\x9b" \
             in shown.stdout
-        assert "gpu\\u001b]0;TITLE" in shown.stdout  # the hostname given at join (JSON)
+        assert "gpu\\x1b]0;TITLE" in shown.stdout  # the hostname given at join
         events = run([CLI, "nodes", "events", node, "-o", "table"], c.env)
         assert events.returncode == 0 and "node.connected" in events.stdout, events.stderr
         for raw in RAW:
