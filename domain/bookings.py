@@ -12,7 +12,10 @@ Events (internal, owned by the pool's owner, so offered tenants never see
 them): ``bookings.opened``, ``bookings.booked``, ``bookings.extended``,
 ``bookings.ended``. A booking that ended leaves the state at once: every
 request starts at or after the store's current time, so it can no longer
-overlap anything.
+overlap anything, except by a time read before its end was saved. So each
+GPU keeps when its last booking ended (``freed``), and a booking never starts
+before that: a start read earlier moves to it (docs/decisions.md, "Recorded
+bookings never overlap").
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class NodeBookings(TenantOwned):
         self.node_id = node_id
         self.pool_id = pool_id
         self.bookings: dict[str, dict[str, Any]] = {}
+        self.freed: dict[str, datetime] = {}  # GPU -> when its last booking that ran ended
 
     # ------------------------------------------------------------- queries
 
@@ -84,16 +88,27 @@ class NodeBookings(TenantOwned):
     def booking(self, allocation_id: str) -> dict[str, Any] | None:
         return self.bookings.get(allocation_id)
 
+    def free_from(self, gpus: list[str]) -> datetime | None:
+        """When the last booking of any of ``gpus`` that had started ended (None: none)."""
+        freed = getattr(self, "freed", {})  # (aggregates cached before it was kept)
+        ends = [freed[g] for g in gpus if g in freed]
+        return max(ends) if ends else None
+
     # ------------------------------------------------------------ commands
 
     def book(
         self, *, allocation_id: str, reservation_id: str, holder: str, gpus: list[str],
         cpus: int, memory_gib: int, start: datetime, end: datetime,
         cpu_capacity: int | None = None, memory_capacity_gib: int | None = None,
-    ) -> None:
-        """Book ``gpus`` for [start, end); Conflict when any is taken at some instant."""
+    ) -> tuple[datetime, datetime]:
+        """Book ``gpus`` for [start, end); Conflict when any is taken at some instant. A
+        start before the GPUs' last booking ended (``free_from``: a time read before that end
+        was saved) moves to that end, the length kept. Returns the interval booked."""
         if end <= start:
             raise InvalidInput("a booking must end after it starts")
+        free_from = self.free_from(gpus)
+        if free_from is not None and start < free_from:
+            start, end = free_from, end + (free_from - start)
         if not gpus or len(set(gpus)) != len(gpus):
             raise InvalidInput("a booking needs distinct GPUs")
         if allocation_id in self.bookings:
@@ -117,6 +132,7 @@ class NodeBookings(TenantOwned):
         self._booked(node_id=self.node_id, allocation_id=allocation_id,
                      reservation_id=reservation_id, holder=holder, gpus=list(gpus), cpus=cpus,
                      memory_gib=memory_gib, start=start, end=end)
+        return start, end
 
     @event("Booked", topic="bookings.booked")
     def _booked(self, node_id: str, allocation_id: str, reservation_id: str, holder: str,
@@ -158,7 +174,12 @@ class NodeBookings(TenantOwned):
 
     @event("Ended", topic="bookings.ended")
     def _ended(self, node_id: str, allocation_id: str, at: datetime) -> None:
+        ended = self.bookings[allocation_id]
         self.bookings = {k: v for k, v in self.bookings.items() if k != allocation_id}
+        if at > ended["start"]:  # it ran: its GPUs were held until ``at`` (or its end)
+            until = min(at, ended["end"])
+            freed = getattr(self, "freed", {})
+            self.freed = {**freed, **{g: max(until, freed.get(g, until)) for g in ended["gpus"]}}
 
     def to_doc(self) -> dict[str, Any]:
         return {

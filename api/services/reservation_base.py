@@ -162,16 +162,20 @@ class ReservationCore:
                              data=exc.data) from None
 
     def book(self, bookings: NodeBookings, placement: Placement, *, allocation_id: str,
-              reservation_id: str, holder: str, start: datetime, end: datetime) -> None:
+             reservation_id: str, holder: str, start: datetime, end: datetime
+             ) -> tuple[datetime, datetime]:
+        """Book ``placement`` on ``bookings``; the interval booked: [start, end), or moved to
+        where the GPUs' last booking ended when ``start`` is before it (``NodeBookings.book``),
+        which the reservation then records too."""
         cpu_cap = mem_cap = None
         if placement.host is not None:  # the candidate's: nothing to read
             cpu_cap, mem_cap = placement.host
         elif (share := node_host_share(self.sql, placement.node_id)) is not None:
             cpu_cap, mem_cap = share[0] * share[2], share[1] * share[2]
-        bookings.book(allocation_id=allocation_id, reservation_id=reservation_id, holder=holder,
-                      gpus=list(placement.gpus), cpus=placement.cpus,
-                      memory_gib=placement.memory_gib, start=start, end=end,
-                      cpu_capacity=cpu_cap, memory_capacity_gib=mem_cap)
+        return bookings.book(allocation_id=allocation_id, reservation_id=reservation_id,
+                             holder=holder, gpus=list(placement.gpus), cpus=placement.cpus,
+                             memory_gib=placement.memory_gib, start=start, end=end,
+                             cpu_capacity=cpu_cap, memory_capacity_gib=mem_cap)
 
     def retrying(self, change: Callable[[], list[TenantOwned]]) -> None:
         """Run ``change`` (which re-reads what it changes) and save; again on a conflict

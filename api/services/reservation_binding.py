@@ -176,6 +176,10 @@ class ReservationBinding:
         except NoCapacity:
             return None
         bookings = self.core.bookings_of(placement.node_id, pool)
+        freed = bookings.free_from(list(placement.gpus))  # the end stays the reservation's
+        begin = max(begin, freed) if freed is not None else begin
+        if begin >= rsv.end:
+            return None
         allocation_id = new_allocation_id()
         try:
             self.core.book(bookings, placement, allocation_id=allocation_id,

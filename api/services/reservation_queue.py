@@ -213,8 +213,9 @@ class ReservationQueue:
             return _Outcome("waits")
         start, end = moment(slot.start), moment(slot.end)
         bookings = self.core.bookings_of(placement.node_id, pool)
-        self.core.book(bookings, placement, allocation_id=allocation_id,
-                   reservation_id=rsv.public_id, holder=rsv.tenant_id, start=start, end=end)
+        start, end = self.core.book(bookings, placement, allocation_id=allocation_id,
+                                    reservation_id=rsv.public_id, holder=rsv.tenant_id,
+                                    start=start, end=end)
         rsv.dequeue(at=now, allocation_id=allocation_id, node_id=placement.node_id,
                     gpus=list(placement.gpus), cpus=placement.cpus,
                     memory_gib=placement.memory_gib, start=start, end=end)
@@ -242,9 +243,9 @@ class ReservationQueue:
         old = self.core.bookings_of(rsv.node_id, pool)
         old.end(rsv.allocation_id, now)
         new = old if placement.node_id == rsv.node_id else self.core.bookings_of(placement.node_id, pool)
-        start = moment(slot.start)
-        self.core.book(new, placement, allocation_id=allocation_id, reservation_id=rsv.public_id,
-                   holder=rsv.tenant_id, start=start, end=moment(slot.end))
+        start, _ = self.core.book(new, placement, allocation_id=allocation_id,
+                                  reservation_id=rsv.public_id, holder=rsv.tenant_id,
+                                  start=moment(slot.start), end=moment(slot.end))
         previous_allocation = rsv.allocation_id
         rsv.reschedule(reason="gpus-freed", allocation_id=allocation_id,
                        node_id=placement.node_id, gpus=list(placement.gpus),

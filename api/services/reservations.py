@@ -279,13 +279,17 @@ class ReservationService:
         rsv_id = public_id("rsv", uuid)
         bookings = self.core.bookings_of(placement.node_id, pool)
         allocation_id = new_allocation_id()
+        starts_now = begin <= now
         try:
-            self.core.book(bookings, placement, allocation_id=allocation_id,
-                       reservation_id=rsv_id, holder=tenant, start=begin, end=end)
+            begin, end = self.core.book(bookings, placement, allocation_id=allocation_id,
+                                        reservation_id=rsv_id, holder=tenant, start=begin,
+                                        end=end)
         except Conflict:
             if time.monotonic() > give_up:
                 raise
             return None
+        if starts_now:  # moved to where the GPUs were freed, it still starts now
+            now = max(now, begin)
         rsv = Reservation(
             id=uuid, tenant_id=tenant, pool_id=pool.public_id, gpu_count=gpus,
             request=fields, start=begin, end=end, key=key, fingerprint=fp,

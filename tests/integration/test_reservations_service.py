@@ -134,6 +134,26 @@ def test_release_ends_bookings_at_database_time_and_frees_the_gpus(runtime: Any)
     assert rs.release(OP, a["id"])["state"] == "released"  # again: nothing changes
 
 
+def test_a_booking_never_starts_before_the_previous_booking_of_its_gpus_ended(
+        runtime: Any) -> None:
+    """A create's time is read before its save; a release saved in between ended the GPUs'
+    last booking later than that time (each process reads the database's clock in its own
+    transaction, seen here as the clock going back a second). The new booking starts where
+    the old one ended, so recorded intervals of one GPU never overlap, and it still starts now
+    (bound in its own save)."""
+    rs, clock, pool, (node_id,) = setup(runtime, nodes=1)
+    first = reserve(rs, pool, 8)
+    clock.advance(minutes=10)
+    ended = rs.release(OP, first["id"])["endedAt"]
+    clock.advance(seconds=-1)  # read before the release was saved
+    second = reserve(rs, pool, 8, duration="1h")
+    assert second["start"] == ended == "2031-05-01T12:10:00Z"
+    assert second["end"] == "2031-05-01T13:10:00Z"  # its length kept
+    assert rs.get_doc(OP, second["id"])["state"] == "binding"
+    (booked,) = bookings(runtime, node_id).bookings.values()
+    assert booked["start"] == datetime(2031, 5, 1, 12, 10, tzinfo=UTC)
+
+
 def test_cancel_before_start_and_refused_after(runtime: Any) -> None:
     rs, clock, pool, _ = setup(runtime)
     later = reserve(rs, pool, 2, start="+2h")
@@ -347,9 +367,9 @@ def test_a_booking_takes_the_node_s_host_share_from_the_placer_s_candidate(
     caps: list[tuple[Any, Any]] = []
     real_book = NodeBookings.book
 
-    def book(self: NodeBookings, **kwargs: Any) -> None:
+    def book(self: NodeBookings, **kwargs: Any) -> tuple[datetime, datetime]:
         caps.append((kwargs["cpu_capacity"], kwargs["memory_capacity_gib"]))
-        real_book(self, **kwargs)
+        return real_book(self, **kwargs)
 
     monkeypatch.setattr(NodeBookings, "book", book)
     first = reserve(rs, pool, 4)

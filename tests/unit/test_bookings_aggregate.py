@@ -81,21 +81,30 @@ ops = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(ops)
 def test_no_gpu_is_ever_double_booked(steps: list[tuple[str, set[int], int, int, int]]) -> None:
+    """Neither among the bookings held nor among the intervals recorded: a booking that ended
+    held its GPUs from its start to when it ended (or its end), and a later booking of them
+    never starts inside that, whatever time it asked for."""
     b = fresh()
+    recorded: list[tuple[set[str], datetime, datetime]] = []
     for n, (op, gpu_set, start, length, pick) in enumerate(steps):
         allocs = sorted(b.bookings)
         try:
             if op == "book":
                 book(b, f"alloc_{n}", [f"g{i}" for i in sorted(gpu_set)], start, start + length)
             elif op == "end" and allocs:
+                ending = b.bookings[allocs[pick % len(allocs)]]
                 b.end(allocs[pick % len(allocs)], h(start))
+                if h(start) > ending["start"]:
+                    recorded.append((set(ending["gpus"]), ending["start"],
+                                     min(h(start), ending["end"])))
             elif op == "extend" and allocs:
                 alloc = allocs[pick % len(allocs)]
                 b.extend(alloc, b.bookings[alloc]["end"] + timedelta(hours=length))
         except Conflict:
             pass
-        items = list(b.bookings.values())
-        for i, x in enumerate(items):
-            for y in items[i + 1:]:
-                if overlaps(x["start"], x["end"], y["start"], y["end"]):
-                    assert not set(x["gpus"]) & set(y["gpus"])
+        items = [(set(x["gpus"]), x["start"], x["end"]) for x in b.bookings.values()]
+        items += recorded
+        for i, (gpus, start_at, end_at) in enumerate(items):
+            for other, other_start, other_end in items[i + 1:]:
+                if overlaps(start_at, end_at, other_start, other_end):
+                    assert not gpus & other
