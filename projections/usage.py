@@ -5,6 +5,9 @@ events alone, with times taken from the events' own fields (the control
 plane's clock when it decided), never from when the event was stored:
 
 * ``reservation.placed``: tenant, pool, GPU count, start and end;
+* ``reservation.queued``: the same, booking nothing yet (start and end: when it was queued);
+* ``reservation.dequeued``, ``reservation.rescheduled``: the start and end it was booked for
+  (from the queue; moved earlier);
 * ``reservation.extended``: the new end;
 * ``reservation.active``: an active period opens (at its ``at``; events
   recorded before that field existed use the event's time);
@@ -36,6 +39,7 @@ def _at(event: Any) -> int:
 
 class UsageProjection(ReadModel):
     name = "usage"
+    version = 2  # 2: reservations booked from the queue or moved earlier count from their start
 
     def table_names(self) -> list[str]:
         return ["bc_usage"]
@@ -57,14 +61,20 @@ class UsageProjection(ReadModel):
         if not kind.startswith("reservation."):
             return
         uuid = str(event.originator_id)
-        if kind == "reservation.placed":
+        if kind in ("reservation.placed", "reservation.queued"):
+            placed = kind == "reservation.placed"
             sql.execute(
                 cursor,
                 "INSERT INTO bc_usage (uuid, id, tenant_id, pool_id, gpus, start_us, end_us, "
                 "ended_us, active) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, '[]')",
                 (uuid, public_id("rsv", event.originator_id), event.tenant_id, event.pool_id,
-                 int(event.gpu_count), to_us(event.start), to_us(event.end)),
+                 int(event.gpu_count), to_us(event.start if placed else event.at),
+                 to_us(event.end if placed else event.at)),
             )
+            return
+        if kind in ("reservation.dequeued", "reservation.rescheduled"):
+            sql.execute(cursor, "UPDATE bc_usage SET start_us = ?, end_us = ? WHERE uuid = ?",
+                        (to_us(event.start), to_us(event.end), uuid))
             return
         sql.execute(cursor, "SELECT active FROM bc_usage WHERE uuid = ?", (uuid,))
         row = cursor.fetchone()

@@ -47,10 +47,13 @@ class _Upto(StoreEvents):
 
 
 def _norm(value: Any) -> Any:
+    """A column's value as compared: numbers as floats of 12 significant digits (a sum kept by
+    adding and taking away, 2015.56 GiB at a time, drifts in its last bits from the same sum
+    made at once: the same figure)."""
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int | float):
-        return float(value) if math.isfinite(float(value)) else str(value)
+        return float(f"{float(value):.12g}") if math.isfinite(float(value)) else str(value)
     if isinstance(value, memoryview | bytes):
         return bytes(value).decode()
     return value

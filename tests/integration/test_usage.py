@@ -166,3 +166,39 @@ def test_the_cli_writes_csv_for_billing(world: Any, capsys: pytest.CaptureFixtur
     assert [(r["tenantId"], r["day"], r["bookedGpuSeconds"]) for r in rows] == [
         ("acme", "2031-05-01", "93600"), ("acme", "2031-05-02", "28800"),
         ("globex", "2031-05-01", "3600"), ("globex", "2031-05-02", "3600")]
+
+
+def test_a_reservation_placed_from_the_queue_or_moved_earlier_counts_from_its_start(
+        runtime: Any) -> None:
+    """A queued reservation is booked by ``reservation.dequeued`` (no ``reservation.placed``),
+    and one moved earlier records its new start in ``reservation.rescheduled``: usage counts
+    each from the start it ended up with, as its record shows."""
+    clock = Clock()  # 12:00
+    runtime.service.clock = clock
+    service = runtime.service
+    pool = make_pool(service, key="pool-q")
+    add_nodes(service, pool, 1)  # 8 GPUs
+    service.tenants_create(OP, "acme", None)
+    service.pools_offer(OP, pool, "acme", {"gpu": 4})
+    rs: ReservationService = runtime.services.reservations
+
+    def reserve(tenant: str, gpus: int, **kw: Any) -> dict[str, Any]:
+        return rs.create(OP, tenant_id=tenant, pool_id=pool, gpus=gpus, duration="1h", **kw)
+
+    held = reserve("acme", 4)  # 12:00, acme's whole quota
+    queued = reserve("acme", 4, queue=True)  # over the quota: queued
+    owner = reserve("root", 4)  # 12:00-13:00, the node's other half
+    later = reserve("root", 4, start="earliest")  # 13:00, moved earlier when GPUs free up
+    assert (queued["state"], later["start"]) == ("queued", "2031-05-01T13:00:00Z")
+    clock.advance(minutes=10)  # 12:10
+    rs.release(OP, held["id"])
+    rs.release(OP, owner["id"])
+    rs.dispatch(pool)
+    assert rs.get_doc(OP, queued["id"])["start"] == "2031-05-01T12:10:00Z"
+    assert rs.get_doc(OP, later["id"])["start"] == "2031-05-01T12:10:00Z"
+    clock.advance(minutes=30)  # 12:40
+    # acme: 4 x 10 min (held) + 4 x 30 min (dequeued at 12:10) = 9600 GPU-seconds;
+    # root: 4 x 10 min (owner) + 4 x 30 min (moved from 13:00 to 12:10) = 9600.
+    assert booked(report(runtime)) == [("acme", 9600, 0), ("root", 9600, 0)]
+    runtime.projections.rebuild("usage")
+    assert booked(report(runtime)) == [("acme", 9600, 0), ("root", 9600, 0)]
