@@ -911,6 +911,7 @@ def run_schedule(folder: Path, *, seconds: float, backend: str = "sqlite", repli
     from better_compute.benchmarks.history_check import check
 
     began = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
     history = History(folder / "history.jsonl")
     try:
         with Installation(folder, backend=backend, replicas=replicas, workers=workers,

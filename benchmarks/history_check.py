@@ -389,8 +389,9 @@ class Checker:
                 continue
             token = note.split()[1]
             self.checked += 1
-            if token in revoked_at and call["sent"] >= revoked_at[token] and \
-                    call["code"] != "unauthenticated":
+            accepted = call["outcome"] == "ack" or (call["outcome"] == "refused"
+                                                    and call["code"] != "unauthenticated")
+            if token in revoked_at and call["sent"] >= revoked_at[token] and accepted:
                 self.broken("revoked-token-accepted",
                             f"token {token} was revoked, then a call with it got "
                             f"{call['outcome']} {call['code'] or ''}",

@@ -47,13 +47,13 @@ class _Upto(StoreEvents):
 
 
 def _norm(value: Any) -> Any:
-    """A column's value as compared: numbers as floats of 12 significant digits (a sum kept by
-    adding and taking away, 2015.56 GiB at a time, drifts in its last bits from the same sum
-    made at once: the same figure)."""
+    """A column's value as compared: numbers as floats rounded to the microsecond (times are
+    epoch seconds; a sum kept by adding and taking away, 2015.56 GiB at a time, drifts in its
+    last bits, 1e-12 or so, from the same sum made at once: the same figure)."""
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int | float):
-        return float(f"{float(value):.12g}") if math.isfinite(float(value)) else str(value)
+        return round(float(value), 6) + 0.0 if math.isfinite(float(value)) else str(value)
     if isinstance(value, memoryview | bytes):
         return bytes(value).decode()
     return value
@@ -74,6 +74,11 @@ def _comparable(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """Rows as sorted tuples of (column, value), numbers as floats (backends differ in types)."""
     return sorted((tuple(sorted((k, _snapshot(v) if k == "snapshot" else _norm(v))
                                 for k, v in r.items())) for r in rows), key=repr)
+
+
+def _row(row: tuple[Any, ...]) -> str:
+    """A compared row as a person reads it (a long value cut short)."""
+    return "{" + ", ".join(f"{k}={str(v)[:60]}" for k, v in row) + "}"
 
 
 class Verifier:
@@ -172,12 +177,15 @@ class Verifier:
         for table, live_rows in tables.items():
             rows, again = _comparable(live_rows), _comparable(again_tables[table])
             if again != rows:
-                extra = len(set(again) - set(rows))
-                missing = len(set(rows) - set(again))
+                extra = sorted(set(again) - set(rows), key=repr)
+                missing = sorted(set(rows) - set(again), key=repr)
+                first = (f"; live {_row(missing[0])}" if missing else "") + \
+                    (f"; rebuilt {_row(extra[0])}" if extra else "")
                 self.problem(f"read model {name}, table {table}: {len(rows)} live rows at "
-                             f"position {position}, the rebuild has {len(again)} ({missing} "
-                             f"differ or are missing, {extra} differ or are extra): run "
-                             f"`better-compute projections rebuild {name}`")
+                             f"position {position}, the rebuild has {len(again)} "
+                             f"({len(missing)} differ or are missing, {len(extra)} differ or "
+                             f"are extra{first}): run `better-compute projections rebuild "
+                             f"{name}`")
                 return f"differs at position {position}"
         return f"equal at position {position}"
 
