@@ -21,7 +21,7 @@ def assert_booked_once_within_quota(store: Any, pool: str, nodes: list[str],
     for node_id in nodes:
         try:
             agg = store.repository.get(bookings_uuid(node_id))
-        except Exception:
+        except AggregateNotFoundError:  # nothing was ever booked on it
             continue
         assert isinstance(agg, NodeBookings)
         booked.extend({**b, "node": node_id} for b in agg.bookings.values())
@@ -34,7 +34,7 @@ def assert_booked_once_within_quota(store: Any, pool: str, nodes: list[str],
         rsv = store.repository.get(parse_id("rsv", doc["id"]))
         assert isinstance(rsv, Reservation) and rsv.gpus == doc["gpus"]
     held = sum(d["gpuCount"] for d in placed if d["tenantId"] == tenant)
-    assert held <= quota
+    assert held <= quota, f"{tenant} holds {held} GPUs, over its quota of {quota}"
     try:
         use = store.repository.get(quota_uuid(pool, tenant))
     except AggregateNotFoundError:  # none of the tenant's creates was placed

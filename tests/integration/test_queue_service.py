@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from eventsourcing.application import AggregateNotFoundError
 
 from better_compute.api.controllers.queue import QueueDispatcher
 from better_compute.api.controllers.reservations import ReservationTimers
@@ -35,10 +36,7 @@ def events(runtime: Any, rsv: str) -> list[str]:
 
 
 def quota_events(runtime: Any, pool: str, tenant: str, rsv: str) -> list[str]:
-    try:
-        stored = runtime.store.events.get(quota_uuid(pool, tenant))
-    except Exception:
-        return []
+    stored = runtime.store.events.get(quota_uuid(pool, tenant))  # none yet: empty
     return [type(e).TOPIC for e in stored if getattr(e, "reservation_id", None) == rsv]
 
 
@@ -47,7 +45,7 @@ def booked(runtime: Any, node_ids: list[str], rsv: str) -> list[dict[str, Any]]:
     for node_id in node_ids:
         try:
             agg = bookings(runtime, node_id)
-        except Exception:
+        except AggregateNotFoundError:  # nothing was ever booked on it
             continue
         out.extend(b for b in agg.bookings.values() if b["reservationId"] == rsv)
     return out

@@ -5,7 +5,8 @@ every release refunds it: threads of one server that save at once would all star
 same version, and all but one lose the save and try again (measured through ``serve`` at 16
 clients: 0.51 times the CPU per create with the turns, and releases that ran out of retries
 without them). With the tenant's turns (api/services/reservation_base.py ``quota_turn``), 8
-threads creating and then releasing at once never lose a save, and the quota is exact.
+threads creating and then releasing at once never lose a save, and the quota is exact: they
+ask for 32 GPUs against a quota of 28, so it is reached and the last 4 are refused.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import pytest
 
 from better_compute.api.services.unit import Aggregates
 from better_compute.domain.access import LOCAL_OPERATOR as OP
+from better_compute.domain.errors import QuotaExceeded
 from better_compute.domain.quota import QuotaUse, quota_uuid
 from tests.fleet import placed_again
 from tests.integration.test_reservations_service import setup
 
 THREADS = 8
 EACH = 4
+QUOTA = THREADS * EACH - 4  # the demand is over it: it must hold
 
 
 def at_once(work: Callable[[int], None]) -> list[BaseException]:
@@ -47,19 +50,25 @@ def at_once(work: Callable[[int], None]) -> list[BaseException]:
 
 def test_a_tenants_creates_and_releases_take_turns(runtime: Any,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    rs, _, pool, _ = setup(runtime, nodes=6, quota=THREADS * EACH)
+    rs, _, pool, _ = setup(runtime, nodes=6, quota=QUOTA)
     lost_placements = placed_again(monkeypatch)
     made: list[list[str]] = [[] for _ in range(THREADS)]
+    refused: list[str] = []
 
     def create(i: int) -> None:
         for _ in range(EACH):
-            made[i].append(rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1,
-                                     duration="1h")["id"])
+            try:
+                made[i].append(rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1,
+                                         duration="1h")["id"])
+            except QuotaExceeded as exc:
+                refused.append(exc.code)
 
     assert at_once(create) == []
     assert lost_placements == []  # no create lost its save to another of the tenant
     quota = runtime.store.load(quota_uuid(pool, "acme"))
-    assert isinstance(quota, QuotaUse) and quota.in_use == THREADS * EACH
+    assert isinstance(quota, QuotaUse) and quota.in_use == QUOTA
+    assert sum(len(m) for m in made) == QUOTA  # held == quota
+    assert refused == ["quota_exceeded"] * (THREADS * EACH - QUOTA)
 
     tries: list[int] = []
     real_retrying = Aggregates.retrying
@@ -81,7 +90,7 @@ def test_a_tenants_creates_and_releases_take_turns(runtime: Any,
             rs.release(OP, rsv)
 
     assert at_once(release) == []
-    assert tries == [1] * (THREADS * EACH)  # each release saved at its first try
+    assert tries == [1] * QUOTA  # each release saved at its first try
     quota = runtime.store.load(quota_uuid(pool, "acme"))
     assert quota.in_use == 0
 

@@ -18,6 +18,7 @@ from eventsourcing.persistence import IntegrityError
 
 from better_compute.api.store.eventlog import EventLog
 from better_compute.domain.site import Site
+from tests.conftest import BACKENDS
 from tests.watching import log_sequences
 
 WRITERS = 8
@@ -83,11 +84,14 @@ def test_a_save_at_a_stale_version_is_refused_and_writes_nothing(runtime: Any) -
     assert log_sequences(runtime, head) == []  # neither event of the refused save
 
 
-def test_postgres_saves_go_through_the_locking_function(runtime: Any, backend: str) -> None:
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "sqlite"])
+def test_sqlite_saves_go_through_the_librarys_recorder(runtime: Any) -> None:
+    assert type(runtime.store.recorder).__name__ == "SQLiteApplicationRecorder"
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "postgres"])
+def test_postgres_saves_go_through_the_locking_function(runtime: Any) -> None:
     recorder = runtime.store.recorder
-    if backend == "sqlite":
-        assert type(recorder).__name__ == "SQLiteApplicationRecorder"
-        return
     from better_compute.api.store.pg_recorder import LockingFunctionApplicationRecorder
 
     assert isinstance(recorder, LockingFunctionApplicationRecorder)

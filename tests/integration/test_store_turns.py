@@ -18,6 +18,7 @@ import pytest
 from better_compute.api.store import turns as turns_module
 from better_compute.api.store.store import StoreConfig
 from better_compute.api.store.turns import PostgresTurns, turns_for
+from tests.conftest import BACKENDS
 from tests.support import wait_for_line
 
 HOLDER = r"""
@@ -90,12 +91,18 @@ def test_a_turn_not_had_in_time_is_given_up(env: dict[str, str],
         turns.close()
 
 
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "sqlite"])
+def test_sqlite_turns_are_file_locks_with_no_connections_to_bound(env: dict[str, str]) -> None:
+    turns = turns_for(StoreConfig.from_env(env))
+    assert type(turns).__name__ == "FileTurns"
+    turns.close()
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "postgres"])
 def test_postgres_turns_take_at_most_their_connections_then_go_without(
         env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     turns = turns_for(StoreConfig.from_env(env))
-    if not isinstance(turns, PostgresTurns):
-        assert type(turns).__name__ == "FileTurns"  # no connections: nothing to bound
-        return
+    assert isinstance(turns, PostgresTurns)
     monkeypatch.setattr(turns_module, "PG_CONNECTIONS", 1)
     try:
         with turns.hold("quota/pool_a/acme") as first:
