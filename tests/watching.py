@@ -1,4 +1,5 @@
-"""Helpers of the event-log tests: a /watch reader, a CLI watcher, bulk writers.
+"""Helpers of the event-log tests: a /watch reader, a CLI watcher, bulk writers, and a /watch
+stream through the ASGI app in-process (``Stream``, ``serving_app``).
 
 Readers run in a thread and hand lines over a queue, so a test waits for the
 line it needs with a deadline instead of sleeping.
@@ -14,12 +15,15 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 
+from better_compute.api.http.app import build_app
+from better_compute.api.http.watch import WATCH_PATH
 from better_compute.api.runtime import Runtime
 from better_compute.domain.site import Site
 from tests.support import CLI, Server
@@ -195,3 +199,66 @@ class CliWatcher:
         code = self.process.wait(timeout=30)
         self._err_thread.join(timeout=10)
         return code, "".join(self.stderr)
+
+
+class Stream:
+    """One GET /watch through the ASGI app; ``reading`` False stalls the reader's socket."""
+
+    def __init__(self, token: str, query: str = "") -> None:
+        self.token = token
+        self.query = query
+        self.lines: list[dict[str, Any]] = []
+        self.reading = anyio.Event()
+        self.reading.set()
+        self.status = 0
+        self.ended = anyio.Event()
+        self.stalled = anyio.Event()  # set once a write waits for a reader that does not read
+        self._buffer = b""
+
+    async def run(self, app: Any) -> None:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "GET", "scheme": "https", "path": WATCH_PATH,
+                 "raw_path": WATCH_PATH.encode(), "query_string": self.query.encode(),
+                 "root_path": "", "client": ("127.0.0.1", 5000),
+                 "server": ("testserver", 443), "state": {},
+                 "headers": [(b"authorization", f"Bearer {self.token}".encode())]}
+        disconnect = anyio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await disconnect.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if not self.reading.is_set():
+                self.stalled.set()
+            await self.reading.wait()  # a reader that does not read: the write never ends
+            if message["type"] == "http.response.start":
+                self.status = message["status"]
+            elif message["type"] == "http.response.body":
+                self._buffer += message.get("body", b"")
+                *done, self._buffer = self._buffer.split(b"\n")
+                self.lines.extend(json.loads(line) for line in done if line)
+                if not message.get("more_body", False):
+                    self.ended.set()
+
+        try:
+            await app(scope, receive, send)
+        finally:
+            self.ended.set()
+            disconnect.set()
+
+    async def wait_for(self, predicate: Any, timeout: float = 20) -> dict[str, Any]:
+        with anyio.fail_after(timeout):
+            while True:
+                for line in self.lines:
+                    if predicate(line):
+                        return line
+                await anyio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def serving_app(runtime: Runtime) -> AsyncIterator[Any]:
+    """The real ASGI app of ``runtime`` with its lifespan (the watch hub running)."""
+    app = build_app(runtime)
+    async with app.router.lifespan_context(app):
+        yield app

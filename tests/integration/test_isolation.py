@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -34,6 +35,7 @@ from better_compute.domain.ids import parse_id
 from tests.fleet import add_nodes
 from tests.join_client import JoinAttempt, hardware, open_response
 from tests.support import POLICY, initialized_runtime
+from tests.watching import Stream, serving_app
 
 # Methods whose isolation case is still to be written, each with the reason.
 # Keep this short: a method listed here is NOT checked.
@@ -965,3 +967,52 @@ def test_only_root_admins_create_tenants_and_sites(runtime: Any) -> None:
         w.refused(who, "sites.create", "permission_denied", kind="dedicated", region="eu-9")
     assert w.ok("root", "tenants.create", tenantId="initech")["id"] == "initech"
     assert w.ok("root", "sites.create", kind="dedicated", region="eu-9")["tenantId"] == "root"
+
+
+WATCHERS = ("acme-ro", "acme-admin", "globex-member", "root-ro")
+
+
+def test_watch_streams_only_the_events_each_tenant_lists(env: dict[str, str]) -> None:
+    """The /watch row of the matrix: streams of every tenant, live before the fleet's events
+    are written (so they come from the live window, not a read of the store), with and
+    without a type filter, each carry exactly what the same token lists with events.list."""
+    rt = initialized_runtime({**env, "BETTER_COMPUTE_WATCH_HEARTBEAT": "0.2"})
+    try:
+        w = build_world(rt)
+        start = w.head()
+        queries = {(who, types): f"since={start}" + (f"&types={types}" if types else "")
+                   for who in WATCHERS for types in ("", "reservation.*,node.*,quota.*")}
+        streams = {key: Stream(w.tokens[key[0]], query) for key, query in queries.items()}
+        listed: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+        def list_events() -> None:
+            for who, types in streams:
+                listed[(who, types)] = w.ok(who, "events.list", since=start, limit=1000,
+                                            **({"types": types} if types else {}))["events"]
+
+        async def main() -> None:
+            async with serving_app(rt) as app, anyio.create_task_group() as tg:
+                for stream in streams.values():
+                    tg.start_soon(stream.run, app)
+                for stream in streams.values():
+                    await stream.wait_for(lambda line: line.get("heartbeat"))
+                await anyio.to_thread.run_sync(lambda: with_fleet(w))
+                head = w.head()
+                for stream in streams.values():  # each read up to the head
+                    await stream.wait_for(lambda line: line.get("head", 0) >= head)
+                await anyio.to_thread.run_sync(list_events)
+                tg.cancel_scope.cancel()
+
+        anyio.run(main)
+        for (who, types), stream in streams.items():
+            got = [line for line in stream.lines if "sequence" in line]
+            events = listed[(who, types)]
+            assert [e["sequence"] for e in got] == [e["sequence"] for e in events], (who, types)
+            assert events, (who, types)  # the fleet gave every tenant events to see
+            tenant = who.split("-")[0]
+            if tenant != "root":
+                assert {e["tenantId"] for e in got} == {tenant}, (who, types)
+                other = "globex" if tenant == "acme" else "acme"
+                assert w.ids[f"rsv_{other}"] not in json.dumps(got)
+    finally:
+        rt.close()

@@ -14,23 +14,18 @@ The streams run through the real ASGI app with its lifespan (the hub); the
 
 from __future__ import annotations
 
-import contextlib
-import json
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import anyio
 import pytest
 
-from better_compute.api.http.app import build_app
 from better_compute.api.http.follower import WatchHub
-from better_compute.api.http.watch import WATCH_PATH
 from better_compute.api.http.watch_limits import MAX_WRITE_BYTES
 from better_compute.api.runtime import Runtime
 from better_compute.api.store.eventlog import EventFilter, LogEntry
 from better_compute.domain.access import LOCAL_OPERATOR
 from tests.support import quick_init
-from tests.watching import write_sites
+from tests.watching import Stream, serving_app, write_sites
 
 
 def _entry(sequence: int, size: int) -> LogEntry:
@@ -70,68 +65,6 @@ def test_one_write_is_bounded_in_bytes(runtime: Runtime) -> None:
     anyio.run(main)
 
 
-class Stream:
-    """One GET /watch through the ASGI app; ``reading`` False stalls the reader's socket."""
-
-    def __init__(self, token: str, query: str = "") -> None:
-        self.token = token
-        self.query = query
-        self.lines: list[dict[str, Any]] = []
-        self.reading = anyio.Event()
-        self.reading.set()
-        self.status = 0
-        self.ended = anyio.Event()
-        self.stalled = anyio.Event()  # set once a write waits for a reader that does not read
-        self._buffer = b""
-
-    async def run(self, app: Any) -> None:
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                 "method": "GET", "scheme": "https", "path": WATCH_PATH,
-                 "raw_path": WATCH_PATH.encode(), "query_string": self.query.encode(),
-                 "root_path": "", "client": ("127.0.0.1", 5000),
-                 "server": ("testserver", 443), "state": {},
-                 "headers": [(b"authorization", f"Bearer {self.token}".encode())]}
-        disconnect = anyio.Event()
-
-        async def receive() -> dict[str, Any]:
-            await disconnect.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            if not self.reading.is_set():
-                self.stalled.set()
-            await self.reading.wait()  # a reader that does not read: the write never ends
-            if message["type"] == "http.response.start":
-                self.status = message["status"]
-            elif message["type"] == "http.response.body":
-                self._buffer += message.get("body", b"")
-                *done, self._buffer = self._buffer.split(b"\n")
-                self.lines.extend(json.loads(line) for line in done if line)
-                if not message.get("more_body", False):
-                    self.ended.set()
-
-        try:
-            await app(scope, receive, send)
-        finally:
-            self.ended.set()
-            disconnect.set()
-
-    async def wait_for(self, predicate: Any, timeout: float = 20) -> dict[str, Any]:
-        with anyio.fail_after(timeout):
-            while True:
-                for line in self.lines:
-                    if predicate(line):
-                        return line
-                await anyio.sleep(0.01)
-
-
-@contextlib.asynccontextmanager
-async def serving(runtime: Runtime) -> AsyncIterator[Any]:
-    app = build_app(runtime)
-    async with app.router.lifespan_context(app):
-        yield app
-
-
 @pytest.fixture
 def rt(env: dict[str, str]) -> Iterator[Runtime]:
     from tests.support import open_runtime
@@ -147,7 +80,7 @@ def rt(env: dict[str, str]) -> Iterator[Runtime]:
 
 def test_a_stream_that_falls_out_of_the_window_ends_with_resume_advice(rt: Runtime) -> None:
     async def main() -> None:
-        async with serving(rt) as app, anyio.create_task_group() as tg:
+        async with serving_app(rt) as app, anyio.create_task_group() as tg:
             stream = Stream(rt.root_token)  # type: ignore[attr-defined]
             tg.start_soon(stream.run, app)
             await stream.wait_for(lambda line: line.get("heartbeat"))
@@ -185,7 +118,7 @@ def test_a_revoked_token_ends_its_open_stream(rt: Runtime) -> None:
     other = service.tokens_create(LOCAL_OPERATOR, "acme", "read-only", None)
 
     async def main() -> None:
-        async with serving(rt) as app, anyio.create_task_group() as tg:
+        async with serving_app(rt) as app, anyio.create_task_group() as tg:
             doomed, kept = Stream(made["token"]), Stream(other["token"])
             tg.start_soon(doomed.run, app)
             tg.start_soon(kept.run, app)
