@@ -22,9 +22,8 @@ from better_compute.api.http.follower import WatchHub
 from better_compute.api.runtime import Runtime
 from better_compute.api.store.eventlog import EventFilter, EventLog, LogEntry
 from better_compute.domain.events import compile_type_filter
-from tests.integration.test_watch_bounds import Stream, serving
 from tests.support import open_runtime, quick_init
-from tests.watching import write_sites
+from tests.watching import Stream, serving_app, write_sites
 
 
 @pytest.fixture
@@ -49,7 +48,7 @@ async def _read_to(hub: WatchHub, sequence: int) -> None:
 
 def test_nothing_is_rendered_while_no_stream_reads(rt: Runtime) -> None:
     async def main() -> None:
-        async with serving(rt) as app:
+        async with serving_app(rt) as app:
             hub: WatchHub = app.state.bc.extra["watch_hub"]
             start = hub.head
             sequences = await anyio.to_thread.run_sync(lambda: write_sites(rt, 30))
@@ -78,7 +77,7 @@ def test_nothing_is_rendered_while_no_stream_reads(rt: Runtime) -> None:
 
 def test_streams_share_each_line_rendered_once(rt: Runtime) -> None:
     async def main() -> None:
-        async with serving(rt) as app, anyio.create_task_group() as tg:
+        async with serving_app(rt) as app, anyio.create_task_group() as tg:
             hub: WatchHub = app.state.bc.extra["watch_hub"]
             start = hub.head
             streams = [Stream(rt.root_token) for _ in range(2)]  # type: ignore[attr-defined]
@@ -103,7 +102,7 @@ def test_a_revoked_token_is_seen_without_a_reader(rt: Runtime) -> None:
     async def main() -> None:
         from better_compute.domain.access import LOCAL_OPERATOR
 
-        async with serving(rt) as app:
+        async with serving_app(rt) as app:
             hub: WatchHub = app.state.bc.extra["watch_hub"]
             service = rt.service
 
