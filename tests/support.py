@@ -105,20 +105,30 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = 45.0) -> N
 # A port from bind(("127.0.0.1", 0)) was in the ephemeral range: between the test picking it
 # and its server binding it, another worker's test (or any outgoing connection) could take
 # it (seen in CI: a gateway's bind failed with "Address already in use").
-PORT_BAND = 2000
 PORT_BASE = 20000
+PORT_END = 32768  # the ephemeral range's start
 _next_port: list[int] = []
+
+
+def port_band(worker: str, workers: int) -> range:
+    """The ports of pytest-xdist worker ``worker`` (gw0, gw1, …) of ``workers``: the range
+    below the ephemeral ports split evenly, so the bands of any number of workers are apart."""
+    count = max(workers, 1)
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    width = (PORT_END - PORT_BASE) // count
+    start = PORT_BASE + (index % count) * width
+    return range(start, start + width)
 
 
 def free_port() -> int:
     """A port no one listens on, from this worker's band, each call a different one."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    index = int(worker[2:]) if worker[2:].isdigit() else 0
-    start = PORT_BASE + (index % 6) * PORT_BAND
+    band = port_band(os.environ.get("PYTEST_XDIST_WORKER", "gw0"),
+                     int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    start, width = band.start, len(band)
     if not _next_port:
-        _next_port.append(start + (os.getpid() * 7) % PORT_BAND)
-    for _ in range(PORT_BAND):
-        port = start + (_next_port[0] - start) % PORT_BAND
+        _next_port.append(start + (os.getpid() * 7) % width)
+    for _ in range(width):
+        port = start + (_next_port[0] - start) % width
         _next_port[0] = port + 1
         with socket.socket() as s:
             try:
@@ -126,7 +136,7 @@ def free_port() -> int:
             except OSError:  # in use (another run's server, a cluster): the next one
                 continue
             return port
-    raise AssertionError(f"no free port in {start}-{start + PORT_BAND - 1}")
+    raise AssertionError(f"no free port in {start}-{start + width - 1}")
 
 
 @dataclass

