@@ -169,3 +169,11 @@ def test_the_readme_and_the_tutorial_run_as_written(tmp_path: Path) -> None:
     moves = [t for t in seen if t.startswith("reservation.")]
     assert moves == ["reservation.placed", "reservation.binding", "reservation.active",
                      "reservation.released"], seen
+    # After every command of the tutorial, the store holds together: every event reads,
+    # every aggregate replays, every read model equals its rebuild.
+    verified = subprocess.run([str(ROOT / ".venv" / "bin" / "better-compute"), "store", "verify",
+                               "--output", "json"],
+                              env={**base_env, "BETTER_COMPUTE_DATA_DIR": str(repo / ".data")},
+                              capture_output=True, text=True, timeout=600)
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+    assert json.loads(verified.stdout)["ok"] is True
