@@ -6,7 +6,7 @@ clients reserve with keys, without pause, through a worker killed with SIGKILL (
 exits with status 1) and then the whole server killed with SIGKILL, each restarted on its
 port; a call that fails in transit is sent again with its key. After the last restart every
 acknowledged reservation is in the store as it was answered, every key names at most one
-reservation, and no GPU is booked twice.
+reservation, no GPU is booked twice, and `store verify` is clean.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tests.fleet import add_nodes, make_pool
 from tests.outage import api_client, rpc_call
 from tests.support import (
     VENV_BIN,
+    cli_inprocess,
     client_env,
     eventually,
     free_port,
@@ -174,3 +175,5 @@ def test_acknowledged_creates_survive_sigkill_of_a_worker_and_of_serve_mid_load(
     finally:
         runtime.close()
     assert len(creators.acked) >= 9
+    code, out, err = cli_inprocess(["store", "verify", "--output", "json"], env)
+    assert code == 0 and json.loads(out)["ok"], out + err  # read models equal their rebuild
