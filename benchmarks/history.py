@@ -195,8 +195,7 @@ class Setup:
     def record(self) -> dict[str, Any]:
         return {"kind": "setup", "pool": self.pool, "nodes": self.nodes, "quotas": self.quotas,
                 "clients": {a.name: a.tenant for a in self.clients},
-                "watchers": {a.name: a.tenant for a in self.watchers},
-                "tokens": {a.name: a.token[:12] for a in self.clients}}
+                "watchers": {a.name: a.tenant for a in self.watchers}}
 
 
 def prepare(runtime: Any, root_token: str, *, clients: int, nodes: int) -> Setup:
