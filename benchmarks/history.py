@@ -75,6 +75,7 @@ REFUSALS = frozenset({"invalid_input", "not_found", "conflict", "quota_exceeded"
                       "kubernetes_not_enabled", "rate_limited"})
 QUOTAS = {"acme": 6, "beta": 4}  # the tenants' gpu quotas on the pool; root is unlimited
 CALL_TIMEOUT = 20.0  # seconds a client waits for an answer
+CUT_S = 10  # usage is compared up to this many seconds before it is asked for (``collect``)
 RETRIES = 4  # sends of one call whose outcome stays unknown (the same key each time)
 # Fast timers: a killed bcd is noticed, bindings time out and watchers hear heartbeats within
 # the seconds a short schedule lasts.
@@ -551,8 +552,17 @@ class Workload:
                                       {"since": 0, "limit": 1})["head"])
 
     def collect(self) -> None:
-        """The event log as root sees it, what each watcher's tenant sees, and usage."""
+        """Usage, then the event log as root sees it and what each watcher's tenant sees.
+
+        The controllers still write (a reservation's end, the queue): usage is reported up to
+        an instant ``CUT_S`` before it is asked for, and the log read after it, so every event
+        that changed a booked interval before that instant is in the log."""
         root = self.setup.operator.token
+        cut = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - CUT_S)) + "Z"
+        since_day = time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() - 86400))
+        report = self.api.root_call(root, "usage.report", {"from": since_day, "to": cut,
+                                                           "by": ["tenant"]})
+        self.history.add({"kind": "usage", "report": report})
         since, head = 0, self.head()
         while since < head:
             page = self.api.root_call(root, "events.list", {"since": since, "limit": 1000})
@@ -568,9 +578,6 @@ class Workload:
                 since = int(page["next"])
             self.history.add({"kind": "visible", "watcher": actor.name, "tenant": actor.tenant,
                               "head": head, "sequences": seen})
-        since_day = time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() - 86400))
-        report = self.api.root_call(root, "usage.report", {"from": since_day, "by": ["tenant"]})
-        self.history.add({"kind": "usage", "report": report})
 
 
 # ------------------------------------------------------------------ a local installation
