@@ -4,7 +4,8 @@ benchmarks/history.py runs clients, watchers and faults against real ``serve`` p
 replicas on one PostgreSQL; SQLite with workers), records everything, and
 benchmarks/history_check.py checks the invariants on the record. Here: a short schedule on each
 backend breaks none of them, and each mutation of tests/mutations.py (a copy of the code broken
-on purpose) is reported as the invariant it breaks, with the slice of history that shows it.
+on purpose) is reported as the invariant it breaks, with the slice of history that shows it
+(on SQLite: what each breaks lies above the store, and the checker reads only the record).
 The long schedule is ``python -m better_compute.benchmarks.history --minutes N``
 (docs/operations.md).
 """
