@@ -36,8 +36,10 @@ tests/e2e/test_hostile_memory.py asserts the memory bound with the same code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import select
 import socket
 import ssl
 import subprocess
@@ -348,6 +350,174 @@ def _whoami_probe(url: str, ca_file: str, token: str) -> None:
             if outcome != "ok":
                 outcomes[outcome] += 1
     print(json.dumps({"ms": ms, "outcomes": outcomes}))
+
+
+# ------------------------------------------------------------- the edge (issue 30)
+
+HEALTH = b"GET /api/compute/health HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+def pipelined_unread(target: Target, megabytes: float, timeout: float = 60.0) -> str:
+    """One anonymous TLS connection that writes ``GET /api/compute/health`` requests back to
+    back (HTTP/1.1 pipelining) and reads nothing, until ``megabytes`` are sent or the server
+    stops taking them: how it ended, and how much went."""
+    sock = _raw(target, rcvbuf=4096)
+    sock.settimeout(timeout)
+    batch = HEALTH * (65536 // len(HEALTH))
+    sent, outcome = 0, "all sent"
+    try:
+        while sent < megabytes * MB:
+            sock.sendall(batch)
+            sent += len(batch)
+    except TimeoutError:
+        outcome = "not taken"  # the server stopped reading (and kept the connection)
+    except OSError as exc:
+        outcome = type(exc).__name__  # the server ended it
+    sock.close()
+    return f"{outcome} after {sent // MB} MB"
+
+
+def large_head(target: Target, megabytes: float) -> str:
+    """One anonymous TLS connection whose request head is ``megabytes`` of 1 KB header
+    lines: the status it was answered with, ``closed``, or how the sending ended."""
+    sock = _raw(target)
+    line = b"x-padding: " + b"a" * 1011 + b"\r\n"
+    batch = b"GET /api/compute/health HTTP/1.1\r\nhost: x\r\n" + line * 63
+    sent = 0
+    try:
+        while sent < megabytes * MB:
+            sock.sendall(batch)
+            sent += len(batch)
+            batch = line * 64
+        sock.sendall(b"\r\n")
+    except OSError:
+        pass  # cut off by the server: its answer, if any, is read below
+    status = _status(sock)
+    sock.close()
+    return f"{status} after {sent // MB} MB"
+
+
+def silent(port: int, addresses: list[str], each: int) -> list[socket.socket]:
+    """TCP connections that never send a byte (no TLS ClientHello): ``each`` from every one
+    of ``addresses`` (loopback addresses: 127.0.1.1, …)."""
+    out = []
+    for address in addresses:
+        for _ in range(each):
+            with contextlib.suppress(OSError):  # refused or reset at once: not held
+                out.append(socket.create_connection(("127.0.0.1", port), timeout=30,
+                                                    source_address=(address, 0)))
+    return out
+
+
+def still_open(sockets: list[socket.socket]) -> int:
+    """How many of ``sockets`` the server has not ended (nothing to read, no end)."""
+    ready = set()
+    for start in range(0, len(sockets), 512):
+        part = sockets[start:start + 512]
+        ready.update(select.select(part, [], [], 0)[0])
+    return len(sockets) - len(ready)
+
+
+def loopback_addresses(count: int, third: int) -> list[str]:
+    """``count`` client addresses 127.0.THIRD.1 …"""
+    return [f"127.0.{third}.{i}" for i in range(1, count + 1)]
+
+
+def fresh_whoami(port: int, context: ssl.SSLContext, token: str) -> bool:
+    """``system.whoami`` on a connection of its own (TCP, TLS, one call): answered?"""
+    body = b'{"jsonrpc":"2.0","id":1,"method":"system.whoami"}'
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as raw, \
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            sock.sendall(b"POST /api/compute/rpc HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                         b"application/json\r\nconnection: close\r\nauthorization: Bearer "
+                         + token.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
+                         + body)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    except OSError:
+        return False
+    return answer.startswith(b"HTTP/1.1 200 ") and b'"result"' in answer
+
+
+@dataclass
+class NodeIdentity:
+    """A node stored as a join stores it, with its own key and a certificate from the node
+    CA: what a node needs to open a session with the gateway."""
+
+    node_id: str
+    cert_file: str
+    key_file: str
+
+
+def make_node(env: dict[str, str], folder: Path) -> NodeIdentity:
+    """A node (and a pool for it) in ``env``'s initialized store, its key and certificate
+    written to ``folder``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from better_compute.api import pki
+    from better_compute.api.runtime import Runtime
+    from better_compute.benchmarks.fleet import make_pool
+    from better_compute.domain.access import LOCAL_OPERATOR
+    from better_compute.domain.ids import new_uuid, public_id
+    from better_compute.domain.node import NODE_ROLE, Node
+
+    runtime = Runtime.open(env)
+    try:
+        bundle = pki.unseal_bundle(runtime.service.pki().sealed,
+                                   pki.parse_master_key(runtime.master_key_text()))
+        pool = make_pool(runtime.service, key="pool-edge", gpu_count=8)
+        site = runtime.service.pool(LOCAL_OPERATOR, pool).site_id
+        key = ec.generate_private_key(ec.SECP256R1())
+        csr = (x509.CertificateSigningRequestBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bcd")]))
+               .sign(key, hashes.SHA256()))
+        uuid = new_uuid()
+        node_id = public_id("node", uuid)
+        cert = pki.issue_node_certificate(bundle, csr, node_id, site)
+        runtime.store.save(Node(
+            id=uuid, tenant_id="root", pool_id=pool, site_id=site, join_token_id="jt_edge",
+            role=NODE_ROLE, hardware_key="serial:EDGE-1",
+            hardware={"cpus": 224, "memoryGib": 2015.56},
+            gpus=[{"uuid": f"GPU-edge-{g}", "name": "NVIDIA H100 80GB HBM3", "healthy": True}
+                  for g in range(8)],
+            key_pin=pki.spki_pin(key.public_key()),
+            certificate_serial=format(cert.serial_number, "x"),
+            certificate_not_after=cert.not_valid_after_utc, bcd_version="edge"))
+    finally:
+        runtime.close()
+    identity = NodeIdentity(node_id, str(folder / "node.crt"), str(folder / "node.key"))
+    Path(identity.cert_file).write_text(pki.pem(cert))
+    Path(identity.key_file).write_text(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()).decode())
+    return identity
+
+
+def node_session(port: int, ca_file: str, node: NodeIdentity) -> bool:
+    """A session opened as bcd opens one (TLS with the node certificate, then a Hello):
+    welcomed?"""
+    from better_compute.api.wire import gateway as wire
+
+    context = ssl.create_default_context(cafile=ca_file)
+    context.load_cert_chain(node.cert_file, node.key_file)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as raw, \
+                context.wrap_socket(raw, server_hostname="localhost") as sock:
+            sock.sendall(wire.encode(wire.Hello(node_id=node.node_id, bcd_version="edge")))
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return False
+                line += chunk
+    except OSError:
+        return False
+    return isinstance(wire.decode_to_node(line), wire.Welcome)
 
 
 # ------------------------------------------------------------------------- main
