@@ -1,12 +1,20 @@
 """Network addresses: which hosts are loopback (plain HTTP and test shortcuts are allowed
-there), and the TLS handshakes under way per client address (the API's listener,
-api/http/tls_accept.py, and the agents' gateway, api/gateway/server.py)."""
+there), and the bound of TLS handshakes under way that both listeners share (the API's,
+api/http/listener.py, and the agents' gateway's, api/gateway/server.py)."""
 
 from __future__ import annotations
 
 import ipaddress
+import itertools
+import logging
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("better_compute.net")
+# Each logged at most once a minute (api/http/http_limits.py ClientNoise).
+REFUSED = "TLS handshake refused before it began: %s has %d under way (at most %d, %s)"
+DROPPED = ("the oldest TLS handshake under way was dropped for a new one: %d under way (at "
+           "most %d, %s)")
 
 
 def is_loopback(host: str) -> bool:
@@ -29,7 +37,7 @@ def peer_host(peer: Any) -> str | None:
 
 class AddressCounts:
     """What one server process holds, counted in all and per client address, each count
-    bounded (0: no bound): the connections open (api/http/http_limits.py
+    bounded (0: no bound): the connections open (api/http/listener.py
     ``ConnectionLimits``) and the TLS handshakes under way (``Handshakes``)."""
 
     def __init__(self, total: int, per_address: int) -> None:
@@ -63,10 +71,20 @@ class AddressCounts:
 
 
 class Handshakes(AddressCounts):
-    """The TLS handshakes under way on one listener of a server process: in all and per
-    client address. ``settings``: the names of the two bounds (in all, per address), for
-    the refusal's words; ``on_refused`` hears each refusal's bound (``handshake_address``,
-    ``handshake_server``)."""
+    """The TLS handshakes under way on one listener of a server process, the one rule of
+    both listeners (the API's, api/http/listener.py; the agents' gateway's,
+    api/gateway/server.py), counted from a connection's accept to its handshake's end:
+
+    - at most ``per_address`` from one client address: one more from it is closed before
+      its handshake (what fills that bound is the address's own connections);
+    - at most ``total`` in all: one more drops the OLDEST under way (closed) and takes its
+      place. So connections that never finish a handshake, from however many addresses,
+      cannot keep out a client that finishes its own (a real one does in milliseconds; the
+      flood would have to open ``total`` connections meanwhile).
+
+    ``settings``: the names of the two bounds (in all, per address), for the log;
+    ``on_refused`` hears each refusal's bound (``handshake_address``, ``handshake_server``).
+    0 is no bound."""
 
     def __init__(self, total: int, per_address: int, *,
                  settings: tuple[str, str] = ("http.max_handshakes",
@@ -75,25 +93,35 @@ class Handshakes(AddressCounts):
         super().__init__(total, per_address)
         self.settings = settings
         self.on_refused = on_refused
+        self._under_way: dict[int, tuple[str | None, Callable[[], object]]] = {}
+        self._next = itertools.count()
 
-    @property
-    def under_way(self) -> int:
-        return self.count
-
-    def begin(self, address: str | None) -> str | None:
-        """None when a handshake from ``address`` may begin (and it is counted); else why
-        not, for the log."""
-        past = self.past(address)
-        if past is None:
-            self.add(address)
+    def begin(self, address: str | None, drop: Callable[[], object]) -> int | None:
+        """A ticket for a handshake from ``address`` (``end`` it when the handshake ends);
+        None when the address is at its bound (close the connection). ``drop`` ends this
+        handshake should it become the oldest when the bound in all is reached."""
+        if self.past(address) == "address":
+            self._refused("handshake_address", REFUSED, address, self.held(address),
+                          self.per_address, self.settings[1])
             return None
-        if self.on_refused is not None:
-            self.on_refused(f"handshake_{past}")
-        if past == "address":
-            return (f"{address} has {self.held(address)} under way (at most "
-                    f"{self.per_address}, {self.settings[1]})")
-        return (f"{self.count} under way in this server process (at most {self.total}, "
-                f"{self.settings[0]})")
+        if self.total and self.count >= self.total:
+            oldest = next(iter(self._under_way))
+            self._refused("handshake_server", DROPPED, self.count, self.total,
+                          self.settings[0])
+            self._under_way[oldest][1]()
+            self.end(oldest)
+        ticket = next(self._next)
+        self._under_way[ticket] = (address, drop)
+        self.add(address)
+        return ticket
 
-    def end(self, address: str | None) -> None:
-        self.remove(address)
+    def end(self, ticket: int) -> None:
+        """The handshake is over (done, failed or dropped): its place is free."""
+        entry = self._under_way.pop(ticket, None)
+        if entry is not None:
+            self.remove(entry[0])
+
+    def _refused(self, per: str, message: str, *args: object) -> None:
+        if self.on_refused is not None:
+            self.on_refused(per)
+        log.warning(message, *args)

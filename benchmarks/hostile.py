@@ -31,6 +31,21 @@ runs at once (issue #10's acceptance):
 It samples the server's resident memory (VmRSS) every 20 ms and prints the
 peak, and root's whoami p50/p99/max. The latency is printed, not asserted;
 tests/e2e/test_hostile_memory.py asserts the memory bound with the same code.
+
+    .venv/bin/python -m better_compute.benchmarks.hostile --edge none,pipelining,heads,silent,gateway,all
+        [--edge-seconds 15] [--workers 2] [--backend sqlite|postgres]
+
+runs the HTTP edge's attacks instead (issue 30), each phase on a fresh ``serve --workers N
+--gateway-listen``: ``pipelining`` (4 connections pipelining ``GET /api/compute/health``
+without reading), ``heads`` (heads of 50, 50, 50 and 200 MB, again and again), ``silent``
+(50 connections that never speak from each of 100 addresses, kept up), ``gateway`` (250 such
+from each of 5 addresses to the gateway), ``all`` (the four at once) and ``none`` (nothing:
+what the machine's load alone costs). Meanwhile two probes, processes of their own, call
+root's whoami on a fresh TLS connection each time and open a node's gateway session (its own
+key and certificate) over and over. A line of JSON per phase: each worker's idle and peak
+RSS, the calls answered and their p50/p99, the reconnects welcomed, what the attacks met,
+and the load average. tests/e2e/test_edge_attacks.py asserts the memory bound and the
+successes with the same code.
 """
 
 from __future__ import annotations
@@ -409,13 +424,18 @@ def silent(port: int, addresses: list[str], each: int) -> list[socket.socket]:
     return out
 
 
+def ended(sockets: list[socket.socket]) -> list[socket.socket]:
+    """Those of ``sockets`` the server has ended (readable: there is nothing else to read)."""
+    poll = select.poll()
+    by_fd = {sock.fileno(): sock for sock in sockets}
+    for fd in by_fd:
+        poll.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poll.poll(0)]
+
+
 def still_open(sockets: list[socket.socket]) -> int:
-    """How many of ``sockets`` the server has not ended (nothing to read, no end)."""
-    ready = set()
-    for start in range(0, len(sockets), 512):
-        part = sockets[start:start + 512]
-        ready.update(select.select(part, [], [], 0)[0])
-    return len(sockets) - len(ready)
+    """How many of ``sockets`` the server has not ended."""
+    return len(sockets) - len(ended(sockets))
 
 
 def loopback_addresses(count: int, third: int) -> list[str]:
@@ -520,6 +540,190 @@ def node_session(port: int, ca_file: str, node: NodeIdentity) -> bool:
     return isinstance(wire.decode_to_node(line), wire.Welcome)
 
 
+ATTACKS = ("pipelining", "heads", "silent", "gateway")
+PHASES = ("none", *ATTACKS, "all")  # none: the probes alone, what the machine's load costs
+
+
+def workers_of(pid: int) -> list[int]:
+    """A ``serve --workers N`` process's workers (its children), in the order started."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return sorted(children)
+
+
+@dataclass
+class EdgeTarget:
+    """A ``serve --workers N --gateway-listen`` and what the edge attacks need of it."""
+
+    api: Target
+    gateway_port: int
+    node: NodeIdentity
+    workers: list[int]
+
+
+def _probe(kind: str, target: EdgeTarget, stop: threading.Event) -> dict[str, Any]:
+    """``fresh_whoami`` (``fresh``) or ``node_session`` (``node``) in a loop, in a process of
+    its own (the attackers' threads do not delay its timing), until ``stop``: the latencies
+    and the failures."""
+    api = target.api
+    argv = ([api.url, api.ca_file, api.tokens["root"]] if kind == "fresh" else
+            [str(target.gateway_port), api.ca_file, target.node.node_id, target.node.cert_file,
+             target.node.key_file])
+    probe = subprocess.Popen([sys.executable, "-m", "better_compute.benchmarks.hostile",
+                              f"--_{kind}", *argv], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert probe.stdin is not None and probe.stdout is not None
+    stop.wait()
+    probe.stdin.close()
+    done: dict[str, Any] = json.loads(probe.stdout.read())
+    probe.wait(timeout=60)
+    return done
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) if ordered else None
+
+
+def _probe_loop(call: Any) -> None:
+    """``call()`` (True when it succeeded) in a loop until stdin closes; prints the
+    latencies of the successes and the number of failures as JSON."""
+    done = threading.Event()
+
+    def until_stdin_closes() -> None:
+        sys.stdin.read()
+        done.set()
+
+    threading.Thread(target=until_stdin_closes, daemon=True).start()
+    ms: list[float] = []
+    failed = 0
+    while not done.is_set():
+        started = time.perf_counter()
+        if call():
+            ms.append((time.perf_counter() - started) * 1000)
+        else:
+            failed += 1
+    print(json.dumps({"ms": ms, "failed": failed}))
+
+
+class _Edge:
+    """One phase of the edge attacks (``attacks``, a subset of ``ATTACKS``) for ``seconds``:
+    each worker's peak memory, and what the probes and the attackers saw."""
+
+    def __init__(self, target: EdgeTarget, attacks: set[str], seconds: float) -> None:
+        self.target, self.attacks, self.seconds = target, attacks, seconds
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.outcomes: dict[str, Counter[str]] = {k: Counter() for k in attacks}
+        self.peak = {pid: rss_mb(pid) for pid in target.workers}
+
+    def run(self) -> dict[str, Any]:
+        idle = dict(self.peak)
+        threads = [threading.Thread(target=self.sample, daemon=True)]
+        if "pipelining" in self.attacks:
+            threads += [threading.Thread(target=self.pipelining, daemon=True)
+                        for _ in range(4)]
+        if "heads" in self.attacks:
+            threads += [threading.Thread(target=self.heads, args=(mb,), daemon=True)
+                        for mb in (50, 50, 50, 200)]
+        if "silent" in self.attacks:  # 100 addresses, 50 each (the API's bound: 64 each)
+            threads.append(threading.Thread(target=self.silent, daemon=True, args=(
+                "silent", self.target.api.url.rsplit(":", 1)[1], loopback_addresses(100, 1),
+                50)))
+        if "gateway" in self.attacks:  # 5 addresses, 250 each (the gateway's bound: 256)
+            threads.append(threading.Thread(target=self.silent, daemon=True, args=(
+                "gateway", str(self.target.gateway_port), loopback_addresses(5, 2), 250)))
+        for thread in threads:
+            thread.start()
+        probes: dict[str, dict[str, Any]] = {}
+        probing = [threading.Thread(target=lambda k=kind: probes.__setitem__(
+            k, _probe(k, self.target, self.stop)), daemon=True) for kind in ("fresh", "node")]
+        for thread in probing:
+            thread.start()
+        self.stop.wait(self.seconds)
+        self.stop.set()
+        for thread in [*probing, *threads]:
+            thread.join(timeout=120)
+        whoami, node = probes["fresh"], probes["node"]
+        calls = len(whoami["ms"]) + whoami["failed"]
+        return {
+            "workers_mb": [{"idle": round(idle[pid], 1), "peak": round(self.peak[pid], 1),
+                            "growth": round(self.peak[pid] - idle[pid], 1)}
+                           for pid in self.target.workers],
+            "whoami_fresh": {"calls": calls,
+                             "ok_percent": round(100 * len(whoami["ms"]) / calls, 2)
+                             if calls else None,
+                             "p50_ms": _percentile(whoami["ms"], 0.5),
+                             "p99_ms": _percentile(whoami["ms"], 0.99)},
+            "node_reconnects": {"ok": len(node["ms"]), "failed": node["failed"],
+                                "p50_ms": _percentile(node["ms"], 0.5),
+                                "p99_ms": _percentile(node["ms"], 0.99)},
+            "outcomes": {k: dict(v) for k, v in self.outcomes.items()}}
+
+    def note(self, kind: str, outcome: str, count: int = 1) -> None:
+        with self.lock:
+            self.outcomes[kind][outcome.split(" after ")[0]] += count
+
+    def sample(self) -> None:
+        while not self.stop.is_set():
+            for pid in self.target.workers:
+                self.peak[pid] = max(self.peak[pid], rss_mb(pid))
+            self.stop.wait(0.02)
+
+    def pipelining(self) -> None:
+        while not self.stop.is_set():
+            self.note("pipelining", pipelined_unread(self.target.api, 200, timeout=5))
+
+    def heads(self, megabytes: int) -> None:
+        while not self.stop.is_set():
+            self.note("heads", large_head(self.target.api, megabytes))
+
+    def silent(self, kind: str, port: str, addresses: list[str], each: int) -> None:
+        """``each`` silent connections from every address, kept up: those the server
+        ends are opened again."""
+        held = {address: silent(int(port), [address], each) for address in addresses}
+        while not self.stop.wait(0.5):
+            for address, sockets in held.items():
+                gone = set(ended(sockets))
+                for sock in gone:
+                    sock.close()
+                if gone:
+                    self.note(kind, "ended by the server", len(gone))
+                    held[address] = [s for s in sockets if s not in gone] + silent(
+                        int(port), [address], len(gone))
+        for sockets in held.values():
+            for sock in sockets:
+                sock.close()
+
+
+def edge(env: dict[str, str], tmp: Path, phases: list[str], seconds: float,
+         workers: int) -> None:
+    """Each phase on a fresh ``serve`` of the same store; a line of JSON per phase."""
+    tokens = {"root": subprocess.run([CLI, "init"], env=env, capture_output=True, text=True,
+                                     check=True).stdout.strip().splitlines()[-1]}
+    node = make_node(env, tmp)
+    ca_file = str(tmp / "serving-ca.pem")
+    for phase in phases:
+        port, gateway = free_port(), free_port()
+        with serving(env, port, "--workers", str(workers), "--gateway-listen",
+                     f"127.0.0.1:{gateway}") as server:
+            pids = workers_of(server.pid) if workers > 1 else [server.pid]
+            target = EdgeTarget(Target(f"https://127.0.0.1:{port}", server.pid, ca_file,
+                                       tokens, ""), gateway, node, pids)
+            context = ssl.create_default_context(cafile=ca_file)
+            for _ in range(40):  # every worker warm: code loaded, caches filled
+                fresh_whoami(port, context, tokens["root"])
+            node_session(gateway, ca_file, node)
+            load = load_average()
+            attacks = set(ATTACKS) if phase == "all" else {phase} - {"none"}
+            report = _Edge(target, attacks, seconds).run()
+        print(json.dumps({"phase": phase, "seconds": seconds, "workers": workers,
+                          "load_average_before": load, "load_average_after": load_average(),
+                          **report}), flush=True)
+
+
 # ------------------------------------------------------------------------- main
 
 
@@ -549,6 +753,32 @@ def populate(env: dict[str, str]) -> tuple[dict[str, str], str]:
     return tokens, pool
 
 
+def _probe_main(args: argparse.Namespace) -> None:
+    """One of the probes a run starts in a process of its own (``--_whoami``, ``--_fresh``,
+    ``--_node``)."""
+    if args._whoami:
+        _whoami_probe(*args._whoami)
+    elif args._fresh:
+        url, ca_file, token = args._fresh
+        context = ssl.create_default_context(cafile=ca_file)
+        _probe_loop(lambda: fresh_whoami(int(url.rsplit(":", 1)[1]), context, token))
+    else:
+        port, ca_file, node_id, cert, key = args._node
+        _probe_loop(lambda: node_session(int(port), ca_file, NodeIdentity(node_id, cert, key)))
+
+
+def _edge_main(args: argparse.Namespace) -> None:
+    """``--edge PHASES`` on a fresh store of ``--backend``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        # PYTHONPATH passed on: another checkout's code under test (as rpc_path --compare)
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH")}
+        env.update(store_env(args.backend, args.pg_url, Path(tmp)))
+        try:
+            edge(env, Path(tmp), args.edge.split(","), args.edge_seconds, args.workers)
+        finally:
+            drop_schema(env)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m better_compute.benchmarks.hostile",
                                      description=__doc__,
@@ -558,10 +788,24 @@ def main(argv: list[str] | None = None) -> int:
     defaults = Scenario()
     for name, value in vars(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    parser.add_argument("--edge", metavar="PHASES", help="the edge's attacks instead (issue 30): "
+                        "a comma-separated list of " + ", ".join(PHASES) + ", each on a fresh "
+                        "server (all: every attack at once)")
+    parser.add_argument("--edge-seconds", type=float, default=15.0)
+    parser.add_argument("--workers", type=int, default=2, help="serve's, with --edge")
     parser.add_argument("--_whoami", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--_fresh", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--_node", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args._whoami:
-        _whoami_probe(*args._whoami)
+    if args._whoami or args._fresh or args._node:
+        _probe_main(args)
+        return 0
+    if args.edge:
+        unknown = set(args.edge.split(",")) - set(PHASES)
+        if unknown:
+            parser.error(f"--edge: no phase {', '.join(sorted(unknown))}; the phases are "
+                         + ", ".join(PHASES))
+        _edge_main(args)
         return 0
     scenario = Scenario(**{k: getattr(args, k) for k in vars(defaults)})
     with tempfile.TemporaryDirectory() as tmp:

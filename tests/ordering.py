@@ -93,6 +93,7 @@ SECONDS: dict[str, float] = {
     "tests/integration/test_store_pool_wait.py::test_an_exhausted_pool_answers_unavailable_after_one_wait": 5,
     "tests/e2e/test_kubernetes_e2e.py::test_reserve_kubernetes_is_refused_on_a_pool_without_the_policy": 5,
     "tests/e2e/test_hostile_memory.py::test_a_refused_body_stops_being_received": 5,
+    "tests/e2e/test_edge_attacks.py::test_pipelined_requests_that_are_never_read_hold_bounded_memory": 10,
     "tests/e2e/test_console_browser.py::test_root_cordons_and_uncordons_a_node": 5,
     "tests/e2e/test_console_browser.py::test_reserve_from_the_form_see_it_active_extend_and_release_it": 5,
     "tests/e2e/test_console_browser.py::test_everything_is_reachable_with_the_keyboard": 5,

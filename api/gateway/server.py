@@ -33,7 +33,7 @@ from uuid import UUID
 import anyio
 import anyio.abc
 import msgspec
-from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.buffered import BufferedByteReceiveStream, BufferedByteStream
 from anyio.streams.tls import TLSAttribute, TLSListener, TLSStream
 from cryptography import x509
 
@@ -96,10 +96,11 @@ def gateway_handshakes(env: Mapping[str, str] | None) -> Handshakes:
 
 
 class _BoundedTLSListener(TLSListener):
-    """Handshakes under way bounded per client address and in all (``Handshakes``, counted
-    from the accept to the handshake's end): a connection past either is closed before its
-    handshake. A failed handshake (no or wrong client certificate, or none in time) is one
-    warning line, no traceback; serve's log keeps such lines to one a minute (ClientNoise)."""
+    """Handshakes under way bounded as the API's listener bounds them (api/net.py
+    ``Handshakes``: past an address's bound a connection is closed before its handshake;
+    past the bound in all the oldest under way is dropped for it). A failed handshake (no or
+    wrong client certificate, or none in time) is one warning line, no traceback; serve's
+    log keeps such lines to one a minute (ClientNoise)."""
 
     def __init__(self, listener: Any, ssl_context: ssl.SSLContext, handshakes: Handshakes,
                  handshake_timeout: float) -> None:
@@ -110,22 +111,26 @@ class _BoundedTLSListener(TLSListener):
     async def serve(self, handler: Callable[[TLSStream], Any],
                     task_group: anyio.abc.TaskGroup | None = None) -> None:
         async def handshake(stream: Any) -> None:
-            address = _host(stream)
-            refused = self.handshakes.begin(address)
-            if refused is not None:
-                await anyio.aclose_forcefully(stream)
-                log.warning(HANDSHAKE_REFUSED, f"before it began: {refused}")
-                return
-            try:
-                with anyio.fail_after(self.handshake_timeout):
-                    wrapped = await TLSStream.wrap(stream, ssl_context=self.ssl_context,
-                                                   standard_compatible=self.standard_compatible)
-            except BaseException as exc:
-                self.handshakes.end(address)
-                await self.handle_handshake_error(exc, stream)
-                return
-            self.handshakes.end(address)
-            await handler(wrapped)
+            wrapped = None
+            with anyio.CancelScope() as dropped:
+                ticket = self.handshakes.begin(_host(stream), dropped.cancel)
+                if ticket is None:
+                    await anyio.aclose_forcefully(stream)
+                    return
+                try:
+                    with anyio.fail_after(self.handshake_timeout):
+                        # Nothing of TLS before the client's first byte (its ClientHello):
+                        # a connection that says nothing holds a socket, not a TLS session.
+                        buffered = BufferedByteStream(stream)
+                        buffered.feed_data(await stream.receive())
+                        wrapped = await TLSStream.wrap(buffered, ssl_context=self.ssl_context,
+                                                       standard_compatible=False)
+                except BaseException as exc:
+                    await self.handle_handshake_error(exc, stream)
+                finally:
+                    self.handshakes.end(ticket)
+            if wrapped is not None:
+                await handler(wrapped)
 
         await self.listener.serve(handshake, task_group)
 

@@ -113,7 +113,8 @@ class ServerMetrics:
             f"{NS}_http_connections_refused", "HTTP connections refused at their start: past "
             "the bound per client address (address) or per server process (server); before "
             "their TLS handshake, past the bound of handshakes under way per client address "
-            "(handshake_address) or per server process (handshake_server)",
+            "(handshake_address), or the oldest under way dropped at the bound per server "
+            "process (handshake_server)",
             ["per"], registry=own)
         self.leader = Gauge(f"{NS}_controllers_leader", "1 while the server runs the "
                             "controllers", multiprocess_mode="livemax", registry=own)

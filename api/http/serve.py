@@ -20,12 +20,13 @@ import uvicorn
 
 from better_compute.api import pki, run_files
 from better_compute.api.controllers.runner import run_controllers
-from better_compute.api.http import http_limits, introspect, tls_accept
+from better_compute.api.http import http_limits, introspect, listener
 from better_compute.api.http.app import LifespanTask, build_app
 from better_compute.api.http.metrics import publish_state
 from better_compute.api.http.request_log import RequestFields
 from better_compute.api.http.server_config import with_file
 from better_compute.api.http.watch import stop_streams
+from better_compute.api.http.workers import bind, listening_socket
 from better_compute.api.net import Handshakes, is_loopback
 from better_compute.api.runtime import Runtime
 from better_compute.api.settings import env_count, env_networks, env_seconds
@@ -38,7 +39,6 @@ from better_compute.domain.placement import Lane
 log = logging.getLogger("better_compute.serve")
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-CLOSE_GRACE = 1.0  # seconds a peer has to answer a connection's close at shutdown
 # At shutdown (SIGTERM), calls in flight have the grace (BETTER_COMPUTE_SHUTDOWN_GRACE,
 # SHUTDOWN_GRACE seconds by default) to be answered. Then the connections still open are
 # ended (aborted): their callers get no answer, so nothing unanswered counts as
@@ -105,8 +105,8 @@ class _Server(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        with tls_accept.tls_listeners(asyncio.get_running_loop(), self.handshake_timeout,
-                                      self.handshakes):
+        with listener.tls_listeners(asyncio.get_running_loop(), self.handshake_timeout,
+                                    self.handshakes):
             await super().startup(sockets)
         if self.started:
             introspect.report_on_signal(self.describe)  # kill -USR1: what it waits on
@@ -127,7 +127,6 @@ class _Server(uvicorn.Server):
         stop_streams(self.config.app)()
         await self._hand_back_agents()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._cut_unanswered_closes)
             tg.start_soon(self._report_if_slow)
             tg.start_soon(self._end_calls_after_grace)
             await super().shutdown(sockets)
@@ -177,25 +176,6 @@ class _Server(uvicorn.Server):
             transport = getattr(connection, "transport", None)
             if transport is not None:
                 transport.abort()
-
-    async def _cut_unanswered_closes(self) -> None:
-        """Drop connections whose close the peer has not answered within CLOSE_GRACE seconds.
-
-        uvicorn closes idle keep-alive connections at shutdown and waits until they are gone.
-        Over TLS, asyncio then waits up to 30 s for the peer's close_notify, which a browser
-        never sends for an idle pooled connection it is not reading (seen with Chromium on the
-        console): shutdown would hang that long. Such a connection has nothing in flight.
-        """
-        closing_since: dict[object, float] = {}
-        while True:
-            await anyio.sleep(0.1)
-            now = time.monotonic()
-            for connection in list(self.server_state.connections):
-                transport = getattr(connection, "transport", None)
-                if transport is None or not transport.is_closing():
-                    continue
-                if now - closing_since.setdefault(connection, now) >= CLOSE_GRACE:
-                    transport.abort()
 
 
 def tls_files(runtime: Runtime, hostnames: list[str]) -> tuple[Path, Path]:
@@ -345,32 +325,34 @@ def trusted_proxies(env: Mapping[str, str] | None) -> list[str]:
     return env_networks(env, "BETTER_COMPUTE_HTTP_TRUSTED_PROXIES", "http.trusted_proxies")
 
 
-def _uvicorn(app: Any, options: ServeOptions, host: str, port: int, ssl: dict[str, str],
-             env: Mapping[str, str], ready: str) -> _Server:
-    """The uvicorn server of ``app``, with our protocol, timeouts and grace (http_limits)."""
-    head_timeout = env_seconds(env, "BETTER_COMPUTE_HTTP_HEAD_TIMEOUT", http_limits.HEAD_TIMEOUT)
-    send_timeout = env_seconds(env, "BETTER_COMPUTE_HTTP_SEND_TIMEOUT", http_limits.SEND_TIMEOUT)
+def _uvicorn(app: Any, options: ServeOptions, ssl: dict[str, str], env: Mapping[str, str],
+             ready: str) -> _Server:
+    """The uvicorn server of ``app``, with the edge's bounds (api/http/listener.py), its
+    timeouts and grace."""
+    head_timeout = env_seconds(env, "BETTER_COMPUTE_HTTP_HEAD_TIMEOUT", listener.HEAD_TIMEOUT)
     metrics = getattr(getattr(app, "state", None), "metrics", None)
-    limits = http_limits.ConnectionLimits(
-        total=env_count(env, "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS", http_limits.MAX_CONNECTIONS),
+    limits = listener.ConnectionLimits(
+        total=env_count(env, "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS", listener.MAX_CONNECTIONS),
         per_address=env_count(env, "BETTER_COMPUTE_HTTP_MAX_CONNECTIONS_PER_ADDRESS",
-                              http_limits.MAX_CONNECTIONS_PER_ADDRESS),
+                              listener.MAX_CONNECTIONS_PER_ADDRESS),
         on_open=metrics.connections.set if metrics is not None else None,
         on_refused=metrics.connection_refused if metrics is not None else None)
     handshakes = Handshakes(
-        total=env_count(env, "BETTER_COMPUTE_HTTP_MAX_HANDSHAKES", tls_accept.MAX_HANDSHAKES),
+        total=env_count(env, "BETTER_COMPUTE_HTTP_MAX_HANDSHAKES", listener.MAX_HANDSHAKES),
         per_address=env_count(env, "BETTER_COMPUTE_HTTP_MAX_HANDSHAKES_PER_ADDRESS",
-                              tls_accept.MAX_HANDSHAKES_PER_ADDRESS),
+                              listener.MAX_HANDSHAKES_PER_ADDRESS),
         on_refused=metrics.connection_refused if metrics is not None else None)
     proxies = trusted_proxies(env)
-    config = uvicorn.Config(app, host=host, port=port, log_level=options.log_level,
+    protocol = listener.protocol(limits, head_timeout, env_seconds(
+        env, "BETTER_COMPUTE_HTTP_SEND_TIMEOUT", listener.SEND_TIMEOUT))
+    config = uvicorn.Config(app, log_level=options.log_level,
                             log_config=None,  # our handler and format (logs.configure)
                             access_log=False, lifespan="on",
                             # X-Forwarded-For only from the proxies named (uvicorn's
                             # default believes it from loopback: any local process)
                             proxy_headers=bool(proxies), forwarded_allow_ips=proxies or [],
-                            http=http_limits.protocol_class(head_timeout, limits,
-                                                            send_timeout),
+                            http=protocol,  # type: ignore[arg-type]  # a factory, not a class
+                            ws="none",  # no upgrade: a connection stays a listener.Connection
                             **ssl)  # type: ignore[arg-type]
     return _Server(config, ready,
                    env_seconds(env, "BETTER_COMPUTE_SHUTDOWN_GRACE", SHUTDOWN_GRACE),
@@ -420,16 +402,11 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"
              + (f" (certificate for {', '.join(names)})" if names else " (plain HTTP, loopback only)")
              + notes)
-    server = _uvicorn(app, options, host, port, ssl, env, ready)
+    server = _uvicorn(app, options, ssl, env, ready)
     try:
         # A worker serves on its parent's socket, as the TCP socket it is (not uvicorn's
         # ``fd=``, which reads it as a Unix socket and leaves Nagle on: workers.py).
-        if fd is None:
-            server.run()
-        else:
-            from better_compute.api.http.workers import listening_socket
-
-            server.run(sockets=[listening_socket(fd)])
+        server.run(sockets=[bind(host, port) if fd is None else listening_socket(fd)])
     finally:  # a start that failed before uvicorn read them
         for setting in ("ssl_certfile", "ssl_keyfile"):
             if setting in ssl:

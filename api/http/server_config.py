@@ -65,8 +65,8 @@ SETTINGS: tuple[Setting, ...] = (
             "(nodes behind one NAT reconnect together); past it a new connection is closed "
             "before its handshake (0: no bound)"),
     Setting("gateway.max_handshakes", None, "BETTER_COMPUTE_GATEWAY_MAX_HANDSHAKES", "1024",
-            "number", "TLS handshakes the gateway has under way at once; past it a new "
-            "connection is closed before its handshake (0: no bound)"),
+            "number", "TLS handshakes the gateway has under way at once; past it the oldest "
+            "under way is dropped for a new one (0: no bound)"),
     Setting("log.level", "--log-level", None, "warning", "choice",
             "log level; info logs one line per API request",
             ("critical", "error", "warning", "info", "debug"), fallback="warning"),
@@ -132,8 +132,8 @@ SETTINGS: tuple[Setting, ...] = (
             "TLS handshakes one client address may have under way with a server process at "
             "once; past it a new connection is closed before its handshake (0: no bound)"),
     Setting("http.max_handshakes", None, "BETTER_COMPUTE_HTTP_MAX_HANDSHAKES", "1024",
-            "number", "TLS handshakes a server process has under way at once; past it a new "
-            "connection is closed before its handshake (0: no bound)"),
+            "number", "TLS handshakes a server process has under way at once; past it the "
+            "oldest under way is dropped for a new one (0: no bound)"),
     Setting("http.trusted_proxies", None, "BETTER_COMPUTE_HTTP_TRUSTED_PROXIES", "(none)",
             "list", "reverse proxies (addresses or networks; * for every peer) whose "
             "X-Forwarded-For names the client; from any other peer the header is ignored "

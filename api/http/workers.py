@@ -71,11 +71,19 @@ def default_workers() -> int:
 
 
 def bind(host: str, port: int) -> socket.socket:
+    """The API's listening socket (the workers inherit it)."""
+    from better_compute.domain.errors import InvalidInput
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise InvalidInput(f"--listen {host}:{port}: cannot listen there ({exc.strerror}): "
+                           "pick a free port") from None
     sock.set_inheritable(True)
     return sock
 
@@ -130,13 +138,9 @@ def _metrics_dir() -> tuple[str, int]:
 def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) -> None:
     """Run ``options.workers`` workers on one socket until a signal or a worker's end."""
     from better_compute.api.wire.daemon import notify
-    from better_compute.domain.errors import InvalidInput, error_from_code
+    from better_compute.domain.errors import error_from_code
 
-    try:
-        sock = bind(host, port)
-    except OSError as exc:
-        raise InvalidInput(f"--listen {host}:{port}: cannot listen there ({exc.strerror}): "
-                           "pick a free port") from None
+    sock = bind(host, port)
     base = dict(os.environ if env is None else env)
     notify_env = {k: base.pop(k) for k in ("NOTIFY_SOCKET",) if k in base}
     metrics_dir, owner_lock = _metrics_dir()

@@ -1,4 +1,4 @@
-"""Connection floods (api/http/http_limits.py ``ConnectionLimits``): one client address holds
+"""Connection floods (api/http/listener.py ``ConnectionLimits``): one client address holds
 at most ``http.max_connections_per_address`` connections of a server process, the process
 at most ``http.max_connections`` in all; a connection past either is answered at once (429
 ``rate_limited`` or 503 ``unavailable``, ``data.per`` saying which bound) and ended, and

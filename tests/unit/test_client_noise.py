@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from better_compute.api.http import tls_accept
+from better_compute.api import net
+from better_compute.api.http import listener
 from better_compute.api.http.http_limits import ClientNoise
 
 
@@ -52,8 +53,9 @@ def test_the_gateways_refused_handshakes_are_one_line_a_window() -> None:
 def test_the_listeners_refusals_and_failed_accepts_are_one_line_a_window() -> None:
     clock = [0.0]
     noise = ClientNoise(clock=lambda: clock[0])
-    for message, args in ((tls_accept.REFUSED, ("10.0.0.1 has 64 under way",)),
-                          (tls_accept.ACCEPT_FAILED, (OSError(24, "Too many open files"), 0.1))):
-        records = [logging.LogRecord(tls_accept.log.name, logging.WARNING, __file__, 1,
+    for message, args in ((net.REFUSED, ("10.0.0.1", 64, 64, "http.max_handshakes")),
+                          (net.DROPPED, (1024, 1024, "http.max_handshakes")),
+                          (listener.ACCEPT_FAILED, (OSError(24, "Too many open files"), 0.1))):
+        records = [logging.LogRecord(net.log.name, logging.WARNING, __file__, 1,
                                      message, args, None) for _ in range(50)]
         assert [noise.filter(r) for r in records].count(True) == 1

@@ -1,4 +1,4 @@
-"""ConnectionLimits' counting (api/http/http_limits.py); the e2e test drives a real server."""
+"""ConnectionLimits' counting (api/http/listener.py); the e2e test drives a real server."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from better_compute.api.http.http_limits import ConnectionLimits
+from better_compute.api.http.listener import ConnectionLimits
 from better_compute.api.settings import env_count
 from better_compute.domain.errors import InvalidInput
 
@@ -36,7 +36,7 @@ def test_each_address_and_the_process_are_bounded_and_places_come_back() -> None
     assert limits.admit("10.0.0.2") is None
     for address in ("10.0.0.1", None, "10.0.0.2"):
         limits.release(address)
-    assert (limits.open, limits.by_address) == (0, {})  # nothing kept for gone clients
+    assert (limits.count, limits.by_address) == (0, {})  # nothing kept for gone clients
     assert seen == [1, 2, 3, 2, 3, 2, 1, 0]
 
 

@@ -1,4 +1,4 @@
-"""http_limits.SendWatch: while writing is paused, a client that takes none of its answer
+"""listener.SendWatch: while writing is paused, a client that takes none of its answer
 for the send timeout loses the connection; one that takes some, however little, in every
 window keeps it (a 1 MB answer over a slow link is read for minutes, and must not be cut
 because its transport stays over the high-water mark all that time)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from better_compute.api.http.http_limits import SendWatch
+from better_compute.api.http.listener import SendWatch
 
 
 class _Timer:
