@@ -12,6 +12,7 @@ from typing import Any
 
 from better_compute.api.wire.inventory import Gpu
 from better_compute.domain.access import LOCAL_OPERATOR, Principal
+from better_compute.domain.gpu_claims import GpuClaim
 from better_compute.domain.ids import new_uuid, public_id
 from better_compute.domain.node import NODE_ROLE, Node
 
@@ -71,9 +72,22 @@ def build_node(pool_id: str, owner: str = "root", *, gpus: int = 8, cpus: int = 
     return node
 
 
+def claims(node: Node) -> list[GpuClaim]:
+    """The claims an adoption saves with its node: one per GPU (domain/gpu_claims.py)."""
+    out = []
+    for gpu in node.gpus:
+        claim = GpuClaim(tenant_id=node.tenant_id, uuid=gpu["uuid"])
+        claim.claim(node.public_id, node.tenant_id, node.adopted_at or datetime.now(UTC))
+        out.append(claim)
+    return out
+
+
 def add_nodes(service: Any, pool_id: str, count: int, owner: str = "root", **kwargs: Any
               ) -> list[str]:
+    """``count`` nodes saved, each adopted one with its GPUs' claims as an adoption saves
+    them."""
     nodes = [build_node(pool_id, owner, **kwargs) for _ in range(count)]
-    for start in range(0, len(nodes), 200):
-        service.store.save(*nodes[start:start + 200])
+    for start in range(0, len(nodes), 100):
+        batch = nodes[start:start + 100]
+        service.store.save(*batch, *(c for n in batch if n.adopted for c in claims(n)))
     return [n.public_id for n in nodes]

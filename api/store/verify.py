@@ -6,7 +6,10 @@
    decodes and renders as the public log shows it.
 2. Every aggregate replays: its versions run 1, 2, 3 … with no gap, and
    applying its events one by one raises nothing.
-3. Every read model, rebuilt from the log in a scratch SQLite database up to
+3. A GPU belongs to one node: no GPU UUID is listed by two adopted nodes, every GPU of an
+   adopted node is claimed by it, and every claim is held by an adopted node that lists it
+   (domain/gpu_claims.py).
+4. Every read model, rebuilt from the log in a scratch SQLite database up to
    the live read model's own position, equals the live one row for row
    (each live read model is read under its projection lock, so its rows and
    its position belong together).
@@ -28,6 +31,8 @@ from eventsourcing.persistence import Notification
 from better_compute.api.runtime import Projections, Runtime, StoreEvents
 from better_compute.api.store.eventlog import render
 from better_compute.api.store.store import StoreConfig, open_store
+from better_compute.domain.gpu_claims import GpuClaim
+from better_compute.domain.node import Node
 from better_compute.projections.framework import ReadModels
 
 PAGE = 1000
@@ -93,14 +98,15 @@ class Verifier:
             self.problems.append(text)
 
     def run(self) -> dict[str, Any]:
-        events = self.read_log()
+        events, aggregates = self.read_log()
+        gpus = self.check_gpus(aggregates)
         projections = self.compare_projections()
         return {"ok": not self.problems, "store": self.runtime.config.describe(), **events,
-                "projections": projections, "problems": self.problems}
+                "gpus": gpus, "projections": projections, "problems": self.problems}
 
     # ------------------------------------------------------------ the log
 
-    def read_log(self) -> dict[str, Any]:
+    def read_log(self) -> tuple[dict[str, Any], dict[Any, Any]]:
         recorder = self.store.recorder
         decode = self.store.mapper.to_domain_event
         head = int(recorder.max_notification_id() or 0)
@@ -128,7 +134,8 @@ class Verifier:
             self.progress("events", position, head)
         if position < head:
             self.problem(f"the log ends at {position}, but its head is {head}")
-        return {"head": head, "events": count, "gaps": gaps, "aggregates": len(versions)}
+        return ({"head": head, "events": count, "gaps": gaps, "aggregates": len(versions)},
+                aggregates)
 
     def _check_event(self, n: Notification, decode: Any, versions: dict[Any, int],
                      aggregates: dict[Any, Any]) -> None:
@@ -149,6 +156,36 @@ class Verifier:
         except Exception as exc:
             self.problem(f"aggregate {key} does not replay at version {n.originator_version} "
                          f"(sequence {n.id}): {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------ GPUs
+
+    def check_gpus(self, aggregates: dict[Any, Any]) -> int:
+        """The GPUs of adopted nodes, each checked against the claims; how many."""
+        listed: dict[str, list[str]] = {}  # GPU UUID -> adopted nodes that list it
+        for node in aggregates.values():
+            if isinstance(node, Node) and node.adopted:
+                for uuid in dict.fromkeys(g.get("uuid") for g in node.gpus):
+                    listed.setdefault(str(uuid), []).append(node.public_id)
+        holder = {c.uuid: c.node_id for c in aggregates.values()
+                  if isinstance(c, GpuClaim) and c.node_id is not None}
+        for uuid, nodes in sorted(listed.items()):
+            if len(nodes) > 1:
+                self.problem(f"GPU {uuid} is listed by {len(nodes)} adopted nodes "
+                             f"({', '.join(sorted(nodes))}): a GPU belongs to one node. Drain "
+                             "and remove the node that does not have it (`better-compute nodes "
+                             "remove NODE`)")
+            elif holder.get(uuid) != nodes[0]:
+                self.problem(f"GPU {uuid} of adopted node {nodes[0]} is not claimed by it"
+                             + (f" but by {holder[uuid]}" if uuid in holder else "")
+                             + ": another node could take it. Drain and remove the node, then "
+                             "join it again (its adoption claims its GPUs)")
+        for uuid, node_id in sorted(holder.items()):
+            if node_id not in listed.get(uuid, []):
+                self.problem(f"GPU {uuid} is claimed by node {node_id}, which is not an "
+                             "adopted node listing it: no other node can take the GPU. "
+                             "Accept the holder's current inventory (`better-compute nodes "
+                             f"accept-inventory {node_id}`) or remove it")
+        return len(listed)
 
     # ------------------------------------------------------------ read models
 

@@ -10,6 +10,7 @@ refuses the second; removing a node frees its GPUs for another.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,10 @@ import anyio
 import pytest
 
 from better_compute.api.services import inventory
+from better_compute.api.store.verify import verify
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.access import LOCAL_OPERATOR
+from better_compute.domain.gpu_claims import GpuClaim, gpu_claim_uuid
 from tests.gateway_client import NodeClient, Plane, gpus, run_with_gateway
 from tests.join_client import hardware
 
@@ -75,5 +78,40 @@ def test_a_gpu_of_another_node_is_refused_until_that_node_lets_it_go(
         assert plane.capacity()["allocatable"] == 8
         await first.close()
         await second.close()
+
+    run_with_gateway(env, tmp_path, body)
+
+
+def test_store_verify_checks_that_each_gpu_belongs_to_one_node(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """``store verify`` holds the rule against the log itself: an adopted node's GPUs claimed
+    by it, no claim held by a node that does not list the GPU. The faults are written past the
+    services (as a bug would) and each is reported."""
+
+
+    async def body(plane: Plane) -> None:
+        owner = plane.join(serial="SN-7701")
+        node = NodeClient(plane, owner)
+        await node.connect()
+        await plane.reconcile()
+        await node.receive_desired(lambda d: "acceptance" in d.sections)
+        assert isinstance(await node.acceptance(1, gpus(8)), wire.Ack)
+        await node.close()
+        report = verify(plane.runtime)
+        assert report["ok"], report["problems"]
+        assert report["gpus"] == 8
+
+        store, at = plane.runtime.store, datetime.now(UTC)
+        uuids = [g["uuid"] for g in plane.node(owner.node_id)["gpus"]]
+        taken = store.repository.get(gpu_claim_uuid(uuids[0]))
+        assert taken.release(owner.node_id, at, "a bug")  # its node still lists it
+        stray = GpuClaim(tenant_id="root", uuid="GPU-not-on-any-node")
+        stray.claim(owner.node_id, "root", at)  # held by a node that does not list it
+        store.save(taken, stray)
+
+        problems = verify(plane.runtime)["problems"]
+        assert any(f"GPU {uuids[0]} of adopted node {owner.node_id} is not claimed" in p
+                   for p in problems), problems
+        assert any("GPU GPU-not-on-any-node is claimed by node" in p for p in problems), problems
 
     run_with_gateway(env, tmp_path, body)
