@@ -103,7 +103,7 @@ def test_store_verify_checks_that_each_gpu_belongs_to_one_node(
 
         store, at = plane.runtime.store, datetime.now(UTC)
         uuids = [g["uuid"] for g in plane.node(owner.node_id)["gpus"]]
-        taken = store.repository.get(gpu_claim_uuid(uuids[0]))
+        taken: GpuClaim = store.repository.get(gpu_claim_uuid(uuids[0]))
         assert taken.release(owner.node_id, at, "a bug")  # its node still lists it
         stray = GpuClaim(tenant_id="root", uuid="GPU-not-on-any-node")
         stray.claim(owner.node_id, "root", at)  # held by a node that does not list it
