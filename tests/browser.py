@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path(os.environ.get("BC_TEST_CHROMIUM", "/usr/bin/chromium"))
-# What works on a machine whose network is closed (docs/console.md#browser-tests).
+# What works on a machine whose network is closed (docs/internals/console.md#browser-tests).
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage"]
