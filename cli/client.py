@@ -181,7 +181,7 @@ class HttpClient:
     """JSON-RPC over HTTPS with the standard library's http.client: one kept-alive connection,
     reopened when it idled past the server's keep-alive. Not httpx: a command line pays its
     imports on every run, and httpx's (with httpcore and h11) cost more than the call itself
-    (docs/performance.md, "Start-up"). ``events watch`` streams with httpx (StreamClient)."""
+    (docs/performance.md, "Start-up of the command lines"). ``events watch`` streams with httpx (StreamClient)."""
 
     IDLE_REOPEN_S = 4.0  # under uvicorn's 5 s keep-alive: never send on a socket it closed
 

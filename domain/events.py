@@ -93,7 +93,7 @@ def public_event(sequence: int, domain_event: Any) -> dict[str, Any]:
 
 
 # Names, wildcards and closed bracket sets of name characters ([!...] negates): a bracket
-# that is never closed is refused, not read as a literal "[" (issue #10).
+# that is never closed is refused, not read as a literal "[".
 _GLOB_RE = re.compile(r"(?:[A-Za-z0-9_.*?-]|\[!?[A-Za-z0-9_.-]+\])+")
 MAX_GLOBS = 32
 MAX_GLOB_LENGTH = 128

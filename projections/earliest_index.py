@@ -20,7 +20,7 @@ changed, in the batch's transaction), three tables, from ``domain/earliest.py``'
   settled (``settle``: by the queue dispatcher's pass, at least every tick, and before every
   search), once per node however many of the node's events came in between: a node
   fills up one create at a time (the placer packs the fullest nodes first), and creates
-  that start now never read the blocks (docs/performance.md, "Sixth round").
+  that start now never read the blocks.
 
 Reading (``timelines``): first the stale nodes of the pool (a batch committed after the
 search settled the index), with the lowest bound, ``t0``, which is always right for them;

@@ -2,8 +2,8 @@
 
 Every placement reads ~16 node rows and their bookings, and every batch of the index
 re-reads the rows of the nodes it touched; a node's ``gpus`` column changes only when its
-GPUs do, a booking's never. Parsing them again each time was 7 to 10 % of a reservation
-create's server time, so each distinct text is parsed once per process and the result is
+GPUs do, a booking's never. Parsing them again each time would be 7 to 10 % of a
+reservation create's server time, so each distinct text is parsed once per process and the result is
 shared: immutable values (tuples, frozensets, read-only mappings), keyed by the text
 itself, so a changed column is a new key and nothing can go stale.
 """

@@ -3,11 +3,10 @@
 Every create follows the free-GPU index and the reservations read model; the timers, the
 queue dispatcher and the NodeLifecycle pass catch up the reservations and the capacity
 rollup. The listings (``list`` and ``get`` of every kind) and the usage (``usage.report``)
-were caught up only when read, and the tokens pass scanned the listings every 30 s. So the
-first read after a busy spell paid for every event since the last one: a ``usage`` call a
-week after the last one applied a week of reservations before it answered, and under a
-stream of creates the tokens pass applied 30 s of events at once, which took the server's
-time in one lump (docs/performance.md, "Seventh round").
+are kept here. Caught up only when read, the first read after a busy spell would pay for
+every event since the last one (a ``usage`` call a week after the last would apply a week of
+reservations before it answered), and a pass over 30 s of events would take the server's
+time in one lump.
 
 ``ReadModelUpkeep.run`` catches both up in a loop of the leader's own, every tick
 (api/controllers/runner.py): a read waits for at most a tick's events, and their cost is
@@ -15,7 +14,7 @@ spread over the creates that wrote them. A long catch-up (a read model rebuilt a
 upgrade) holds up no other controller. Where the server's event hub runs (always, in
 ``serve``), the upkeep follows the hub: the events it applies are those the hub has read
 (and this process's own saves), kept in memory, so a tick reads nothing from the log that
-the hub read already (docs/performance.md, tenth round). It records nothing (no actor),
+the hub read already. It records nothing (no actor),
 and takes only the locks of the read models it catches up, which no create waits for.
 """
 

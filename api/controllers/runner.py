@@ -12,7 +12,7 @@ upkeep (the listings and the usage kept current: api/controllers/read_models.py)
 checks it still holds the lock before each pass. A loop woken by an event runs at once when
 its last pass began ``settle`` seconds ago or more (BETTER_COMPUTE_CONTROLLER_SETTLE, default
 0.2 s), else waits until then: under a stream of creates a pass handles many at once instead
-of running once per create in the process that serves them (docs/performance.md). Each pass
+of running once per create in the process that serves them. Each pass
 also records the API tokens whose end has passed (``token.expired``, api/services/tokens.py).
 A pass that fails is retried on the next tick (logged once per run of failures: a store
 outage fails every pass until the store is back). On

@@ -8,10 +8,10 @@ On SQLite the calls that book or free GPUs (``rpc.Method.writes``) run in a lane
 their own, ``WRITER_THREADS`` thread(s), one at a time: their work is the interpreter's
 and SQLite's, in this process, under one writer at a time, so more of them at once only
 make the threads take the GIL from each other (and from the one holding the pool's turn
-or the writer's lock); a lane of one beat a lane of two, which beat eight. Other calls
-keep the shared threads, which writers can no longer fill.
+or the writer's lock); measured, a lane of one beats a lane of two, which beats eight. Other
+calls keep the shared threads, which writers cannot fill.
 On PostgreSQL writers wait on the network, where more at once overlap: they share the
-threads with every other call (docs/performance.md, "Ninth round").
+threads with every other call.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The store's aggregate cache: loads that read only what is new.
 
 Creates, bindings and releases load the same reservations, nodes and bookings again and
-again; each load used to read the latest snapshot and replay up to 100 events after it.
-Here each aggregate is kept per process as the bytes of its pickled state at a version
+again, and a load from the store reads the latest snapshot and replays up to 100 events after
+it. Here each aggregate is kept per process as the bytes of its pickled state at a version
 (LRU, ``size`` aggregates). A load unpickles a private copy, reads only the events stored
 after that version (so what another process or replica saved is seen: the store stays the
 truth) and applies them. A successful save of this process puts what it saved.
@@ -17,10 +17,9 @@ An aggregate class that declares ``COPY_ON_WRITE`` (every event of it gives an a
 new value, never changes the value it had in place) is kept as an object instead: a load
 hands out a shallow copy (its own attributes, sharing their values, and no pending
 events), which its events cannot change under another copy. A tenant's quota use lists each
-of its live reservations: pickled, it cost every create of that tenant time in proportion
-to what the tenant holds (docs/performance.md, eighth round). The node, its bookings, the
-pool and the reservation followed (tenth round): pickling and unpickling them was 8-15 % of
-a create's CPU. Their values are shared between copies, so nothing may change one in
+of its live reservations: pickled, it would cost every create of that tenant time in
+proportion to what the tenant holds; pickling and unpickling the node, its bookings, the pool
+and the reservation would be 8-15 % of a create's CPU. Their values are shared between copies, so nothing may change one in
 place, inside an event or outside (a caller editing ``node.hardware``): ``CHECK_IN_PLACE``
 (the test suite turns it on) keeps each kept object's pickle beside it and fails a load
 or a put whose kept object changed since it was kept.

@@ -7,13 +7,13 @@ usual (pool size, timeouts, schema and the rest from the same environment), then
 before the pool ever opens, gives the pool every parameter of ``POSTGRES_CONNINFO``
 (api/store/store_url.py): psycopg passes them to libpq as they are.
 
-Fewer round trips per transaction (docs/performance.md, the create path): the schema's
+Fewer round trips per transaction: the schema's
 ``search_path`` is set once per connection (libpq ``options``), not by a ``SET LOCAL`` in
 every transaction; and a read (``transaction(commit=False)``) opens no transaction at all:
 its statements run as they come on the connection, which the library keeps in autocommit.
 At PostgreSQL's READ COMMITTED, which the store runs at, each statement of a transaction
-takes its own snapshot anyway, so a BEGIN and a COMMIT around reads bought nothing but two
-round trips each (four of our reads per create; the library's own reads never opened one).
+takes its own snapshot anyway, so a BEGIN and a COMMIT around reads would buy nothing but two
+round trips each (four of our reads per create; the library's own reads open none).
 What must see one state reads it under a lock, in a writing transaction
 (``ReadModels.rows_at_position``). A writing transaction that did not raise ends with
 COMMIT; one that raises rolls back (after every ROLLBACK psycopg forgets its prepared

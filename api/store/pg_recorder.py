@@ -5,9 +5,8 @@ EXCLUSIVE MODE``, ``NOTIFY`` and the ``INSERT``, waits for their answers, and
 only then sends ``COMMIT``. Between the lock and the commit the saving thread
 runs Python several times (each statement queued, the answers read), and in a
 server whose event loop fans events out to many /watch streams, every one of
-those steps can wait for the GIL: the table lock was held that long, and the
-next saves queued behind it (docs/performance.md, "PostgreSQL with 100
-watchers").
+those steps can wait for the GIL: the table lock is held that long, and the
+next saves queue behind it (measured with 100 /watch streams).
 
 This recorder calls one server-side function per save, in autocommit mode:
 ``SELECT * FROM bc_insert_<table>(events)`` takes the same lock, sends the

@@ -3,12 +3,12 @@
 The library lets one thread of a process write at a time. Across processes (the workers of
 ``serve --workers``, a command line beside a server) SQLite's own busy handler retries a
 write that finds the database locked after sleeps of 1, 2, 5, 10, 15, 20, 25 ... ms, so a
-write that met another process's waited tens of milliseconds however short that one was:
-with two workers, one client's creates took a median 56-60 ms against 18 ms with one
-(docs/performance.md, fourth round). Here a writer also holds an ``flock`` on
+write that meets another process's waits tens of milliseconds however short that one is:
+with two workers and that handler alone, one client's creates take a median 56-60 ms against
+18 ms with one. Here a writer also holds an ``flock`` on
 ``<database>-writer.lock`` for its transaction, and a process waiting for it checks again
 every ``POLL`` seconds (at most a millisecond late). The wait is bounded by the store's lock
-timeout: past it the write goes ahead and SQLite's busy timeout decides, as before.
+timeout: past it the write goes ahead and SQLite's busy timeout decides.
 """
 
 from __future__ import annotations

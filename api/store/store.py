@@ -220,7 +220,7 @@ class ComputeStore(Application[Any]):
 
 
 def private_sqlite_files(path: Path) -> None:
-    """The data dir 0700 and the store's files 0600, whoever created them (issue #10).
+    """The data dir 0700 and the store's files 0600, whoever created them.
 
     The dir is tightened when it exists with looser modes; ``store.sqlite`` is
     created 0600 before SQLite opens it, and SQLite creates its ``-wal`` and
@@ -382,8 +382,7 @@ class SqlRunner:
                 # A read model's transaction is mostly writes whose results nobody reads
                 # (rows, counts, the tracking position): in psycopg's pipeline mode they go
                 # without waiting for each answer, and only a read waits (its fetch syncs),
-                # so a follow of a create is ~5 round trips instead of ~15
-                # (docs/performance.md, eleventh round). An error still raises from the
+                # so a follow of a create is ~5 round trips, not ~15. An error raises from the
                 # statement's fetch or the block's end, and the transaction rolls back.
                 with cursor.connection.pipeline():
                     cursor.execute("SET LOCAL synchronous_commit TO off")

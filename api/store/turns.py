@@ -2,10 +2,10 @@
 save that follows it.
 
 A tenant's creates and releases all change its one quota use (domain/quota.py). Threads of
-one process take turns at it (``ReservationCore.quota_lock``); the workers of ``serve
---workers N`` did not, so two of them read the same version, both placed and booked, and one
-lost its save and placed again. A turn makes the second wait for the first's save instead
-(docs/performance.md, "Seventh round"). Turns only save work: correctness never rests on
+one process take turns at it (``ReservationCore.quota_lock``); without turns across
+processes, two workers of ``serve --workers N`` read the same version, both place and book,
+and one loses its save and places again. A turn makes the second wait for the first's save
+instead. Turns only save work: correctness never rests on
 them (the store refuses a save of a version another wrote), so a turn that cannot be taken
 in ``WAIT_S`` (a holder stopped, the database away) is given up and the caller goes on
 without it.
