@@ -1,7 +1,7 @@
 """The listings read model keeps rows only of the kinds something lists (projections/listings.py).
 
-Version 1 also kept a row, rewritten at every event, for every reservation, node's bookings
-and quota; nothing read them, and each reservation create paid for it.
+No row for reservations, a node's bookings or a quota use: nothing lists them, and a row
+rewritten at each of their events would cost every reservation create.
 """
 
 from __future__ import annotations

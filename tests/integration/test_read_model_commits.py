@@ -1,9 +1,10 @@
 """Read models commit without waiting for the disk; saves of events always wait
 (api/store/store.py SqlRunner.transaction, api/store/sqlite_writers.py, docs/architecture.md).
 
-A create paid two flushes to disk: its save and the read models' catch-up of the create
-before it. What the read models write is derived from the events and applied again from
-their tracked position, so only the save's commit must be on disk before the answer.
+A create flushes to disk once, for its save; the read models' catch-up of the create before
+it does not wait for the disk. What the read models write is derived from the events and
+applied again from their tracked position, so only the save's commit must be on disk before
+the answer.
 """
 
 from __future__ import annotations

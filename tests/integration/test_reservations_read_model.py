@@ -1,8 +1,8 @@
 """The reservations read model groups a batch's events by reservation (projections/reservations.py).
 
 A create that starts now records `reservation.placed` and `.binding` in one save; the read
-model restored, snapshotted and wrote the row at each. Now each reservation is written once
-per batch, and the rows and counts equal those of applying one event at a time.
+model writes each reservation's row once per batch, not once per event, and the rows and
+counts equal those of applying one event at a time.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The calls that book or free GPUs run in the writers' lane: one thread of their own on
 SQLite, the shared threads on PostgreSQL (api/http/app.py).
 
-On SQLite, more writers at once only took the GIL from each other: with a lane of two, 16
-clients created 18 % and released 27 % more per second on two workers than with eight
-threads, and with a lane of one 12 % and 6 % more again (docs/performance.md, "Ninth
-round"); on PostgreSQL a lane of two released 11 % less.
+On SQLite, more writers at once only take the GIL from each other: with a lane of two, 16
+clients create 18 % and release 27 % more per second on two workers than with eight
+threads, and with a lane of one 12 % and 6 % more again; on PostgreSQL a lane of two
+releases 11 % less (docs/internals/performance-history.md).
 """
 
 from __future__ import annotations

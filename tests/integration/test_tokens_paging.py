@@ -1,8 +1,8 @@
 """tokens.list in pages: a call answers at most ``limit`` (at most 1,000) tokens.
 
 Revoked and expired tokens stay listed (their history), so a tenant admin who mints and
-revokes in a loop grew every later `tokens list` without end (live ones are bounded at
-1,000: test_token_bound.py). Now a call answers at most ``limit`` (default and most
+revokes in a loop grows the listing without end (live ones are bounded at 1,000:
+test_token_bound.py). A call answers at most ``limit`` (default and most
 ``MAX_PAGE`` (domain/paging.py)) created after the token ``after``, oldest first, a shorter page being the last;
 the CLI pages through. Here the page is made small (2) to show it with 5.
 """

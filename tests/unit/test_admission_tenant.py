@@ -1,8 +1,8 @@
 """Calls per tenant (api/http/http_limits.py ``Admission``): many tokens, one share.
 
 Each token runs at most a quarter of a worker's store threads (test_admission.py), but a
-tenant admin can mint tokens: before, a tenant with four tokens held every thread. Now the
-calls of one tenant's tokens together run at most half the threads and queue a bounded
+tenant admin can mint tokens, and four tokens would hold every thread. So the calls of one
+tenant's tokens together run at most half the threads and queue a bounded
 number; the root tenant (the platform's operators) is not bounded this way.
 """
 

@@ -1,8 +1,9 @@
 """The nodes a process's placements are saving on (``ReservationCore.claim``/``unclaim``):
 a placement that has saved lets go of its node at once, without waiting for the pool's
 lock, which another placement holds while it chooses (on PostgreSQL, several round trips
-to the read models). Before, the reply of every create waited there for another create's
-choice: a worker's threads spent 18 % of their time in ``unclaim`` at 16 clients."""
+to the read models). Waiting there, the reply of every create would wait for another
+create's choice: a worker's threads would spend 18 % of their time in ``unclaim`` at 16
+clients."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """A worker of ``serve --workers`` answers on its parent's socket with Nagle off.
 
 uvicorn, given a descriptor (``Config(fd=...)``), wraps it as a Unix socket, so asyncio
-never set TCP_NODELAY on the TCP connections it accepted: each answer written in two parts
-waited for the client's delayed ACK, ~40 ms. One client's creates took a median 56-60 ms
-with two workers against 18 ms with one (docs/performance.md, fourth round).
+never sets TCP_NODELAY on the TCP connections it accepts: each answer written in two parts
+would wait for the client's delayed ACK, ~40 ms (one client's creates: a median 56-60 ms
+with two workers against 18 ms with one).
 """
 
 from __future__ import annotations
