@@ -4,9 +4,9 @@ at most ``http.max_connections`` in all; a connection past either is answered at
 ``rate_limited`` or 503 ``unavailable``, ``data.per`` saying which bound) and ended, and
 the other clients are served throughout.
 
-Before, every connection was kept: one client opening connections as fast as it could
-held ~47 KB of the server's memory and a file descriptor each until the head timeout, so
-it could run the process out of either (1,500 opened in 2.6 s: RSS 67 -> 138 MB).
+Unbounded, every connection is kept: one client opening connections as fast as it can
+holds ~47 KB of the server's memory and a file descriptor each until the head timeout, so
+it can run the process out of either (1,500 opened in 2.6 s: RSS 67 -> 138 MB).
 
 A real ``serve`` over TLS with small bounds (3 per address, 5 in all) so the test is
 quick; the defaults are 256 and 4,096. Loopback has many addresses (127.0.0.2, …), so

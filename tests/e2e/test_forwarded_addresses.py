@@ -3,8 +3,8 @@ named (``http.trusted_proxies``), whose ``X-Forwarded-For`` is then believed.
 
 The client's address is what an anonymous caller's share of the server's threads is
 counted by (api/http/http_limits.py ``caller_key``) and what the request log shows
-(``client``). Before, uvicorn's default believed ``X-Forwarded-For`` from 127.0.0.1 and
-::1: any process on the server's machine could call as any address it liked, and an
+(``client``). uvicorn's default believes ``X-Forwarded-For`` from 127.0.0.1 and ::1: with
+it, any process on the server's machine could call as any address it liked, and an
 anonymous one take a share of the threads per address it made up.
 
 A real ``serve`` over TLS, its request log in JSON; calls from 127.0.0.1 and 127.0.0.2.

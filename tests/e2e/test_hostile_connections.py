@@ -2,10 +2,10 @@
 connection for long, and a client sending garbage costs one log line a minute.
 
 A real ``serve`` over TLS, with the two timeouts set short (``http.head_timeout`` 1 s,
-``http.body_timeout`` 2 s) so the test is quick; the defaults are 10 s and 30 s. Before,
-a connection that finished its TLS handshake and then sent nothing, or part of a request
-head, or part of a body, stayed open for ever (seen: still open after 90 s), so an
-anonymous client could hold as many connections, and their memory, as it liked.
+``http.body_timeout`` 2 s) so the test is quick; the defaults are 10 s and 30 s. Without
+them, a connection that finished its TLS handshake and then sent nothing, or part of a
+request head, or part of a body, would stay open for ever, so an anonymous client could
+hold as many connections, and their memory, as it liked.
 """
 
 from __future__ import annotations
@@ -125,10 +125,10 @@ def test_fifty_idle_connections_are_all_let_go(tmp_path: Path) -> None:
 
 
 def test_connections_that_never_finish_the_tls_handshake_are_let_go(tmp_path: Path) -> None:
-    """Before, a TCP connection that never began its TLS handshake, or sent part of it,
-    was kept for asyncio's 60 s handshake timeout, uncounted by the connection bounds (they
-    count from the handshake's end): one client could hold that many file descriptors.
-    Now the handshake has ``http.head_timeout``, as the request head after it has."""
+    """A TCP connection that never begins its TLS handshake, or sends part of it, is let go
+    after ``http.head_timeout``, as the request head after it is. asyncio's own timeout is
+    60 s, and the connection bounds count only from the handshake's end, so under asyncio's
+    timeout one client could hold that many file descriptors."""
     env = _env(tmp_path)
     initialize(env)
     with serve(env) as server:
@@ -163,11 +163,10 @@ def _reader(port: int, ca: Path) -> ssl.SSLSocket:
 
 def test_a_client_that_stops_reading_its_answers_is_let_go(tmp_path: Path) -> None:
     """A "slow read": the client asks (here 30,000 pipelined health checks, ~5.5 MB of
-    answers, more than the kernel's send buffer holds) and never reads. Before, the server
-    kept the connection and the answers it could not send for ever (seen: still open after
-    75 s, past every timeout, 2.8 MB in its socket's queue), so one address
-    could hold its 256 connections, and 16 addresses every connection of a process, for
-    good. Now an answer the client has taken none of for ``http.send_timeout`` ends it;
+    answers, more than the kernel's send buffer holds) and never reads. Kept, the connection
+    and the answers the server cannot send would stay for ever (past every other timeout),
+    so one address could hold its 256 connections, and 16 addresses every connection of a
+    process, for good. An answer the client has taken none of for ``http.send_timeout`` ends it;
     a client that reads, however slowly and however many answers it asked for, gets them
     all."""
     env = {**_env(tmp_path), "BETTER_COMPUTE_HTTP_SEND_TIMEOUT": f"{SEND}s"}

@@ -4,9 +4,9 @@ that leaves mid-body is counted, not logged as the server's error.
 
 A real ``serve --workers 2`` (what ships on a 2-core machine) and a real TLS client that
 sends a call's headers and only part of its body, then nothing: that call stays in flight
-until its body comes, which it never does. Before the grace, uvicorn waited for such a
-call for ever, so one silent client held a stopping server until the service manager's
-SIGKILL (docs/configuration.md, "Stopping").
+until its body comes, which it never does. Without the grace, uvicorn waits for such a
+call for ever, so one silent client would hold a stopping server until the service
+manager's SIGKILL (docs/configuration.md, "Stopping").
 """
 
 from __future__ import annotations

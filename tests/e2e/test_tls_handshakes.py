@@ -3,13 +3,13 @@
 its handshake; past the process's bound the oldest under way is closed for it, so a client
 that finishes its handshake is served.
 
-Before, the connection bounds counted a connection only from its handshake's end, so one
-address could open as many TCP connections as it had ports and send nothing, each held for
-the handshake's timeout (10 s): about 28,000 descriptors per address, and three addresses
-filled systemd's ``LimitNOFILE=65536``. And a bound in all that refused newcomers could be
-filled by silent connections from many addresses, each under its own bound (issue 30). A
-real ``serve`` over TLS with small bounds (2 per address, 4 in all) and a long handshake
-timeout, so that the held ones stay for the test.
+Counted only from its handshake's end, as the connection bounds count, one address could
+open as many TCP connections as it has ports and send nothing, each held for the
+handshake's timeout (10 s): about 28,000 descriptors per address, and three addresses would
+fill systemd's ``LimitNOFILE=65536``; and a bound in all that refused newcomers could be
+filled by silent connections from many addresses, each under its own bound. A real
+``serve`` over TLS with small bounds (2 per address, 4 in all) and a long handshake timeout,
+so that the held ones stay for the test.
 """
 
 from __future__ import annotations

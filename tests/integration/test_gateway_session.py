@@ -274,9 +274,9 @@ def test_a_silent_session_is_closed_and_says_why(env: dict[str, str], tmp_path: 
 
 def test_a_connection_that_never_finishes_its_tls_handshake_is_let_go(
         env: dict[str, str], tmp_path: Path) -> None:
-    """The gateway's port faces every network nodes are on. Before, a TCP connection that
-    never sent its ClientHello was kept for anyio's 30 s handshake timeout; now the
-    handshake has the gateway's hello timeout, as the Hello after it has."""
+    """The gateway's port faces every network nodes are on. A TCP connection that never
+    sends its ClientHello is let go after the gateway's hello timeout, as the Hello after it
+    is (anyio's own handshake timeout is 30 s)."""
     async def body(plane: Plane) -> None:
         assert plane.gateway is not None
         started = anyio.current_time()
@@ -296,11 +296,11 @@ def test_a_connection_that_never_finishes_its_tls_handshake_is_let_go(
 
 def test_handshakes_under_way_are_bounded_per_address_and_a_node_is_served(
         env: dict[str, str], tmp_path: Path) -> None:
-    """Before, every TCP connection was held for the handshake's timeout whatever one
-    address already held (as many as it had ports). Now a connection past the handshakes
-    under way of its address is closed before its handshake; past the gateway's bound in
-    all, the oldest under way is closed for it (api/net.py ``Handshakes``, the API's rule
-    too), so silent connections from many addresses cannot keep a node out."""
+    """A connection past the handshakes under way of its address is closed before its
+    handshake (else one address could hold one per port for the handshake's timeout); past
+    the gateway's bound in all, the oldest under way is closed for it (api/net.py
+    ``Handshakes``, the API's rule too), so silent connections from many addresses cannot
+    keep a node out."""
     async def ended(stream: Any) -> bool:
         with anyio.fail_after(10):  # the handshake's timeout is 60 s here
             try:

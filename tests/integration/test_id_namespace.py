@@ -1,12 +1,12 @@
-"""Each installation mints its keyed ids in its own namespace (issue #10, item 9).
+"""Each installation mints its keyed ids in its own namespace.
 
-Two clusters built by the same script (same tenants, same ``--key``s) used to
+Two clusters built by the same script (same tenants, same ``--key``s) must not
 mint the same ``site_…``, ``pool_…``, ``jt_…`` and ``rsv_…`` ids for different
-objects, so an id copied from one silently named an object in the other.
-Now ``init`` draws a random installation id, kept with the PKI bundle, and
+objects, or an id copied from one silently names an object in the other.
+``init`` draws a random installation id, kept with the PKI bundle, and
 keyed ids derive from it; a retry with the same key on the same store still
-lands on the same object, and stores initialized before this keep minting
-(and reading) the ids they always had.
+lands on the same object, and a store whose PKI bundle has no installation id
+keeps minting (and reading) the ids it always had.
 """
 
 from __future__ import annotations

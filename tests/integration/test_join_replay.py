@@ -1,9 +1,9 @@
-"""A captured ``nodes.join`` body posted again is refused (issue #10, item 7).
+"""A captured ``nodes.join`` body posted again is refused.
 
 The sealed request carries a nonce and the CSR of a key generated on the
-machine. A join token with uses left used to accept the same captured body
-again and again, making one node per post with the same key pin and hardware
-key. Now a token refuses a request whose nonce or node key it has seen.
+machine. A join token refuses a request whose nonce or node key it has seen: otherwise a
+token with uses left would accept the same captured body again and again, making one node
+per post with the same key pin and hardware key.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """A tenant's queued reservations in one pool are bounded (``reservations.max_queued``).
 
-A queued reservation holds no GPUs and no quota, so before this bound a member of any tenant
-could queue as many as it liked, and every queue dispatcher pass walks a pool's whole line
-(an earliest-start search for each queued reservation whose quota allows it): one tenant's
-thousands made every pass of the pool slow for every tenant (docs/performance.md). Now the
-create past the bound is refused with ``quota_exceeded`` (``data.per``: ``queued``) and
+A queued reservation holds no GPUs and no quota, and every queue dispatcher pass walks a
+pool's whole line (an earliest-start search for each queued reservation whose quota allows
+it): unbounded, one tenant's thousands would make every pass of the pool slow for every
+tenant (docs/performance.md). The create past the bound is refused with ``quota_exceeded`` (``data.per``: ``queued``) and
 changes nothing; a retry of one already queued still answers it; other tenants, other pools
 and the tenant's own placements are unaffected; a place comes back when one leaves the queue.
 """

@@ -1,8 +1,8 @@
 """reservations.list in pages: a call answers at most ``limit`` (at most 1,000) reservations.
 
-Before, a call answered the tenant's whole history, oldest first: 5,000 reservations were
-3.5 MB of JSON and ~75 ms of the server's CPU per call, growing with every reservation a
-member makes, so repeated lists by one tenant slowed the server for all. Now a call answers
+Unpaged, a call would answer the tenant's whole history: 5,000 reservations are 3.5 MB of
+JSON and ~75 ms of the server's CPU per call, growing with every reservation a member makes,
+so repeated lists by one tenant would slow the server for all. A call answers
 at most ``limit`` (default and most ``MAX_PAGE`` (domain/paging.py)) after the reservation ``after``, oldest
 first; a page shorter than ``limit`` is the last. The CLI pages through, so `reservations
 list` still prints every one. Here the page is made small (3) to show it with 7.

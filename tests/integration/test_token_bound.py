@@ -1,8 +1,8 @@
 """A tenant's live API tokens are bounded (``tokens.max_per_tenant``).
 
 Each token has its own share of a server's workers (api/http/http_limits.py) and its own
-aggregate and listing row; before this bound a tenant admin could mint as many as it liked.
-Now a create past the bound is refused with ``quota_exceeded`` (``data.per``: ``tokens``)
+aggregate and listing row, so a tenant admin may not mint as many as it likes: a create past
+the bound is refused with ``quota_exceeded`` (``data.per``: ``tokens``)
 and changes nothing; revoked and expired tokens do not count; other tenants are not
 affected; the root tenant (the platform's operators) is not bounded.
 """

@@ -1,7 +1,7 @@
-"""/watch under hostile use (issue #10, items 4 and 5), on both stores.
+"""/watch under hostile use, on both stores.
 
 - The hub's window of recent events is bounded in bytes, not only in events:
-  150 events of 1 MB used to be held whole (150 MB).
+  bounded in events alone, 150 events of 1 MB would be held whole (150 MB).
 - Each write of a stream is bounded in bytes, so a reader that never reads
   pins at most one write (plus what the socket buffers).
 - A stream that fell out of the window while following live is ended with a

@@ -1,9 +1,8 @@
 """ONE GPU health rule: capacity, Node.schedulable, the free-GPU index and the placer agree.
 
 A GPU is healthy when it is not reported unhealthy AND carries no
-``healthReasons`` (issue #10, item 10: the placer and ``Node.schedulable``
-used to ignore the reasons, so a GPU that capacity counted as unhealthy could
-be booked).
+``healthReasons``: a placer or ``Node.schedulable`` that ignored the reasons
+would book a GPU that capacity counts as unhealthy.
 """
 
 from __future__ import annotations
