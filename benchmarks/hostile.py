@@ -6,7 +6,7 @@
         [--seconds 10]
 
 It makes a fresh store, starts a real ``better-compute serve`` over TLS, and
-runs at once (issue #10's acceptance):
+runs at once:
 
 - ``--posts`` anonymous POSTs of ``--post-mb`` MB to /api/compute/rpc, half
   announced by Content-Length, half streamed chunked; each sends until the

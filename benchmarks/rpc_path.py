@@ -15,7 +15,7 @@ client sees it.
 ``--compare DIR`` runs the same against another checkout of the code (say, the commit
 before a change: ``git archive COMMIT | tar -x -C DIR``), alternating the two servers
 ``--rounds`` times so that a loaded machine's noise falls on both: how the metrics and
-request logging of issue #15 were shown to cost nothing measurable (docs/performance.md).
+request logging are shown to cost nothing measurable (docs/performance.md).
 It also times the per-request bookkeeping alone, in this process.
 """
 
@@ -118,7 +118,7 @@ def _run(url: str, token: str, method: str, clients: int, seconds: float,
 
 
 def _bookkeeping() -> float:
-    """Microseconds per request of what issue #15 added to the path (logging at warning)."""
+    """Microseconds per request of the metrics and request records on the path (logging at warning)."""
     metrics = ServerMetrics()
 
     def one() -> None:

@@ -1,4 +1,4 @@
-"""Helpers of the hostile-input tests (issue #10): a populated store, the real ASGI app.
+"""Helpers of the hostile-input tests: a populated store, the real ASGI app.
 
 ``World`` is a store with something of every kind (tenants, tokens of every
 role, a site, a pool offered to ``acme``, adopted nodes, a reservation, a join

@@ -1,4 +1,4 @@
-"""A real ``serve`` under every hostile load at once stays under 300 MB (issue #10).
+"""A real ``serve`` under every hostile load at once stays under 300 MB.
 
 The acceptance scenario of benchmarks/hostile.py, run against a real server
 over TLS on each store: 4 anonymous 300 MB posts (two announced by

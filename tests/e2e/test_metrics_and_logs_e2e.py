@@ -1,4 +1,4 @@
-"""A tutorial run seen through /metrics and the logs (issue #15's acceptance, docs/metrics.md).
+"""A tutorial run seen through /metrics and the logs (docs/metrics.md).
 
 Real processes: `serve` with the gateway, `--metrics-listen` and JSON logs at debug, and a
 joined machine whose `bcd node` serves its own metrics. Two tenants reserve; then the

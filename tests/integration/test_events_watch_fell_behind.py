@@ -1,4 +1,4 @@
-"""`better-compute events watch` resumes by itself after a ``fell_behind`` line (issue #10).
+"""`better-compute events watch` resumes by itself after a ``fell_behind`` line.
 
 The server ends a stream whose reader fell out of its window with
 ``{"error": {"code": "fell_behind", "data": {"since": N}}}``

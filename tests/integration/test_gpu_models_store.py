@@ -84,7 +84,7 @@ def test_an_unknown_gpu_is_never_read_as_a_known_one(runtime: Any) -> None:
 
 def test_a_pool_stored_with_the_old_compact_name_still_loads(
         env: dict[str, str], runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before one table, ``--gpu-model "RTX 6000 Ada"`` was stored as ``RTX6000``: such a
+    """Class version 1 stored ``--gpu-model "RTX 6000 Ada"`` as ``RTX6000``: such a
     ``pool.created`` (class version 1) reads as the RTX 6000 Ada, and the same create retried
     with its key returns that pool."""
     at = site(runtime)

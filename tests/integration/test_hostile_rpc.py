@@ -1,4 +1,4 @@
-"""POST /api/compute/rpc under hostile input (issue #10, items 3, 4, 6 and 9), on both stores.
+"""POST /api/compute/rpc under hostile input, on both stores.
 
 Every refusal is a JSON-RPC error with a stable code (never ``internal``,
 never an HTTP 500 in text/plain) and leaves the event log where it was.

@@ -225,8 +225,8 @@ def test_a_join_without_master_key_is_unavailable(plane: Plane) -> None:
 
 
 def test_joined_hardware_says_memory_mib_and_gib_as_everything_else(plane: Plane) -> None:
-    """node.joined used to say `memoryMib`/`memoryGib` where every other document says
-    `memoryMiB`/`memoryGiB`; an older bcd that still sends the old names is read."""
+    """node.joined says `memoryMiB`/`memoryGiB`, as every other document does; an older bcd
+    that sends `memoryMib`/`memoryGib` is read."""
     _, secret = plane.mint(expect_serial="SN-7701")
     plane.join(JoinAttempt(secret, hardware(serial="SN-7701")))
     node = plane.nodes()[0]

@@ -1,8 +1,8 @@
 """The server's lifespan outlives a background task that fails: nothing closes the store.
 
-What broke `serve` for good in issue #10: a lifespan task (the gateway's heartbeat
-flush) raised, the lifespan's task group died and its ``finally`` closed the store
-while uvicorn kept serving. Here a task that fails twice after it started runs in the
+Unsupervised, a lifespan task that raises (the gateway's heartbeat flush, say) kills the
+lifespan's task group, whose ``finally`` closes the store while uvicorn keeps serving: a
+server broken for good. Here a task that fails twice after it started runs in the
 real lifespan of the real app, and the app keeps answering from its store throughout.
 """
 

@@ -327,7 +327,8 @@ def test_a_node_that_never_reports_times_out(runtime: Any) -> None:
     ("cordoned", "in maintenance"), ("unhealthy", "unhealthy"), ("unreachable", "unreachable"),
 ])
 def test_no_capacity_names_the_true_cause(runtime: Any, trouble: str, cause: str) -> None:
-    """A pool whose only node is cordoned used to answer "Ask for fewer GPUs"."""
+    """A pool whose only node is out of reach (cordoned, unhealthy, unreachable) is refused
+    naming that cause, not "Ask for fewer GPUs"."""
     rs, clock, pool, (node_id,) = setup(runtime, nodes=1, quota=None)
     subject = node(runtime, node_id)
     if trouble == "cordoned":

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of EVERY JSON-RPC method through the real HTTP app (issue #10).
+"""Property-based fuzzing of EVERY JSON-RPC method through the real HTTP app.
 
 For each registered method, hypothesis draws params from the method's params
 schema (tests/fuzzing.py: plausible values, the ids of a populated store, and

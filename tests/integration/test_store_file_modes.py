@@ -1,4 +1,4 @@
-"""The SQLite store's files are private to their owner (issue #10, item 8).
+"""The SQLite store's files are private to their owner.
 
 ``store.sqlite`` and its ``-wal`` / ``-shm`` files hold every tenant's event
 log, the sealed PKI bundle and token hashes. They are 0600 and the data dir

@@ -1,4 +1,4 @@
-"""The /watch hub renders an event's public line lazily and once (issue #11), on both stores.
+"""The /watch hub renders an event's public line lazily and once, on both stores.
 
 - The hub keeps what it read from the store as stored; nothing is rendered while no
   stream reads, and a wake-up on event types only (the controllers') renders nothing.

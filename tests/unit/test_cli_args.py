@@ -16,8 +16,8 @@ from better_compute.domain.errors import Conflict, InvalidInput
 
 
 def test_api_values_are_strings_and_colon_equals_types_them() -> None:
-    # httpie's convention: `siteId=1` is the string "1" (it used to become the number 1, which
-    # the server refused); `name:=JSON` is how a number, boolean, list or object is written.
+    # httpie's convention: `siteId=1` is the string "1" (not the number 1, which the server
+    # refuses); `name:=JSON` is how a number, boolean, list or object is written.
     assert parse_assignments([
         "siteId=1", "tenantId=acme", "flag=true", "reason=GPU 3 reseated", "eq=a=b", "empty=",
         "json={\"gpu\": 16}",

@@ -43,7 +43,7 @@ def test_every_event_type_has_a_section_in_the_reference() -> None:
 
 
 def test_memory_fields_say_mib_and_gib_as_every_other_document() -> None:
-    """Event data used to say memoryGib (reservation.placed) where documents say memoryGiB."""
+    """Event data says memoryGiB (reservation.placed), as documents do, never memoryGib."""
     from better_compute.domain.events import _camel
 
     assert [_camel(n) for n in ("memory_gib", "memory_used_mib", "memory_mib", "node_id")] == [

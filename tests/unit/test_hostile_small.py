@@ -1,4 +1,4 @@
-"""The smaller holes of issue #10, item 9, checked without a store.
+"""Smaller hostile-input holes, checked without a store.
 
 - a bad BETTER_COMPUTE_DATABASE_URL is never echoed with its password;
 - ids, idempotency keys and tenant ids refuse a trailing newline (``$`` matches before a

@@ -1,4 +1,4 @@
-"""Hostile selectors (issue #10, item 2): bounded length, nesting and numbers, linear parsing.
+"""Hostile selectors: bounded length, nesting and numbers, linear parsing.
 
 A read-only token may send any ``--selector`` to ``capacity.preview``: the
 parser must never copy the rest of the text per token (quadratic), never
