@@ -1,6 +1,7 @@
 """Where a server's time goes: py-spy's raw stacks split into the create path's parts.
 
-    py-spy record --gil --rate 500 --format raw -o stacks.txt --pid SERVE_PID --duration 20
+    py-spy record --gil --subprocesses --rate 500 --format raw -o stacks.txt --pid SERVE_PID \
+        --duration 20
     .venv/bin/python -m better_compute.benchmarks.profile_split stacks.txt [--ops N]
 
 ``SERVE_PID`` is the ``better-compute serve`` process under load (for example
@@ -18,40 +19,52 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-# (part, frames that must all appear in the stack); first match wins.
+# (part, frames that must all appear in the stack); first match wins. A frame is matched as
+# py-spy writes it, ``function (path:line)``: by its function and the file it is in (py-spy
+# names no class; ``ComputeStore.save`` is ``save (api/store/store.py:…)``).
 _REQUEST_PARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("free-GPU projection catch-up", ("choose", "catch_up")),
-    ("placement (projection read, place)", ("choose",)),
-    ("quota load", ("quota_of",)),
-    ("bookings load", ("bookings_of",)),
-    ("pool load", ("_visible_pool",)),
-    ("reservation load", ("ReservationService.reservation ",)),
-    ("ending the hold (bookings, quota, node loads)", ("_end_hold",)),
-    ("host share read", ("node_host_share",)),
-    ("the save", ("Application.save",)),
-    ("database time", ("ReservationCore.now",)),
-    ("rendering the answer", ("to_doc",)),
+    ("free-GPU projection catch-up", ("choose (api/services/reservation_base.py",
+                                      "catch_up (projections/framework.py")),
+    ("placement (projection read, place)", ("choose (api/services/reservation_base.py",)),
+    ("quota load", ("quota_of (api/services/reservation_base.py",)),
+    ("bookings load", ("bookings_of (api/services/reservation_base.py",)),
+    ("pool load", ("_visible_pool (api/services/reservations.py",)),
+    ("reservation load", ("reservation (api/services/reservations.py",)),
+    ("ending the hold (bookings, quota, node loads)", ("end_hold (api/services/",)),
+    ("host share read", ("node_host_share (",)),
+    ("the save", ("save (api/store/store.py",)),
+    ("database time", ("now (api/services/reservation_base.py",)),
+    ("rendering the answer", ("to_doc (",)),
 ]
 _OTHER_PARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("controllers: reservation timers", ("ReservationTimers.tick",)),
-    ("controllers: node lifecycle", ("NodeLifecycle.reconcile",)),
-    ("controllers: queue dispatcher", ("QueueDispatcher.run",)),
-    ("controllers: tokens", ("TokenExpiry.tick",)),
-    ("controllers: leadership check", ("still_leader",)),
-    ("controllers: read models' upkeep (listings, usage)", ("ReadModelUpkeep.run",)),
-    ("/watch hub (follows the log)", ("WatchHub",)),
-    ("authentication", ("authenticate",)),
-    ("JSON-RPC decode, params, encode", ("rpc.py",)),
-    ("token use noted", ("token_use",)),
+    ("controllers: reservation timers", ("tick (api/controllers/reservations.py",)),
+    ("controllers: node lifecycle", ("reconcile (api/controllers/node_lifecycle.py",)),
+    ("controllers: queue dispatcher", ("run (api/controllers/queue.py",)),
+    ("controllers: tokens", ("tick (api/services/tokens.py",)),
+    ("controllers: leadership check", ("still_leader (",)),
+    ("controllers: read models' upkeep (listings, usage)", ("run (api/controllers/read_models.py",)),
+    ("/watch hub (follows the log)", ("api/http/follower.py",)),
+    ("authentication", ("authenticate (",)),
+    ("JSON-RPC decode, params, encode", ("api/http/rpc.py",)),
+    ("token use noted", ("api/store/token_use.py",)),
 ]
 _METHODS = ("reservations_create", "reservations_release", "reservations_cancel",
             "reservations_extend")
+_EVENT_LOOP = ("httptools", "h11", "uvicorn", "starlette", "api/http/http_limits.py",
+               "api/http/request_log.py", "api/http/metrics.py", "asyncio", "anyio")
+
+
+def _code_frames(frames: list[str]) -> list[str]:
+    """The stack without the frames py-spy adds for a process (``process PID:"command
+    line"``, with ``--subprocesses``) or a thread (``thread (0x…)``, with ``--threads``):
+    a worker's command line holds its options (``metrics_listen``, say), not code."""
+    return [f for f in frames if not f.startswith(("process ", "thread ("))]
 
 
 def part_of(frames: list[str]) -> str:
-    text = ";".join(frames)
+    text = ";".join(_code_frames(frames))
     for method in _METHODS:
-        if method in text:
+        if f"{method} (" in text:
             for name, needles in _REQUEST_PARTS:
                 if all(n in text for n in needles):
                     return f"{method}: {name}"
@@ -61,10 +74,7 @@ def part_of(frames: list[str]) -> str:
             return name
     if "ssl" in text.lower():
         return "TLS"
-    if any(n in text for n in ("httptools", "h11", "uvicorn", "starlette", "http_limits",
-                               "request_log", "metrics")):
-        return "event loop: HTTP, TLS records, middleware, hand-offs"
-    if "asyncio" in text or "anyio" in text:
+    if any(n in text for n in _EVENT_LOOP):
         return "event loop: HTTP, TLS records, middleware, hand-offs"
     return "other"
 
