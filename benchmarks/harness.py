@@ -7,7 +7,8 @@
 - ``serving``: a real ``better-compute serve`` process on that store, stopped on exit;
 - ``free_port``, ``cpu_seconds``, ``load_average`` and ``cpu_ticks`` (the hypervisor's
   steal): what the figures are measured with;
-  ``machine`` and ``pg_version``: what they ran on.
+  ``machine`` and ``pg_version``: what they ran on; ``postgres_pid``: the local PostgreSQL
+  server, whose CPU the figures show beside the server's.
 """
 
 from __future__ import annotations
@@ -193,3 +194,17 @@ def pg_version(url: str) -> str:
     with psycopg.connect(url.partition("?")[0]) as conn:
         row = conn.execute("SHOW server_version").fetchone()
     return str(row[0]) if row else "unknown"
+
+
+def postgres_pid(url: str) -> int | None:
+    """The PostgreSQL server's own process (its postmaster, whose children are the backends)
+    when it runs on this machine, for its CPU beside the server's; None when it does not."""
+    import psycopg
+
+    with psycopg.connect(url.partition("?")[0]) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    try:
+        stat = Path(f"/proc/{row[0]}/stat").read_text() if row else ""
+    except OSError:  # another machine's
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1]) if stat else None

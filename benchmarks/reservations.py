@@ -6,6 +6,8 @@
         [--client-procs 4] [--quota GPUS]
     .venv/bin/python -m better_compute.benchmarks.reservations --compare DIR [--rounds 4] …
         (DIR's code and ours side by side, round by round: before/after under the same load)
+    .venv/bin/python -m better_compute.benchmarks.reservations --peer slurm [--rounds 3] …
+        (Slurm's scontrol create reservation alternating with ours: benchmarks/slurm_peer.py)
     .venv/bin/python -m better_compute.benchmarks.reservations --placer [placer options]
         (the pure placer, in process: benchmarks/placer.py)
 
@@ -108,9 +110,10 @@ class Server:
 
 class Bench:
     def __init__(self, server: Server, tokens: list[str], ca_pem: str, pool: str, procs: int,
-                 ceiling: float) -> None:
+                 ceiling: float, pg_pid: int | None = None) -> None:
         self.server, self.tokens, self.ca_pem, self.pool = server, tokens, ca_pem, pool
         self.procs, self.ceiling = procs, ceiling
+        self.pg_pid = pg_pid  # the local PostgreSQL server: its CPU beside the server's
         self.ctx = multiprocessing.get_context("fork")  # no re-import: a file edited mid-run
 
     def phase(self, jobs: list[dict[str, Any]], seconds: float | None = None
@@ -131,11 +134,13 @@ class Bench:
                 raise SystemExit("a client process did not connect within 120 s")
         start = start_at.value = time.monotonic()  # one clock in every process (Linux)
         cpu0, ticks0 = self.server.cpu(), cpu_ticks()
+        pg0 = cpu_seconds(self.pg_pid) if self.pg_pid else 0.0
         go.set()
         out: list[tuple[list[float], list[str], list[str], float]] = []
         for _ in workers:
             out.extend(results.get(timeout=900))
         cpu, steal = self.server.cpu() - cpu0, steal_percent(ticks0, cpu_ticks())
+        pg_cpu = cpu_seconds(self.pg_pid) - pg0 if self.pg_pid else float("nan")
         for w in workers:
             w.join()
         end = max(finished for *_, finished in out)
@@ -147,6 +152,7 @@ class Bench:
         return {"ops": ops, "rate": ops / elapsed, "elapsed": elapsed, "ids": ids,
                 "errors": errors, "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99),
                 "cpu_ms": 1000 * cpu / ops if ops else float("nan"),
+                "pg_cpu_ms": 1000 * pg_cpu / ops if ops else float("nan"),
                 "cores": cpu / elapsed, "load": load_average(), "steal": steal}
 
     def creates(self, clients: int, *, seconds: float | None = None, count: int = 0
@@ -174,7 +180,9 @@ class Bench:
         line = (f"  {backend:<10} {what:<22} {clients:>2} clients: {r['rate']:7.1f}/s "
                 f"({share:4.1f} % of the ceiling)  p50 {1000 * r['p50']:7.1f} ms  "
                 f"p99 {1000 * r['p99']:7.1f} ms  server CPU {r['cpu_ms']:5.2f} ms/op "
-                f"({r['cores']:.2f} cores)  load {r['load']}  steal {r['steal']:.0f} %")
+                f"({r['cores']:.2f} cores)"
+                + (f" + PostgreSQL {r['pg_cpu_ms']:5.2f}" if self.pg_pid else "")
+                + f"  load {r['load']}  steal {r['steal']:.0f} %")
         if r["errors"]:
             line += f"\n    {len(r['errors'])} errors, first: {r['errors'][0]}"
         print(line, flush=True)
@@ -272,12 +280,20 @@ def run_backend(backend: str, args: argparse.Namespace) -> None:
             server = Server(env, extra, args.code)
             print(f"  {backend:<10} serve pid {server.process.pid}", flush=True)
             try:
-                bench = Bench(server, tokens, ca_pem, pool, args.client_procs, ceiling)
+                bench = Bench(server, tokens, ca_pem, pool, args.client_procs, ceiling,
+                              _pg_pid(backend, args))
                 _phases(bench, backend, args)
             finally:
                 server.close()
         finally:
             _drop(env)
+
+
+def _pg_pid(backend: str, args: argparse.Namespace) -> int | None:
+    """The local PostgreSQL server's process, for its CPU beside the server's."""
+    from better_compute.benchmarks.harness import postgres_pid
+
+    return postgres_pid(args.pg_url) if backend == "postgres" and args.pg_url else None
 
 
 def _statement_calls(pg_url: str) -> dict[str, int] | None:
@@ -433,12 +449,26 @@ def main(argv: list[str] | None = None) -> int:
                         "side, each on its own store, alternating round by round (ABBA): "
                         "medians and the ratio of the server CPU per op (no ceiling, no live "
                         "phase, no statement count)")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds per phase with --compare")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per phase with --compare "
+                        "or --peer")
+    parser.add_argument("--peer", choices=["slurm"], help="alternate round by round with "
+                        "Slurm's scontrol create reservation in the same window "
+                        "(benchmarks/slurm_peer.py)")
+    parser.add_argument("--slurm-nodes", type=int, default=1000)
+    parser.add_argument("--slurm-client", choices=["session", "exec"], default="session",
+                        help="one kept scontrol per client reading stdin (default), or one "
+                        "scontrol per command")
+    parser.add_argument("--slurm-reserve", default="corecnt=1", help="what one Slurm "
+                        "reservation takes (default: one core of one node)")
     parser.add_argument("--ceiling-seconds", type=float, default=3.0)
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     for backend in backends:
-        if args.compare:
+        if args.peer:
+            from better_compute.benchmarks.slurm_peer import compare_with_slurm
+
+            compare_with_slurm(backend, args)
+        elif args.compare:
             from better_compute.benchmarks.reservations_compare import compare
 
             compare(backend, args)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from better_compute.benchmarks.harness import load_average as _load
-from better_compute.benchmarks.reservations import Bench, Server, _set_up, _warm_up
+from better_compute.benchmarks.reservations import Bench, Server, _pg_pid, _set_up, _warm_up
 
 
 def _serving(backend: str, args: argparse.Namespace, code: str | None, tmp: Path
@@ -31,7 +31,8 @@ def _serving(backend: str, args: argparse.Namespace, code: str | None, tmp: Path
     # between versions of the code.
     extra = ["--workers", str(args.workers or 1)]
     server = Server(env, extra, code)
-    return env, server, Bench(server, tokens, ca_pem, pool, args.client_procs, 0.0)
+    return env, server, Bench(server, tokens, ca_pem, pool, args.client_procs, 0.0,
+                              _pg_pid(backend, args))
 
 
 def compare(backend: str, args: argparse.Namespace) -> None:
@@ -79,6 +80,7 @@ def _show_median(backend: str, name: str, what: str, clients: int,
     errors = sum(len(r["errors"]) for r in rounds)
     print(f"  {backend:<10} {name:<6} {what:<7} {clients:>2} clients, median of {len(rounds)}: "
           f"{med('rate'):7.1f}/s  p50 {1000 * med('p50'):7.1f} ms  p99 {1000 * med('p99'):7.1f} "
-          f"ms  server CPU {med('cpu_ms'):5.2f} ms/op ({med('cores'):.2f} cores)  "
-          f"load {rounds[-1]['load']}  steal {med('steal'):.0f} %"
+          f"ms  server CPU {med('cpu_ms'):5.2f} ms/op ({med('cores'):.2f} cores)"
+          + (f" + PostgreSQL {med('pg_cpu_ms'):5.2f}" if backend == "postgres" else "")
+          + f"  load {rounds[-1]['load']}  steal {med('steal'):.0f} %"
           + (f"  {errors} errors" if errors else ""), flush=True)
