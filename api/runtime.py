@@ -11,8 +11,6 @@ read and write the same store. Registration is explicit too: the gateway's journ
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +43,9 @@ from better_compute.projections.listings import Listings
 from better_compute.projections.reservations import Reservations
 from better_compute.projections.usage import UsageProjection
 
-RECENT = 1024  # notifications kept for ``StoreEvents.recent`` (own saves, the hub's reads)
+# Read models every save applies in its own transaction: the free-GPU index the placer reads
+# (DESIGN.md), so a create reads it current without following the log first.
+INLINE = ("free_gpus",)
 
 
 class StoreEvents:
@@ -53,42 +53,11 @@ class StoreEvents:
 
     def __init__(self, store: ComputeStore) -> None:
         self.store = store
-        self._recent: OrderedDict[int, Notification] = OrderedDict()
-        self._recent_lock = threading.Lock()
 
     def select(self, after: int, limit: int) -> Sequence[Notification]:
         return self.store.recorder.select_notifications(
             start=after, limit=limit, inclusive_of_start=False
         )
-
-    def committed(self, recordings: list[Any]) -> None:
-        """What a save of this process committed (``ComputeStore.add_recording_listener``):
-        the last ``RECENT`` notifications are kept, as stored (decoded again when applied, so
-        no read model shares an object with the aggregate that recorded it)."""
-        self.seen([recording.notification for recording in recordings])
-
-    def seen(self, notifications: Sequence[Notification]) -> None:
-        """Notifications this process has, committed: its own saves (``committed``) or what
-        its event hub read of the log, other processes' saves included
-        (api/http/follower.py ``WatchHub.add_read_listener``): kept like its own, so the read
-        models follow them without reading them again."""
-        with self._recent_lock:
-            for notification in notifications:
-                self._recent[notification.id] = notification
-            while len(self._recent) > RECENT:
-                self._recent.popitem(last=False)
-
-    def recent(self, after: int, upto: int) -> list[Notification] | None:
-        """The notifications after ``after`` up to ``upto``, without a read, when every one
-        of them is kept (``seen``: then no other can lie between them, the sequence is the
-        store's); None when one is not."""
-        if not after < upto <= after + RECENT:
-            return None
-        with self._recent_lock:
-            try:
-                return [self._recent[n] for n in range(after + 1, upto + 1)]
-            except KeyError:
-                return None
 
     def decode(self, notification: Notification) -> Any:
         return self.store.mapper.to_domain_event(notification)
@@ -116,10 +85,8 @@ class Projections(ReadModels):
         self.sql: SqlRunner = store.sql()
         super().__init__(self.sql, source, [Listings(source), Capacity(),
                                             FreeGpus(source), Reservations(source),
-                                            UsageProjection()])
-        store.add_recording_listener(source.committed)  # followed without a read
-        store.add_commit_listener(self.notice_head)  # what ``follow`` knows of
-        self.seen = source.seen  # what the event hub read: followed without a second read
+                                            UsageProjection()], inline=INLINE)
+        store.inline = self  # applied by every save, in its own transaction
 
 
 @dataclass

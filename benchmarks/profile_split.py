@@ -42,7 +42,7 @@ _OTHER_PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("controllers: queue dispatcher", ("run (api/controllers/queue.py",)),
     ("controllers: tokens", ("tick (api/services/tokens.py",)),
     ("controllers: leadership check", ("still_leader (",)),
-    ("controllers: read models' upkeep (listings, usage)", ("run (api/controllers/read_models.py",)),
+    ("read models' follower (batches)", ("run (projections/framework.py",)),
     ("/watch hub (follows the log)", ("api/http/follower.py",)),
     ("authentication", ("authenticate (",)),
     ("JSON-RPC decode, params, encode", ("api/http/rpc.py",)),

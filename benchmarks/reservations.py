@@ -255,6 +255,9 @@ def _set_up(env: dict[str, str], nodes: int, clients: int, quota: int = 0
         tokens = [runtime.service.tokens_create(LOCAL_OPERATOR, tenant, "admin", f"bench-{i}")
                   ["token"] for i in range(clients)]
         runtime.projections.catch_up()
+        # The earliest-start index of every new node, computed once (a server's first
+        # dispatcher pass would, in the middle of the first phase measured).
+        runtime.projections.settle("free_gpus")
     finally:
         runtime.close()
     return tokens, public["servingCaCertificate"], pool
@@ -411,6 +414,18 @@ def _windows(bench: Bench, backend: str, args: argparse.Namespace, repeats: int,
     return out[-1], out
 
 
+def _peer_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--peer", choices=["slurm"], help="alternate round by round with "
+                        "Slurm's scontrol create reservation in the same window "
+                        "(benchmarks/slurm_peer.py)")
+    parser.add_argument("--slurm-nodes", type=int, default=1000)
+    parser.add_argument("--slurm-client", choices=["session", "exec"], default="session",
+                        help="one kept scontrol per client reading stdin (default), or one "
+                        "scontrol per command")
+    parser.add_argument("--slurm-reserve", default="corecnt=1", help="what one Slurm "
+                        "reservation takes (default: one core of one node)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--placer" in argv:
@@ -451,15 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                         "phase, no statement count)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per phase with --compare "
                         "or --peer")
-    parser.add_argument("--peer", choices=["slurm"], help="alternate round by round with "
-                        "Slurm's scontrol create reservation in the same window "
-                        "(benchmarks/slurm_peer.py)")
-    parser.add_argument("--slurm-nodes", type=int, default=1000)
-    parser.add_argument("--slurm-client", choices=["session", "exec"], default="session",
-                        help="one kept scontrol per client reading stdin (default), or one "
-                        "scontrol per command")
-    parser.add_argument("--slurm-reserve", default="corecnt=1", help="what one Slurm "
-                        "reservation takes (default: one core of one node)")
+    _peer_arguments(parser)
     parser.add_argument("--ceiling-seconds", type=float, default=3.0)
     args = parser.parse_args(argv)
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]

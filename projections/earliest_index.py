@@ -79,11 +79,13 @@ def _bookings(rows: list[Any]) -> tuple[Booking, ...]:
     )
 
 
-def mark_stale(sql: Sql, cursor: Any, node_id: str, pool_id: str) -> None:
-    """``node_id``'s blocks and ends no longer agree with its row or bookings (in a batch)."""
-    sql.execute(cursor, "INSERT INTO bc_fg_stale (node_id, pool_id) VALUES (?, ?) "
-                "ON CONFLICT (node_id) DO UPDATE SET pool_id = excluded.pool_id",
-                (node_id, pool_id))
+def mark_stale(sql: Sql, cursor: Any, node_ids: list[str]) -> None:
+    """``node_ids``' blocks and ends no longer agree with their rows or bookings (those with a
+    row in the index), in one statement."""
+    marks = ", ".join("?" for _ in node_ids)
+    sql.execute(cursor, "INSERT INTO bc_fg_stale (node_id, pool_id) SELECT node_id, pool_id "
+                f"FROM bc_fg_node WHERE node_id IN ({marks}) "
+                "ON CONFLICT (node_id) DO UPDATE SET pool_id = excluded.pool_id", node_ids)
 
 
 def unsettled(sql: Sql, cursor: Any) -> bool:
@@ -94,13 +96,18 @@ def unsettled(sql: Sql, cursor: Any) -> bool:
 
 def settle(sql: Sql, cursor: Any) -> int:
     """Recompute the blocks and ends of every stale node; how many nodes. Runs under the
-    free-GPU projection's lock (``ReadModels.settle``), so no batch marks one meanwhile."""
-    sql.execute(cursor, "SELECT node_id FROM bc_fg_stale ORDER BY node_id")
+    free-GPU projection's lock (``ReadModels.settle``)."""
+    # The marks read are locked (PostgreSQL): a save that marks one of these nodes again
+    # meanwhile (the index is kept inline, in saves that take no lock of this read model)
+    # waits, and marks it afresh after this commits; one that marks another node is left.
+    sql.execute(cursor, "SELECT node_id FROM bc_fg_stale ORDER BY node_id"
+                + (" FOR UPDATE" if sql.postgres else ""))
     stale = [str(row["node_id"]) for row in cursor.fetchall()]
     for node_id in stale:
         refresh_blocks(sql, cursor, node_id)
     if stale:
-        sql.execute(cursor, "DELETE FROM bc_fg_stale")
+        marks = ", ".join("?" for _ in stale)
+        sql.execute(cursor, f"DELETE FROM bc_fg_stale WHERE node_id IN ({marks})", stale)
     return len(stale)
 
 
@@ -170,6 +177,13 @@ def mark_changed(sql: Sql, cursor: Any, pool_id: str, sequence: int) -> None:
         return
     sql.execute(cursor, "INSERT INTO bc_fg_change (pool_id, seq) VALUES (?, ?) "
                 "ON CONFLICT (pool_id) DO UPDATE SET seq = excluded.seq", (pool_id, sequence))
+
+
+def mark_node_changed(sql: Sql, cursor: Any, node_id: str, sequence: int) -> None:
+    """``mark_changed`` for the pool of ``node_id``'s index row, without reading it first."""
+    sql.execute(cursor, "INSERT INTO bc_fg_change (pool_id, seq) SELECT pool_id, ? "
+                "FROM bc_fg_node WHERE node_id = ? AND pool_id <> '' "
+                "ON CONFLICT (pool_id) DO UPDATE SET seq = excluded.seq", (sequence, node_id))
 
 
 def changed_pools(sql: Sql, after: int) -> dict[str, int]:

@@ -20,6 +20,8 @@ can catch up the same projection at once without applying anything twice.
 
 from __future__ import annotations
 
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ class Sql(Protocol):
     def execute(self, cursor: Any, statement: str, params: Sequence[Any] = ()) -> None: ...
     def lock(self, cursor: Any, name: str) -> None: ...
     def try_lock(self, cursor: Any, name: str) -> bool: ...
+    def exclude_saves(self, cursor: Any) -> int: ...
     def tracking_recorder(self) -> TrackingRecorder: ...
     def create_tables(self, statements: list[str]) -> None: ...
 
@@ -60,7 +63,6 @@ class EventSource(Protocol):
     """The notification log and its decoder (the Application provides both)."""
 
     def select(self, after: int, limit: int) -> Sequence[Notification]: ...
-    def recent(self, after: int, upto: int) -> Sequence[Notification] | None: ...
     def decode(self, notification: Notification) -> Any: ...
     def event_type(self, notification: Notification) -> type[Any]: ...
     def head(self) -> int: ...
@@ -72,10 +74,6 @@ class ReadModel(ABC):
 
     name: str
     version: int = 1  # bump to rebuild a read model whose shape changed
-    # Caught up at (nearly) every event by the request path: such read models, when in step,
-    # are caught up together (``ReadModels._with_company``). The others are left to batch up
-    # events until their own readers come (a tick, a query, a scrape).
-    together: bool = False
 
     @abstractmethod
     def tables(self) -> list[str]: ...
@@ -211,23 +209,31 @@ class ReadModels:
 
     def __init__(
         self, sql: Sql, source: EventSource, projections: Sequence[ReadModel],
-        *, batch_size: int = 500,
+        *, batch_size: int = 500, inline: Sequence[str] = (),
     ) -> None:
         self.sql = sql
         self.source = source
         self.projections = {p.name: p for p in projections}
         self.batch_size = batch_size
         self.tracking = sql.tracking_recorder()
-        # Followed heads (``follow``): the newest sequence this process committed or its
-        # event hub read, and each projection's position as last applied or read here.
-        self.known_head = 0
-        self.head_source: Callable[[], int] | None = None
+        # Read models kept inline: applied by every save in its own transaction
+        # (``apply_inline``), never followed. One apply at a time per process (a save holds
+        # the store's write lock while it applies; a rebuild here takes it first).
+        self.inline = {name: self.projections[name] for name in inline}
+        self._inline_lock = threading.Lock()
+        # Each projection's position as last applied or read here (a hint, checked under
+        # the projection's lock before anything is applied).
         self._seen: dict[str, int] = {}
+        # This process's follower of the log, once one runs (``Follower``): a caller that
+        # needs a read model current waits for it instead of catching up by itself.
+        self.follower: Follower | None = None
         self._wanted: dict[tuple[str, str], bool] = {}  # (read model, topic): ``wants``
         statements: list[str] = []
         for projection in projections:
             statements.extend(projection.tables())
         sql.create_tables(statements)
+        for projection in self.inline.values():
+            self._establish(projection)
 
     def get(self, name: str) -> ReadModel:
         from better_compute.domain.errors import NotFound
@@ -239,64 +245,107 @@ class ReadModels:
         return self.projections[name]
 
     def position(self, projection: ReadModel) -> int:
+        if projection.name in self.inline:  # every committed save applied it
+            return self.source.head()
         return self.tracking.max_tracking_id(projection.tracking_name) or 0
 
     def catch_up(self, name: str | None = None, *, until: int | None = None) -> int:
-        """Apply every committed event not yet applied; returns how many were applied."""
+        """Bring ``name`` (every read model: None) up to the head of the log as it is now;
+        returns how many events were applied here. A read model kept inline has none to
+        apply. Where this process's ``Follower`` runs, the caller waits for it to reach that
+        head (one catch-up serves every caller waiting meanwhile); else it applies them
+        itself."""
         names = [name] if name else list(self.projections)
-        total = 0
-        for each in names:
-            total += self._catch_up_one(self.get(each), until)
-        return total
+        followed = [self.get(each) for each in names if each not in self.inline]
+        follower = self.follower
+        if follower is not None and until is None and followed and not follower.is_running_here():
+            head = self.source.head()
+            behind = [p for p in followed if self._seen.get(p.name, -1) < head]
+            if not behind or follower.wait([p.name for p in behind], head):
+                return 0
+        return sum(self._catch_up_one(p, until) for p in followed)
 
-    def notice_head(self, sequence: int) -> None:
-        """This process committed up to ``sequence`` (the store's commit listener)."""
-        if sequence > self.known_head:
-            self.known_head = sequence
-
-    def follow(self, name: str) -> bool:
-        """Catch ``name`` up when this process knows of events it has not applied: its own
-        commits, or what its event hub (``head_source``) read, other processes' included.
-
-        When every event it lacks is one of this process's own saves (``EventSource.recent``:
-        a create follows the one before it), they are applied as kept, without a read.
-
-        Returns False when it read nothing from the store. A caller whose answer may be stale
-        for that (the placer: no capacity, or a conflict) calls ``catch_up`` and asks again;
-        correctness never rests on the read model (the aggregates refuse a double booking).
-        """
-        seen, head = self._seen.get(name, -1), self._head()
-        if seen >= head:
-            return False
-        if seen >= 0:
-            known = self._kept(seen, head)
-            if known and self._apply_known(self.get(name), known, seen):
-                return False
+    def wait_for(self, name: str, position: int) -> None:
+        """Return once ``name`` holds every event up to ``position`` (this process's own save,
+        say): at once when it is known to; else as ``catch_up``."""
+        if name in self.inline or self._seen.get(name, -1) >= position:
+            return
         self.catch_up(name)
-        return True
 
-    def _head(self) -> int:
-        """The newest sequence this process knows of: its own commits, what its hub read."""
-        if self.head_source is None:
-            return self.known_head
-        return max(self.known_head, self.head_source())
+    def follow_all(self) -> None:
+        """Every followed read model up to the head, together where they are in step (the
+        ``Follower``'s pass): the first one's catch-up brings the others along."""
+        reached = -1
+        failed: list[BaseException] = []
+        for projection in self.projections.values():
+            if projection.name in self.inline or self._seen.get(projection.name, -2) == reached:
+                continue
+            try:
+                self._catch_up_one(projection, None)
+            except Exception as exc:  # the others still follow; raised once they did
+                self._seen.pop(projection.name, None)
+                failed.append(exc)
+                continue
+            reached = max(reached, self._seen.get(projection.name, -1))
+        if failed:
+            raise failed[0]
 
-    def _kept(self, start: int, head: int) -> Sequence[Notification] | None:
-        """The notifications after ``start`` up to ``head`` that this process has without a
-        read (its own saves, what its event hub read: ``EventSource.recent``); None when
-        there are none or it lacks one of them."""
-        return self.source.recent(start, head) if head > start else None
+    # ------------------------------------------------------------ inline read models
 
-    def _apply_known(self, projection: ReadModel, batch: Sequence[Notification], start: int
-                     ) -> bool:
-        """``batch`` (every event after ``start``, from ``EventSource.recent``) applied as
-        one batch of ``_catch_up_one`` would; False when the projection's position was
-        behind ``start`` (reset elsewhere): then nothing was applied, and the caller reads."""
-        try:
-            self._apply_after(projection, batch, start, company=True)
-        except _Behind:
-            return False
-        return True
+    def inline_wants(self, events: Sequence[Any]) -> bool:
+        """Whether a save of ``events`` changes a read model kept inline."""
+        return any(p.wants(type(e)) for p in self.inline.values() for e in events)
+
+    def apply_inline(self, cursor: Any, events: Sequence[Any], sequences: Sequence[int]
+                     ) -> None:
+        """A save's ``events`` (with the sequences the store gave them) applied to the read
+        models kept inline, in the save's own transaction (``cursor``), under the store's
+        write lock: the save and the rows it changes commit together."""
+        with self._inline_lock:
+            for projection in self.inline.values():
+                projection.begin_batch()
+                for sequence, event in zip(sequences, events, strict=True):
+                    if projection.wants(type(event)):
+                        projection.apply(self.sql, cursor, sequence, event)
+                projection.end_batch(self.sql, cursor)
+
+    def _establish(self, projection: ReadModel) -> None:
+        """A read model kept inline, made to hold every event saved before it was kept so:
+        once per version (its tracking row records that it is established), in one
+        transaction that holds saves off, rebuilt from the log when rows of an older version
+        or events of the store's past are there."""
+        with self.sql.transaction(commit=True, durable=False) as cursor:
+            head = self.sql.exclude_saves(cursor)
+            if self._tracked_in(cursor, projection) is not None:
+                return
+            with self._inline_lock:
+                self._rebuild_inline(cursor, projection, head)
+
+    def _rebuild_inline(self, cursor: Any, projection: ReadModel, head: int) -> None:
+        """Empty ``projection`` and apply the whole log up to ``head`` to it in the
+        transaction of ``cursor`` (saves held off), then track ``head``."""
+        for table in projection.table_names():
+            self.sql.execute(cursor, f"DELETE FROM {table}")
+        self._reset_tracking(cursor, projection)
+        position = 0
+        while position < head:
+            batch = [n for n in self.source.select(position, self.batch_size) if n.id <= head]
+            if not batch:
+                break
+            todo = [(n.id, self.source.decode(n)) for n in batch if self._wants(projection, n)]
+            projection.begin_batch()
+            for sequence, event in todo:
+                projection.apply(self.sql, cursor, sequence, event)
+            projection.end_batch(self.sql, cursor)
+            position = batch[-1].id
+        self._track(cursor, projection, head)
+
+    def _tracked_in(self, cursor: Any, projection: ReadModel) -> int | None:
+        table = "bc_tracking" if self.sql.postgres else "tracking"
+        self.sql.execute(cursor, f"SELECT notification_id FROM {table} "
+                         "WHERE application_name = ?", (projection.tracking_name,))
+        row = cursor.fetchone()
+        return None if row is None else int(row["notification_id"])
 
     def _apply_after(self, projection: ReadModel, batch: Sequence[Notification], start: int,
                      *, company: bool) -> int:
@@ -318,24 +367,12 @@ class ReadModels:
         only the first time): a batch re-reads the position under the projection's lock
         anyway, and starts again from it when the hint was ahead (a rebuild elsewhere, an
         upgrade's reset); with nothing new, the position is read to tell. The read models
-        this process saw at the same position come along (``_with_company``). What this
-        process already has after the hint (``_kept``) is applied first, without a
-        read: the read then finds only what no one here has read yet, usually nothing."""
+        this process saw at the same position come along (``_with_company``)."""
         applied = 0
         start = self._seen.get(projection.name)
         checked = start is None  # the hint is checked against the tracking position once
         if start is None:
             start = self.position(projection)
-        else:  # what this process has of the log after the hint is applied without a read
-            known = self._kept(start, self._head() if until is None
-                               else min(self._head(), until))
-            if known:
-                try:
-                    applied += self._apply_after(projection, known, start,
-                                                 company=until is None)
-                    start = known[-1].id
-                except _Behind as behind:
-                    start, checked = behind.position, True
         while True:
             if until is not None and start >= until:
                 return applied
@@ -360,17 +397,18 @@ class ReadModels:
 
     def _with_company(self, projection: ReadModel, batch: Sequence[Notification], start: int
                       ) -> int | None:
-        """``batch`` applied to ``projection`` together with every other ``together`` read
+        """``batch`` applied to ``projection`` together with every other followed read
         model this process saw at the same position ``start``: decoded once, applied to each
         in ONE transaction (each under its own lock, its position re-read there), instead of
         one read, one decoding and one transaction per read model. None when there is no such
         company or the shared batch failed: then ``projection`` takes the batch alone, and the
         others, whose hints are dropped, catch up alone too, so a read model that cannot apply
         an event holds back only itself. Returns the events applied to ``projection``."""
-        if not projection.together or self._seen.get(projection.name) != start:
+        if projection.name in self.inline or self._seen.get(projection.name) != start:
             return None
         group = sorted((p for p in self.projections.values()
-                        if p.together and self._seen.get(p.name) == start), key=lambda p: p.name)
+                        if p.name not in self.inline and self._seen.get(p.name) == start),
+                       key=lambda p: p.name)
         if len(group) < 2:
             return None
         try:
@@ -479,6 +517,13 @@ class ReadModels:
         total = 0
         for each in names:
             projection = self.get(each)
+            if projection.name in self.inline:
+                with self.sql.transaction(commit=True, durable=False) as cursor:
+                    head = self.sql.exclude_saves(cursor)
+                    with self._inline_lock:
+                        self._rebuild_inline(cursor, projection, head)
+                total += head
+                continue
             with self.sql.transaction(commit=True, durable=False) as cursor:
                 self.sql.lock(cursor, projection.tracking_name)
                 for table in projection.table_names():
@@ -511,9 +556,13 @@ class ReadModels:
         (read under the projection's lock, so no batch commits in between)."""
         projection = self.get(name)
         with self.sql.transaction(commit=True, durable=False) as cursor:
-            self.sql.lock(cursor, projection.tracking_name)
+            if name in self.inline:  # saves held off: the rows are those of the head
+                position = self.sql.exclude_saves(cursor)
+                self.sql.lock(cursor, projection.tracking_name)
+            else:
+                self.sql.lock(cursor, projection.tracking_name)
+                position = self._position_in(cursor, projection)
             projection.settle(self.sql, cursor)
-            position = self._position_in(cursor, projection)
             tables: dict[str, list[dict[str, Any]]] = {}
             for table in projection.table_names():
                 self.sql.execute(cursor, f"SELECT * FROM {table}")
@@ -523,5 +572,107 @@ class ReadModels:
     def status(self) -> list[ProjectionStatus]:
         head = self.source.head()
         return [
-            ProjectionStatus(name, self.position(p), head) for name, p in self.projections.items()
+            ProjectionStatus(name, head if name in self.inline else self.position(p), head)
+            for name, p in self.projections.items()
         ]
+
+
+class Follower:
+    """The one follower of the log in a server process: keeps its ``ReadModels``' followed
+    read models (all but the inline ones) current, in batches.
+
+    A pass (``ReadModels.follow_all``: one read of the log, one decoding and one transaction
+    for the read models in step) runs ``period`` seconds after this process's first commit
+    not yet applied (``poke``, its commit listener), so a stream of creates is applied a
+    batch at a time, each aggregate's row written once per batch however many of its events
+    came (a node binds one reservation after another); when the log's head moved (other
+    processes' commits: the head is read every ``poll`` seconds); and at once for a caller
+    waiting for a position (``wait``, from ``ReadModels.catch_up``), so the period bounds
+    how stale a read model may be only for readers that do not wait (the queue's head seen
+    from another process, the metrics' gauges). A pass that fails is logged by ``on_failure`` and tried
+    again at the next poll; its waiters are let go at once, to catch up by themselves (and
+    raise what failed).
+    """
+
+    def __init__(self, models: ReadModels, *, period: float = 1.0, poll: float = 1.0,
+                 on_failure: Callable[[BaseException], object] | None = None,
+                 on_success: Callable[[], object] | None = None) -> None:
+        self.models = models
+        self.period, self.poll = period, poll
+        self.on_failure, self.on_success = on_failure, on_success
+        self._cond = threading.Condition()
+        self._due = False  # this process committed what no pass applied yet
+        self._waiting = 0
+        self._passes = 0  # passes ended (a waiter whose pass failed stops waiting)
+        self._failed_pass = -1
+        self._stopping = False
+        self._thread: int | None = None
+
+    def is_running_here(self) -> bool:
+        """Whether the calling thread is the follower's (which never waits for itself)."""
+        return self._thread == threading.get_ident()
+
+    def poke(self, sequence: int) -> None:
+        """This process committed up to ``sequence`` (a commit listener: quick)."""
+        with self._cond:
+            if not self._due:
+                self._due = True
+                self._cond.notify_all()
+
+    def wait(self, names: Sequence[str], position: int, timeout: float = 30.0) -> bool:
+        """Until each of ``names`` holds every event up to ``position``; False when a pass
+        failed meanwhile, the follower stopped or ``timeout`` passed."""
+        seen = self.models._seen
+        give_up = time.monotonic() + timeout
+        with self._cond:
+            self._waiting += 1
+            self._cond.notify_all()
+            started = self._passes
+            try:
+                while any(seen.get(name, -1) < position for name in names):
+                    left = give_up - time.monotonic()
+                    if self._stopping or self._failed_pass >= started or left <= 0:
+                        return False
+                    self._cond.wait(left)
+                return True
+            finally:
+                self._waiting -= 1
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def run(self) -> None:
+        """The follower's loop, until ``stop`` (in a thread of its own)."""
+        self._thread = threading.get_ident()
+        head = -1
+        while True:
+            with self._cond:
+                if not (self._waiting or self._due or self._stopping):
+                    self._cond.wait(self.poll)
+                if self._stopping:
+                    return
+                if self._due and not self._waiting:  # a batch: let more commits come
+                    self._cond.wait_for(lambda: self._waiting or self._stopping, self.period)
+                asked = self._waiting or self._due
+                self._due = False
+            failed = False
+            try:
+                if not asked:  # the poll: only when another process moved the head
+                    now = self.models.source.head()
+                    asked = now != head
+                    head = now
+                if asked:
+                    self.models.follow_all()
+                    if self.on_success is not None:
+                        self.on_success()
+            except Exception as exc:
+                failed, head = True, -1  # tried again at the next poll
+                if self.on_failure is not None:
+                    self.on_failure(exc)
+            with self._cond:
+                if failed:
+                    self._failed_pass = self._passes
+                self._passes += 1
+                self._cond.notify_all()

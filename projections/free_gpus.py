@@ -75,18 +75,17 @@ def node_gpus(gpus: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 class FreeGpus(ReadModel):
     name = "free_gpus"
-    together = True  # followed by every create (placing; the queue's head)
-    # 2: the earliest-start index (earliest_index.py); 3: holds not applied; 4: blocks settled
-    version = 4
+    # 2: the earliest-start index (earliest_index.py); 3: holds not applied; 4: blocks settled;
+    # 5: kept inline, in the transaction of every save (projections/framework.py)
+    version = 5
 
     def __init__(self, codec: SnapshotCodec) -> None:
         self.codec = codec
         # Nodes whose free_now and blocks are recomputed once, at the end of the batch (a
         # batch holds the projection's lock, so one batch at a time writes this).
         self._touched: dict[str, None] = {}
-        # Each touched node's (pool, GPUs) as the batch read or wrote it: a booking's event
-        # and the batch's end read the row once, not twice.
-        self._rows: dict[str, tuple[str, str | None]] = {}
+        # Each node's pool as the batch read or wrote it (node events: read once per batch).
+        self._rows: dict[str, str] = {}
 
     def begin_batch(self) -> None:
         self._touched, self._rows = {}, {}
@@ -119,6 +118,9 @@ class FreeGpus(ReadModel):
                                                                 "pool.offered"))
 
     def apply(self, sql: Sql, cursor: Any, sequence: int, event: Any) -> None:
+        """Booking events are written without a read (the node's pool comes from its row in
+        the statement): applied inside a save's own transaction (inline), they cost the save
+        no round trip to the database."""
         kind = str(type(event).TOPIC)
         if kind.startswith(_HOLDS):
             return  # every binding and release: nothing this index keeps changes
@@ -132,8 +134,9 @@ class FreeGpus(ReadModel):
                 cursor,
                 "INSERT INTO bc_fg_booking (allocation_id, node_id, pool_id, holder, "
                 "reservation_id, gpus, cpus, memory_gib, start_at, end_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (event.allocation_id, node_id, self._pool_of(sql, cursor, node_id), event.holder,
+                "VALUES (?, ?, COALESCE((SELECT pool_id FROM bc_fg_node WHERE node_id = ?), ''), "
+                "?, ?, ?, ?, ?, ?, ?)",
+                (event.allocation_id, node_id, node_id, event.holder,
                  event.reservation_id, jsontext.dumps(list(event.gpus)), int(event.cpus),
                  int(event.memory_gib), epoch(event.start), epoch(event.end)),
             )
@@ -147,24 +150,18 @@ class FreeGpus(ReadModel):
             sql.execute(cursor, "DELETE FROM bc_fg_booking WHERE allocation_id = ?",
                         (event.allocation_id,))
             self._touched[node_id] = None
-            earliest_index.mark_changed(sql, cursor, self._pool_of(sql, cursor, node_id), sequence)
+            earliest_index.mark_node_changed(sql, cursor, node_id, sequence)
         elif kind == "pool.offered":  # a quota changed: queued reservations may fit
             earliest_index.mark_changed(sql, cursor, public_id("pool", event.originator_id),
                                         sequence)
 
     def _pool_of(self, sql: Sql, cursor: Any, node_id: str) -> str:
-        return self._node_row(sql, cursor, node_id)[0]
-
-    def _node_row(self, sql: Sql, cursor: Any, node_id: str) -> tuple[str, str | None]:
-        """The node's pool and GPUs (its index row's), read once per batch; ("", None) when
-        it has no row."""
+        """The node's pool as its index row says (read once per batch); "" without a row."""
         kept = self._rows.get(node_id)
         if kept is None:
-            sql.execute(cursor, "SELECT pool_id, gpus FROM bc_fg_node WHERE node_id = ?",
-                        (node_id,))
+            sql.execute(cursor, "SELECT pool_id FROM bc_fg_node WHERE node_id = ?", (node_id,))
             row = cursor.fetchone()
-            kept = (str(row["pool_id"]), str(row["gpus"])) if row else ("", None)
-            self._rows[node_id] = kept
+            kept = self._rows[node_id] = str(row["pool_id"]) if row else ""
         return kept
 
     def _node_event(self, sql: Sql, cursor: Any, event: Any) -> None:
@@ -209,14 +206,14 @@ class FreeGpus(ReadModel):
                 "snapshot, node_id, free_now) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
                 params,
             )
-        self._rows[node_id] = (node.pool_id, gpus_text)  # as written
+        self._rows[node_id] = node.pool_id  # as written
         self._touched[node_id] = None
 
     def end_batch(self, sql: Sql, cursor: Any) -> None:
         touched, self._touched = list(self._touched), {}
-        for node_id in touched:
-            self._refresh_free(sql, cursor, node_id)
         self._rows = {}
+        if touched:
+            refresh_free(sql, cursor, touched)
 
     def unsettled(self, sql: Sql, cursor: Any) -> bool:
         return earliest_index.unsettled(sql, cursor)
@@ -225,17 +222,31 @@ class FreeGpus(ReadModel):
         """The earliest-start index's blocks of the nodes changed since it was last settled."""
         return earliest_index.settle(sql, cursor)
 
-    def _refresh_free(self, sql: Sql, cursor: Any, node_id: str) -> None:
-        pool_id, gpus = self._node_row(sql, cursor, node_id)
-        if gpus is None:
-            return
-        healthy = set(parsed_node_gpus(gpus).healthy_uuids)
-        sql.execute(cursor, "SELECT gpus FROM bc_fg_booking WHERE node_id = ?", (node_id,))
-        for booking in cursor.fetchall():
-            healthy.difference_update(parsed_booking_gpus(booking["gpus"]))
-        sql.execute(cursor, "UPDATE bc_fg_node SET free_now = ? WHERE node_id = ?",
-                    (len(healthy), node_id))
-        earliest_index.mark_stale(sql, cursor, node_id, pool_id)
+
+# ``free_now`` of a node: its healthy GPUs that no live booking holds, counted in SQL from the
+# JSON columns (``gpus`` of the node: [{"uuid", "attributes": {"healthy"}}]; of a booking:
+# the UUIDs it holds), so that a batch, or a save that applies the index inline, writes it
+# without reading the node's rows first.
+_FREE_NOW = {
+    "sqlite": "SELECT COUNT(*) FROM json_each(bc_fg_node.gpus) AS g "
+              "WHERE json_extract(g.value, '$.attributes.healthy') "
+              "AND json_extract(g.value, '$.uuid') NOT IN (SELECT h.value FROM bc_fg_booking "
+              "AS b, json_each(b.gpus) AS h WHERE b.node_id = bc_fg_node.node_id)",
+    "postgres": "SELECT COUNT(*) FROM jsonb_array_elements(bc_fg_node.gpus::jsonb) AS g(v) "
+                "WHERE COALESCE((g.v -> 'attributes' ->> 'healthy')::boolean, false) "
+                "AND (g.v ->> 'uuid') NOT IN (SELECT jsonb_array_elements_text(b.gpus::jsonb) "
+                "FROM bc_fg_booking AS b WHERE b.node_id = bc_fg_node.node_id)",
+}
+
+
+def refresh_free(sql: Sql, cursor: Any, node_ids: list[str]) -> None:
+    """``free_now`` of ``node_ids`` recomputed, and their earliest-start blocks marked stale
+    (two statements, whatever the count)."""
+    marks = ", ".join("?" for _ in node_ids)
+    sql.execute(cursor, f"UPDATE bc_fg_node SET free_now = "
+                f"({_FREE_NOW['postgres' if sql.postgres else 'sqlite']}) "
+                f"WHERE node_id IN ({marks})", node_ids)
+    earliest_index.mark_stale(sql, cursor, node_ids)
 
 
 def _candidates(sql: Sql, cursor: Any, rows: list[Any], start: datetime, end: datetime

@@ -24,7 +24,6 @@ def _epoch(value: Any) -> float | None:
 
 class Reservations(SnapshotRows):
     name = "reservations"
-    together = True  # followed by every create (placing; the queue's head)
     # 2: counts by tenant, pool and state (bc_rsv_count, read by /metrics); 3: no row at 0
     version = 3
 

@@ -56,7 +56,6 @@ class QueueDispatcher:
         report = PassReport()
         service = self.reservations
         runner = service.projections
-        runner.catch_up("free_gpus")
         runner.settle("free_gpus")  # every tick at least: a search settles only what is new
         runner.catch_up("reservations")
         mark = min(runner.position(runner.get("free_gpus")),

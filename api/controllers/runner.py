@@ -7,9 +7,9 @@ NodeLifecycle and tokens passes (node sessions and acceptance, pool.* events), t
 reservation timers (what another hand made due: reservation.dequeued, .replaced and
 .rescheduled; a create that starts now binds in its own save) and the queue dispatcher (the
 node.*, reservation.*, bookings.*, quota.* and pool.* events that can free capacity or add to
-a line), so a burst of creates wakes none of them; and, on the tick alone, the read models'
-upkeep (the listings and the usage kept current: api/controllers/read_models.py). Each loop
-checks it still holds the lock before each pass. A loop woken by an event runs at once when
+a line), so a burst of creates wakes none of them. (The read models are followed by every
+process's own follower: projections/framework.py ``Follower``.) Each loop checks it still
+holds the lock before each pass. A loop woken by an event runs at once when
 its last pass began ``settle`` seconds ago or more (BETTER_COMPUTE_CONTROLLER_SETTLE, default
 0.2 s), else waits until then: under a stream of creates a pass handles many at once instead
 of running once per create in the process that serves them. Each pass
@@ -40,7 +40,6 @@ from better_compute.api.controllers.node_lifecycle import (
     NodeLifecycle,
 )
 from better_compute.api.controllers.queue import QueueDispatcher
-from better_compute.api.controllers.read_models import ReadModelUpkeep
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.services.tokens import TokenExpiry
 from better_compute.api.settings import env_seconds
@@ -95,9 +94,6 @@ _WAKE_NODES = EventFilter(types=compile_type_filter([
 # later start or an end time is the tick's.
 _WAKE_TIMERS = EventFilter(types=compile_type_filter([
     "reservation.dequeued", "reservation.replaced", "reservation.rescheduled"]))
-# The read models' upkeep runs on the tick alone, in a loop of its own: a long catch-up (a
-# read model rebuilt after an upgrade) never holds up a NodeLifecycle pass.
-_WAKE_NEVER = EventFilter(types=re.compile(r"(?!)"))
 SETTLE = 0.2  # seconds: the least time between the starts of two passes woken by events
 
 
@@ -131,13 +127,11 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
     timers = ReservationTimers(runtime.services.reservations)
     expiry = TokenExpiry(runtime.services.tokens)
     dispatcher = QueueDispatcher(runtime.services.reservations)
-    upkeep = ReadModelUpkeep(runtime.projections)
     hub = state.extra.get("watch_hub")
     limiter = anyio.CapacityLimiter(1)
     passes = {"lifecycle": Retry("a NodeLifecycle pass", log),
               "timers": Retry("a reservations pass", log),
-              "tokens": Retry("a tokens pass", log),
-              "read models": Retry("a read models' catch-up", log)}
+              "tokens": Retry("a tokens pass", log)}
     task_status.started()
     try:
         while True:
@@ -155,9 +149,6 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
                 dispatching.start_soon(_lead, None, passes, (  # leadership checked below
                     ("timers", CONTROLLER_RESERVATIONS, timers.tick),), hub, tick, settle,
                     anyio.CapacityLimiter(1), _WAKE_TIMERS)
-                dispatching.start_soon(_lead, None, passes, (
-                    ("read models", None, upkeep.run),), hub, tick, settle,
-                    anyio.CapacityLimiter(1), _WAKE_NEVER)
                 await _lead(lead, passes, (
                     ("lifecycle", CONTROLLER_NODES, lifecycle.reconcile),
                     ("tokens", CONTROLLER_TOKENS, expiry.tick)), hub, tick, settle, limiter,
@@ -206,8 +197,7 @@ async def _lead(lead: Leadership | None, passes: dict[str, Retry],
                 work: tuple[tuple[str, str | None, Callable[[], Any]], ...], hub: Any,
                 tick: float, settle: float, limiter: anyio.CapacityLimiter,
                 wake_on: EventFilter) -> None:
-    """Passes of ``work`` (NodeLifecycle and tokens, the timers, or the read models'
-    upkeep, whose passes record nothing: no actor), while this process holds
+    """Passes of ``work`` (NodeLifecycle and tokens, or the timers), while this process holds
     the lock (checked before each pass when ``lead`` is given; else the caller cancels)."""
     while lead is None or await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
         position = hub.head if hub is not None else 0

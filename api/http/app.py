@@ -17,6 +17,8 @@ threads with every other call.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,9 +44,10 @@ from better_compute.api.http.request_log import (
 )
 from better_compute.api.runtime import Runtime
 from better_compute.api.settings import env_seconds
-from better_compute.api.supervise import supervised
+from better_compute.api.supervise import Retry, supervised
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, PermissionDenied, RateLimited
+from better_compute.projections.framework import Follower
 
 WRITER_THREADS = 1  # threads of the writers' lane on SQLite
 API_PREFIX = "/api/compute"
@@ -204,6 +207,27 @@ async def metrics_endpoint(request: Request) -> Response:
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+@contextlib.asynccontextmanager
+async def following(runtime: Runtime) -> AsyncIterator[Follower]:
+    """This process's ``Follower`` of the read models (projections/framework.py), in a thread
+    of its own for the life of the server: the read models other than the inline free-GPU
+    index follow the log in batches, and a call that needs one current waits for it."""
+    retry = Retry("following the read models", logging.getLogger("better_compute.store"))
+    follower = Follower(runtime.projections, on_failure=retry.failed,
+                        on_success=retry.succeeded)
+    runtime.projections.follower = follower
+    runtime.store.add_commit_listener(follower.poke)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(anyio.to_thread.run_sync, follower.run,
+                                        abandon_on_cancel=False,
+                                        limiter=anyio.CapacityLimiter(1)))
+        try:
+            yield follower
+        finally:
+            runtime.projections.follower = None
+            follower.stop()
+
+
 def build_app(runtime: Runtime, *, gateway_url: str | None = None,
               routes: list[Route] | None = None,
               on_startup: Callable[[ServerState], Any] | None = None,
@@ -227,8 +251,10 @@ def build_app(runtime: Runtime, *, gateway_url: str | None = None,
         if on_startup is not None:
             on_startup(state)
         try:
-            # The /watch follower of this process, then the lifespan tasks that use it.
-            async with watch.running_hub(state), anyio.create_task_group() as tg:
+            # This process's follower of the read models and its /watch hub, then the
+            # lifespan tasks that use them.
+            async with following(runtime), watch.running_hub(state), \
+                    anyio.create_task_group() as tg:
                 for task in tasks:
                     await tg.start(supervised, task, state)
                 try:

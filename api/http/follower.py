@@ -103,15 +103,7 @@ class WatchHub:
         # Chunks already built since the last publish, by (position, filter): streams that
         # follow live with the same filter share one (bounded: at most 256 of up to 64 KiB).
         self._chunks: dict[tuple[int, EventFilter], tuple[bytes, int]] = {}
-        self._read_listeners: tuple[Callable[[Sequence[Notification]], None], ...] = ()
         store.add_commit_listener(self._on_commit)
-
-    def add_read_listener(self, listener: Callable[[Sequence[Notification]], None]) -> None:
-        """Call ``listener(notifications)`` with each page the follower reads, in the
-        follower's thread, before the page is published (before ``head`` passes it): the read
-        models keep them (api/runtime.py ``StoreEvents.seen``) and follow other processes'
-        saves without reading them again. Quick, never raising."""
-        self._read_listeners = (*self._read_listeners, listener)
 
     @classmethod
     def for_runtime(cls, runtime: Any) -> WatchHub:
@@ -228,11 +220,6 @@ class WatchHub:
                                                       inclusive_of_start=False)
             if not notes or self._stop.is_set():
                 return
-            for listener in self._read_listeners:
-                try:
-                    listener(notes)
-                except Exception:  # never the hub's concern: /watch gets every page
-                    log.exception("a reader of the event hub's pages failed")
             self._read_pos = notes[-1].id
             anyio.from_thread.run_sync(self._publish, notes)
             if len(notes) < PAGE_SIZE:

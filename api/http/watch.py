@@ -206,10 +206,6 @@ async def running_hub(state: Any) -> AsyncIterator[WatchHub]:
     """Run the process's hub for the life of the server (used by the app's lifespan)."""
     hub = WatchHub.for_runtime(state.runtime)
     state.extra["watch_hub"] = hub
-    projections = getattr(state.runtime, "projections", None)
-    if projections is not None:  # read models followed as far as the hub has read,
-        projections.head_source = lambda: hub.head  # from what it read (no second read)
-        hub.add_read_listener(projections.seen)
     async with anyio.create_task_group() as tg:
         await tg.start(hub.run)
         try:

@@ -46,7 +46,10 @@ def build_services(aggregates: Aggregates, *, lifetimes: TokenLifetimes,
     compute = ComputeService(aggregates, token_use=TokenUse(aggregates.sql), lifetimes=lifetimes,
                              master_key_text=master_key_text, gateway_url=gateway_url,
                              limits=limits)
+    reservations = ReservationService(compute, lane)
+    # The queue changes this process saves, for the next create's check of the queue's head.
+    aggregates.store.add_recording_listener(reservations.core.note_queue_changes)
     return Services(aggregates=aggregates, compute=compute, tokens=compute.tokens,
                     nodes=NodeService(compute), inventory=InventoryService(compute),
-                    join=JoinService(compute),
-                    reservations=ReservationService(compute, lane), names=Names(aggregates))
+                    join=JoinService(compute), reservations=reservations,
+                    names=Names(aggregates))

@@ -32,6 +32,9 @@ from better_compute.projections.free_gpus import (
 )
 
 A = TypeVar("A", bound=TenantOwned)
+# The events that change who is in a pool's queue (its head).
+QUEUE_CHANGES = frozenset({"reservation.queued", "reservation.dequeued",
+                           "reservation.cancelled", "reservation.expired"})
 
 
 class ReservationCore:
@@ -52,6 +55,16 @@ class ReservationCore:
         self._claims: dict[str, dict[str, int]] = {}  # pool -> node -> placements saving
         self._claims_guard = threading.Lock()  # not the pool's: a choice holds that for long
         self._locks_guard = threading.Lock()
+        # The sequence of this process's last save that changed a pool's queue: a create
+        # checking the queue's head waits for the reservations read model to hold it.
+        self.queue_mark = 0
+
+    def note_queue_changes(self, recordings: list[Any]) -> None:
+        """The store's recording listener (wired by the composition root): notes the queue
+        changes among what this process saved."""
+        for recording in recordings:
+            if recording.domain_event.TOPIC in QUEUE_CHANGES:
+                self.queue_mark = max(self.queue_mark, recording.notification.id)
 
     # ----------------------------------------------------------------- helpers
 
@@ -135,25 +148,18 @@ class ReservationCore:
 
     def choose(self, pool_id: str, request: PlacementRequest, start: datetime, end: datetime
                ) -> Placement:
-        """Read the free-GPU projection and place; NoCapacity says what is available.
+        """Read the free-GPU index and place; NoCapacity says what is available.
 
-        The projection is followed (caught up only when this process knows of newer
-        events); a refusal is only given on a projection caught up from the store.
+        Every save applies the index in its own transaction (kept inline), so it holds every
+        committed booking: nothing to follow first. The few fullest nodes that fit are read
+        first; only when none of them fits, every node of the pool.
         """
-        fresh = self.projections.follow("free_gpus")
         limit = FAST_PATH_NODES + len(request.exclude_nodes)  # as many left to choose from
         try:
             return place(request, fast_candidates(self.sql, pool_id, start, end, request.gpus,
                                                   limit), lane=self.lane)
         except NoCapacity:
             pass
-        if not fresh:
-            self.projections.catch_up("free_gpus")
-            try:
-                return place(request, fast_candidates(self.sql, pool_id, start, end,
-                                                      request.gpus, limit), lane=self.lane)
-            except NoCapacity:
-                pass
         try:
             return place(request, all_candidates(self.sql, pool_id, start, end),
                          self._pool_gpus(pool_id), lane=self.lane)

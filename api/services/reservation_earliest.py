@@ -73,7 +73,6 @@ class EarliestStart:
         ``moving``: a placed reservation looking for an earlier slot; its own booking does not
         count, and its node wins a tie.
         """
-        self.projections.catch_up("free_gpus")
         seconds, t0 = length.total_seconds(), instant(not_before)
         if moving is None:
             try:  # the placer's fast path first: fits at the start among the fullest nodes
@@ -188,11 +187,12 @@ class EarliestStart:
     def head_shadow(self, pool: Pool, now: datetime) -> Shadow | None:
         """The shadow of the first queued reservation of ``pool`` (None: no queue, or none).
 
-        The reservations projection is followed, not caught up on every create: a
-        reservation queued by another process a moment ago may not be seen yet, as one
+        The reservations read model is not caught up on every create: it holds every queue
+        change this process saved (``ReservationCore.queue_mark``); one another process saved
+        a moment ago may not be seen yet (its follower applies it within a batch), as one
         queued while this create runs never is (the check and the save are not atomic).
         """
-        self.projections.follow("reservations")
+        self.projections.wait_for("reservations", self.core.queue_mark)
         head = queue_head(self.sql, pool.public_id)
         rsv = self.core.get(Reservation, UUID(head)) if head else None
         return self.shadow(pool, rsv, now) if rsv is not None and rsv.queued else None

@@ -266,8 +266,7 @@ class ReservationService:
                 self.core.unclaim(pool.public_id, placement.node_id)
             if done is not None:
                 return done
-            avoid = True
-            self.projections.catch_up("free_gpus")  # it was behind: place again
+            avoid = True  # another writer got there first: its booking is in the index now
 
     def _book_and_save(self, principal: Principal, *, uuid: Any, tenant: str, pool: Pool,
                        gpus: int, fields: dict[str, Any], key: str | None, fp: str,

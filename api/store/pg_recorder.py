@@ -17,6 +17,10 @@ order guarantee is the library's (commit order equals notification order,
 which the gap-free tail of /watch relies on; the library's own function
 skips the lock, reference/eventsourcing-facts.md). Errors are the library's
 too: a conflicting aggregate version is its ``IntegrityError``.
+
+A save whose events change a read model kept inline (the free-GPU index) is one transaction
+instead: the same call, then that read model's writes, then the commit, sent in pipeline
+mode (two round trips: the call's ids, then the rest).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from eventsourcing.persistence import InterfaceError, OperationalError, StoredEv
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
 from psycopg.sql import SQL, Identifier
+
+from better_compute.api.store.pipeline import PipelineCursor
 
 TOPIC = f"{__name__}:LockingFunctionApplicationRecorder"
 
@@ -70,7 +76,19 @@ class LockingFunctionApplicationRecorder(PostgresApplicationRecorder):
             return ids
         events = [self.construct_pg_stored_event(e.originator_id, e.originator_version,
                                                  e.topic, e.state) for e in stored_events]
-        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+        inline = kwargs.get("inline")
+        with self.datastore.get_connection() as conn:
             assert conn.autocommit  # the statement is its own transaction
-            curs.execute(self._call_insert, (events,), prepare=True)
-            return [int(row["notification_id"]) for row in curs.fetchall()]
+            if inline is None:
+                with conn.cursor() as curs:
+                    curs.execute(self._call_insert, (events,), prepare=True)
+                    return [int(row["notification_id"]) for row in curs.fetchall()]
+            # With read models kept inline: their writes in the same transaction, after the
+            # insert (the lock is held from it to the commit), in pipeline mode: the insert's
+            # ids are the one answer waited for before the commit.
+            with conn.pipeline(), conn.transaction():
+                curs = conn.cursor()
+                curs.execute(self._call_insert, (events,), prepare=True)
+                ids = [int(row["notification_id"]) for row in curs.fetchall()]
+                inline(PipelineCursor(curs), ids)
+            return ids

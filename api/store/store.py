@@ -17,12 +17,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 from eventsourcing.application import Application, ProcessingEvent
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import Mapper, TrackingRecorder, Transcoder
+from eventsourcing.persistence import Mapper, StoredEvent, TrackingRecorder, Transcoder
+from eventsourcing.sqlite import SQLiteApplicationRecorder
 from eventsourcing.utils import Environment
 
 import better_compute.domain.aggregates  # noqa: F401  (registers every event topic)
@@ -30,6 +31,7 @@ from better_compute.api.store.aggregate_cache import AggregateCache
 from better_compute.api.store.codec import EventMapper, MsgspecTranscoder
 from better_compute.api.store.outage import StoreGuard, install_guard, postgres_guard
 from better_compute.api.store.pg_recorder import TOPIC as PG_RECORDER_TOPIC
+from better_compute.api.store.pipeline import PipelineCursor
 from better_compute.api.store.sqlite_writers import WriterLock, flock_within, serialise_writers
 from better_compute.api.store.store_url import connect_kwargs, parse_database_url
 from better_compute.api.store.store_url import describe as describe_pg
@@ -95,6 +97,7 @@ class StoreConfig:
                 "SQLITE_DBNAME": str(self.sqlite_path),
                 "SQLITE_LOCK_TIMEOUT": str(SQLITE_LOCK_TIMEOUT_S),
                 "CREATE_TABLE": "y",
+                "APPLICATION_RECORDER_TOPIC": SQLITE_RECORDER_TOPIC,
             }
         assert self.pg is not None
         return {
@@ -156,6 +159,8 @@ class ComputeStore(Application[Any]):
         return "postgres" if self.env.get("PERSISTENCE_MODULE") == PG_FACTORY_TOPIC else "sqlite"
 
     _commit_listeners: tuple[Callable[[int], None], ...] = ()
+    # The read models every save applies in its own transaction (api/runtime.py sets them).
+    inline: InlineReadModels | None = None
     guard: StoreGuard  # every connection goes through it (api/store/outage.py); set by open_store
     turns: Turns = NoTurns()  # across the processes of the store (api/store/turns.py)
 
@@ -175,9 +180,9 @@ class ComputeStore(Application[Any]):
 
     def add_recording_listener(self, listener: Callable[[list[Any]], None]) -> None:
         """Call ``listener(recordings)`` with the library's recordings (each event and its
-        notification) after each save of this process commits, before the commit listeners:
-        the read models keep this process's own notifications so that following them needs
-        no read (api/runtime.py ``StoreEvents.recent``). Quick, never raising."""
+        notification) after each save of this process commits, before the commit listeners
+        (the reservations note where they changed a pool's queue:
+        api/services/reservation_base.py). Quick, never raising."""
         self._recording_listeners = (*self._recording_listeners, listener)
 
     def _notify(self, recordings: list[Any]) -> None:
@@ -212,11 +217,40 @@ class ComputeStore(Application[Any]):
             elif obj is not None:
                 processing.collect_events(obj)
         processing.saved_kwargs.update(kwargs)
+        inline = self.inline
+        if inline is not None and inline.inline_wants(processing.events):
+            events = processing.events
+            processing.saved_kwargs["inline"] = (
+                lambda cursor, sequences: inline.apply_inline(cursor, events, sequences))
         recordings = self._record(processing)
         self._take_snapshots(processing)
         self._notify(recordings)
         self.cache.saved(objs)
         return recordings
+
+
+class InlineReadModels(Protocol):
+    """Read models a save applies in its own transaction (projections/framework.py)."""
+
+    def inline_wants(self, events: Sequence[Any]) -> bool: ...
+    def apply_inline(self, cursor: Any, events: Sequence[Any], sequences: Sequence[int]
+                     ) -> None: ...
+
+
+class InlineSQLiteRecorder(SQLiteApplicationRecorder):
+    """The library's SQLite recorder, applying the read models kept inline (``inline``, from
+    ``ComputeStore.save``) to the events it inserts, in the same transaction."""
+
+    def _insert_events(self, c: Any, stored_events: Sequence[StoredEvent], **kwargs: Any
+                       ) -> Sequence[int] | None:
+        ids = super()._insert_events(c, stored_events, **kwargs)
+        inline = kwargs.get("inline")
+        if inline is not None and ids:
+            inline(c, ids)
+        return ids
+
+
+SQLITE_RECORDER_TOPIC = f"{__name__}:InlineSQLiteRecorder"
 
 
 def private_sqlite_files(path: Path) -> None:
@@ -346,40 +380,6 @@ def _sqlite_setup_lock(path: Path) -> Iterator[None]:
         yield  # the lock ends when the file closes
 
 
-class PipelineCursor:
-    """A cursor of a transaction in psycopg's pipeline mode, each statement on a cursor of
-    its own.
-
-    psycopg hands every answer to the cursor that sent the statement, whenever it arrives,
-    and ``execute`` forgets a cursor's earlier answers before it sends. On one shared cursor,
-    answers of earlier writes that arrived while a read was being sent became the read's
-    own (``the last operation didn't produce records (command status: INSERT 0 1)`` from the
-    library's ``_insert_tracking``). A cursor per statement keeps each answer with its own
-    statement; errors still raise from the fetch or the pipeline's end."""
-
-    def __init__(self, cursor: Any) -> None:
-        self.connection = cursor.connection
-        self._cursor = cursor
-
-    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> PipelineCursor:
-        self._cursor = self.connection.cursor()
-        self._cursor.execute(query, params, **kwargs)
-        return self
-
-    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
-        self._cursor = self.connection.cursor()
-        self._cursor.executemany(query, params_seq, **kwargs)
-
-    def fetchone(self) -> Any:
-        return self._cursor.fetchone()
-
-    def fetchall(self) -> list[Any]:
-        return self._cursor.fetchall()  # type: ignore[no-any-return]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._cursor)
-
-
 class SqlRunner:
     """Plain SQL on the store's own connections, for read models beside the events.
 
@@ -426,6 +426,19 @@ class SqlRunner:
 
     def execute(self, cursor: Any, statement: str, params: Sequence[Any] = ()) -> None:
         cursor.execute(self.q(statement), tuple(params))
+
+    def exclude_saves(self, cursor: Any) -> int:
+        """Hold every save off for the rest of this transaction (a read model kept inline is
+        rebuilt or read whole meanwhile); the head of the log, read under that hold."""
+        recorder: Any = self.store.recorder
+        if self.postgres:
+            table = f'"{recorder.datastore.schema}"."{recorder.events_table_name}"'
+            cursor.execute(f"LOCK TABLE {table} IN SHARE MODE")  # saves take EXCLUSIVE
+            cursor.execute(f"SELECT MAX(notification_id) AS head FROM {table}")
+        else:
+            self.lock(cursor, "saves")  # SQLite: the one writer's lock, taken by a write
+            cursor.execute(f"SELECT MAX(rowid) AS head FROM {recorder.events_table_name}")
+        return int(cursor.fetchone()["head"] or 0)
 
     def lock(self, cursor: Any, name: str) -> None:
         """Serialise writers of one read model for the rest of this transaction."""

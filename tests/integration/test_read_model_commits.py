@@ -1,10 +1,10 @@
 """Read models commit without waiting for the disk; saves of events always wait
 (api/store/store.py SqlRunner.transaction, api/store/sqlite_writers.py, docs/architecture.md).
 
-A create flushes to disk once, for its save; the read models' catch-up of the create before
-it does not wait for the disk. What the read models write is derived from the events and
-applied again from their tracked position, so only the save's commit must be on disk before
-the answer.
+A create flushes to disk once, for its save (the free-GPU index is applied inside the save
+itself; the other read models, which its follower applies, do not wait for the disk). What
+the read models write is derived from the events and applied again from their tracked
+position, so only the save's commit must be on disk before the answer.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_read_model_commits_skip_the_flush_and_event_saves_never_do(runtime: Any
         doc = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h",
                         key=f"commits-{i}")
         rs.release(OP, doc["id"])
-    runtime.projections.catch_up()
+        runtime.projections.catch_up()  # a read model's commit after each
 
     saves = {level for what, level in seen if what == "save"}
     read_models = {level for what, level in seen if what == "read model"}

@@ -86,7 +86,9 @@ def test_a_save_at_a_stale_version_is_refused_and_writes_nothing(runtime: Any) -
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "sqlite"])
 def test_sqlite_saves_go_through_the_librarys_recorder(runtime: Any) -> None:
-    assert type(runtime.store.recorder).__name__ == "SQLiteApplicationRecorder"
+    recorder = runtime.store.recorder  # the library's, applying the inline read models
+    assert type(recorder).__name__ == "InlineSQLiteRecorder"
+    assert type(recorder).__mro__[1].__name__ == "SQLiteApplicationRecorder"
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "postgres"])
