@@ -18,6 +18,13 @@ needs it, shared by every stream after it; a reader that filters on types
 alone (the controllers' wake-ups) renders nothing, and with no stream reading
 nothing is rendered at all.
 
+A hub nobody reads (no /watch stream open, no caller of ``wait_beyond`` in the last two
+heartbeat periods: a worker of ``serve --workers`` that runs neither the controllers nor the
+gateway) reads nothing: commits only wake it to find that out. When a reader comes, it
+starts again from the log's head at that moment (its window empty: a stream from an older
+position reads the store until it reaches the window, as one older than the window always
+did; a waiter from an older position is answered at once).
+
 The HTTP stream that reads it is api/http/watch.py; what bounds the window and a
 stream, api/http/watch_limits.py.
 """
@@ -25,11 +32,12 @@ stream, api/http/watch_limits.py.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,6 +108,9 @@ class WatchHub:
         self._wake = threading.Event()
         self._read_pos = 0  # last sequence read by the follower thread
         self._streams_until = 0.0  # monotonic time until which streams count as reading
+        self._waited_until = 0.0  # monotonic time until which ``wait_beyond`` counts as reading
+        self._streams = 0  # /watch streams open (``reading``)
+        self._idle = False  # nobody read: the follower stopped reading (``_wanted``)
         # Chunks already built since the last publish, by (position, filter): streams that
         # follow live with the same filter share one (bounded: at most 256 of up to 64 KiB).
         self._chunks: dict[tuple[int, EventFilter], tuple[bytes, int]] = {}
@@ -167,6 +178,22 @@ class WatchHub:
     def _on_commit(self, sequence: int) -> None:
         self._wake.set()
 
+    def _wanted(self) -> bool:
+        """Whether anybody reads the hub: an open stream, or a caller of ``wait_beyond`` (the
+        controllers, the gateway's sessions) in the last two heartbeat periods."""
+        return self._streams > 0 or time.monotonic() < self._waited_until
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Held by a /watch stream for as long as it is open."""
+        self._streams += 1
+        if self._idle:
+            self._wake.set()
+        try:
+            yield
+        finally:
+            self._streams -= 1
+
     # ------------------------------------------------------- follower thread
 
     def _follow(self) -> None:
@@ -212,7 +239,17 @@ class WatchHub:
             self._drain()
 
     def _drain(self) -> None:
-        """Read every event after the last one read, and hand each page to the loop at once."""
+        """Read every event after the last one read, and hand each page to the loop at once;
+        nothing while nobody reads the hub, and from the log's head once somebody does."""
+        if not self._wanted():
+            self._idle = True
+            return
+        if self._idle:
+            with unavailable_on_outage():
+                head = self.log.head()
+            self._idle = False
+            self._read_pos = max(self._read_pos, head)
+            anyio.from_thread.run_sync(self._skip_to, self._read_pos)
         recorder = self.store.recorder
         while not self._stop.is_set():
             with unavailable_on_outage():  # read as stored: rendered when a reader needs it
@@ -275,6 +312,15 @@ class WatchHub:
                 freed += _size(self._entries[drop])
                 drop += 1
             self._drop_oldest(drop)
+        self._chunks.clear()
+        self._wake_streams()
+
+    def _skip_to(self, head: int) -> None:
+        """The hub was idle: it holds nothing, and follows on from ``head``."""
+        if head <= self.head:
+            return
+        self._drop_oldest(len(self._entries))
+        self.floor = self.head = head
         self._chunks.clear()
         self._wake_streams()
 
@@ -363,6 +409,13 @@ class WatchHub:
         ``flt`` lets through (or the window no longer holds ``position``), so
         a caller interested in a few types does not wake for every event.
         """
+        self._waited_until = time.monotonic() + max(2 * self.heartbeat, timeout)
+        if self._idle:
+            self._wake.set()
+        await self._wait_beyond(position, timeout, flt)
+
+    async def _wait_beyond(self, position: int, timeout: float, flt: EventFilter | None
+                           ) -> None:
         with anyio.move_on_after(timeout):
             while not self.stopping:
                 if self.head > position:

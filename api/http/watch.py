@@ -99,6 +99,14 @@ async def stream_events(hub: WatchHub, flt: EventFilter, since: int,
                         principal: Principal | None = None
                         ) -> AsyncIterator[bytes]:
     """The lines of one watcher: events after ``since`` in order, heartbeats, maybe an error."""
+    with hub.reading():
+        async for chunk in _stream(hub, flt, since, limiter, token, principal):
+            yield chunk
+
+
+async def _stream(hub: WatchHub, flt: EventFilter, since: int, limiter: anyio.CapacityLimiter,
+                  token: TokenCheck | None, principal: Principal | None
+                  ) -> AsyncIterator[bytes]:
     position = since
     live = False  # has read from the window: falling out of it again ends the stream
     yield _heartbeat(position)

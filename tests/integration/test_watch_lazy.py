@@ -5,6 +5,8 @@
 - A stream that reads renders each event once, for every stream: two streams get the
   same line objects, and the lines are exactly what the event log renders.
 - A token.revoked event is still seen at once (it ends the token's streams).
+- A hub nobody reads (no stream, nobody waiting on it) reads nothing; the first reader finds
+  it following from the log's head.
 
 The streams run through the real ASGI app with its lifespan (the hub), as in
 tests/integration/test_watch_bounds.py.
@@ -40,6 +42,15 @@ def _rendered(hub: WatchHub) -> int:
     return sum(isinstance(item, LogEntry) for item in hub._entries)
 
 
+async def _awake(hub: WatchHub) -> None:
+    """Somebody reads the hub (as the controllers do, waiting on it): from now on it follows
+    the log (a hub nobody reads reads nothing)."""
+    await hub.wait_beyond(hub.head, 0.01)
+    with anyio.fail_after(20):
+        while hub._idle:
+            await anyio.sleep(0.01)
+
+
 async def _read_to(hub: WatchHub, sequence: int) -> None:
     with anyio.fail_after(20):
         while hub.head < sequence:
@@ -50,6 +61,7 @@ def test_nothing_is_rendered_while_no_stream_reads(rt: Runtime) -> None:
     async def main() -> None:
         async with serving_app(rt) as app:
             hub: WatchHub = app.state.bc.extra["watch_hub"]
+            await _awake(hub)
             start = hub.head
             sequences = await anyio.to_thread.run_sync(lambda: write_sites(rt, 30))
             await _read_to(hub, sequences[-1])
@@ -105,6 +117,7 @@ def test_a_revoked_token_is_seen_without_a_reader(rt: Runtime) -> None:
         async with serving_app(rt) as app:
             hub: WatchHub = app.state.bc.extra["watch_hub"]
             service = rt.service
+            await _awake(hub)
 
             def revoke() -> str:
                 token = service.tokens_create(LOCAL_OPERATOR, "root", "read-only", None)
@@ -115,5 +128,34 @@ def test_a_revoked_token_is_seen_without_a_reader(rt: Runtime) -> None:
             with anyio.fail_after(20):
                 while token_id not in hub.revoked:
                     await hub.wait_beyond(hub.head, 1.0)
+
+    anyio.run(main)
+
+
+def test_a_hub_nobody_reads_reads_nothing_until_somebody_does(
+        rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    recorder = type(rt.store.recorder)
+    real = recorder.select_notifications
+
+    def counted(self: object, *args: object, **kwargs: object) -> object:
+        reads.append(1)
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        async with serving(rt) as app:
+            hub: WatchHub = app.state.bc.extra["watch_hub"]
+            with anyio.fail_after(20):
+                while not hub._idle:  # nobody has read it yet
+                    await anyio.sleep(0.01)
+            monkeypatch.setattr(recorder, "select_notifications", counted)
+            sequences = await anyio.to_thread.run_sync(lambda: write_sites(rt, 5))
+            await anyio.sleep(0.3)  # commits woke it: it must not read them
+            assert reads == [] and hub.head < sequences[-1]
+            await _read_to(hub, sequences[-1])  # a reader: from the head on
+            assert hub.floor == hub.head == sequences[-1]
+            more = await anyio.to_thread.run_sync(lambda: write_sites(rt, 2))
+            await _read_to(hub, more[-1])
+            assert hub._seqs == more and reads  # followed from there, read from the store
 
     anyio.run(main)
