@@ -72,8 +72,20 @@ class ReservationCore:
         """Database time (api/services/unit.py)."""
         return self.aggregates.now()
 
-    def get(self, cls: type[A], uuid: UUID) -> A | None:
-        return self.aggregates.get(cls, uuid)
+    def get(self, cls: type[A], uuid: UUID, *, fresh: bool = True) -> A | None:
+        return self.aggregates.get(cls, uuid, fresh=fresh)
+
+    def to_save(self, cls: type[A], uuid: UUID) -> A | None:
+        """An aggregate this create saves, as this process last saw it (no read): when
+        another writer saved a newer version, the save is refused and the retry reads it
+        (api/services/unit.py ``Aggregates.get``). Only where a stale copy can make the
+        command refuse nothing by itself: a refusal it makes (a booking that overlaps, quota
+        used up) is checked again on a fresh read (``forget``) before it stands."""
+        return self.aggregates.get(cls, uuid, fresh=False)
+
+    def forget(self, aggregate: TenantOwned) -> None:
+        """The next load of ``aggregate`` reads it from the store."""
+        self.store.cache.forget([aggregate.id])
 
     def get_aggregate(self, uuid: UUID) -> Reservation | None:
         return self.get(Reservation, uuid)
@@ -129,7 +141,7 @@ class ReservationCore:
 
     def bookings_of(self, node_id: str, pool: Pool | None = None, owner: str | None = None
                     ) -> NodeBookings:
-        bookings = self.get(NodeBookings, bookings_uuid(node_id))
+        bookings = self.to_save(NodeBookings, bookings_uuid(node_id))
         if bookings is None:
             if pool is None and owner is None:
                 raise NotFound(f"node {node_id} has no bookings")
@@ -137,8 +149,11 @@ class ReservationCore:
                                     node_id=node_id, pool_id=pool.public_id if pool else "")
         return bookings
 
-    def quota_of(self, pool_id: str, tenant_id: str) -> QuotaUse:
-        quota = self.get(QuotaUse, quota_uuid(pool_id, tenant_id))
+    def quota_of(self, pool_id: str, tenant_id: str, *, to_save: bool = False) -> QuotaUse:
+        """The tenant's quota use on the pool; ``to_save``: one this command saves (no read,
+        ``to_save``)."""
+        uuid = quota_uuid(pool_id, tenant_id)
+        quota = self.to_save(QuotaUse, uuid) if to_save else self.get(QuotaUse, uuid)
         return quota or QuotaUse(tenant_id=tenant_id, pool_id=pool_id)
 
     def _pool_gpus(self, pool_id: str) -> dict[str, float]:

@@ -75,7 +75,7 @@ class ReservationBinding:
         if rsv.start > now:
             return []
         rsv.begin_binding(now)
-        node = self.core.get(Node, parse_id("node", rsv.node_id))
+        node = self.core.to_save(Node, parse_id("node", rsv.node_id))
         if node is not None and node.assign_devices(rsv.assignment(), now):
             return [node]
         return []

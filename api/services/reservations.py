@@ -52,6 +52,7 @@ from better_compute.domain.placement import Lane, PlacementRequest
 from better_compute.domain.policy import kubernetes_resource
 from better_compute.domain.pool import Pool
 from better_compute.domain.queue import StartMode, start_mode
+from better_compute.domain.quota import QuotaUse
 from better_compute.domain.reservation import (
     STATES,
     Reservation,
@@ -239,8 +240,7 @@ class ReservationService:
                 busy = self.core.in_flight(pool.public_id) if avoid else frozenset()
                 try:
                     if limit is not None:
-                        quota = self.core.quota_of(pool.public_id, tenant)
-                        quota.take(rsv_id, gpus, limit)
+                        quota = self._take_quota(pool, tenant, rsv_id, gpus, limit)
                     placement, begin, end = self.earliest.place_for(
                         pool, replace(request, exclude_nodes=request.exclude_nodes | busy),
                         begin, end, mode)
@@ -268,6 +268,19 @@ class ReservationService:
                 return done
             avoid = True  # another writer got there first: its booking is in the index now
 
+    def _take_quota(self, pool: Pool, tenant: str, rsv_id: str, gpus: int, limit: int
+                    ) -> QuotaUse:
+        """The tenant's quota use with ``gpus`` taken for ``rsv_id`` (to save with the
+        booking); QuotaExceeded only when a fresh read of it says so too."""
+        quota = self.core.quota_of(pool.public_id, tenant, to_save=True)
+        try:
+            quota.take(rsv_id, gpus, limit)
+        except QuotaExceeded:
+            self.core.forget(quota)  # the copy kept here may be older than the store's
+            quota = self.core.quota_of(pool.public_id, tenant)
+            quota.take(rsv_id, gpus, limit)
+        return quota
+
     def _book_and_save(self, principal: Principal, *, uuid: Any, tenant: str, pool: Pool,
                        gpus: int, fields: dict[str, Any], key: str | None, fp: str,
                        placement: Any, begin: datetime, end: datetime, quota: Any,
@@ -284,6 +297,7 @@ class ReservationService:
                                         reservation_id=rsv_id, holder=tenant, start=begin,
                                         end=end)
         except Conflict:
+            self.core.forget(bookings)  # kept here, maybe older than the store's: read again
             if time.monotonic() > give_up:
                 raise
             return None

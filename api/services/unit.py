@@ -61,9 +61,12 @@ class Aggregates:
         self.sql = projections.sql
         self.clock = clock
 
-    def get(self, cls: type[A], uuid: UUID) -> A | None:
+    def get(self, cls: type[A], uuid: UUID, *, fresh: bool = True) -> A | None:
+        """The aggregate, or None. ``fresh=False`` for one the caller saves: as this process
+        last saw it, with no read (the store refuses the save of a stale one, and the retry
+        reads it)."""
         try:
-            aggregate = self.store.load(uuid)
+            aggregate = self.store.load(uuid, fresh=fresh)
         except AggregateNotFoundError:
             return None
         return aggregate if isinstance(aggregate, cls) else None

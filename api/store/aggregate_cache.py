@@ -94,10 +94,13 @@ class AggregateCache:
         self._entries: OrderedDict[UUID, tuple[int, Any]] = OrderedDict()  # pickle or object
         self._prints: dict[UUID, bytes] = {}  # ``CHECK_IN_PLACE``: kept objects' pickles
 
-    def load(self, uuid: UUID, repository: Any, *, snapshots: bool = True) -> Any:
+    def load(self, uuid: UUID, repository: Any, *, snapshots: bool = True,
+             fresh: bool = True) -> Any:
         """The aggregate as stored now: a private copy. AggregateNotFoundError if none.
         ``snapshots=False``: a class never snapshotted is read from its events alone when
-        not kept (the repository's snapshot read would be a round trip for nothing)."""
+        not kept (the repository's snapshot read would be a round trip for nothing).
+        ``fresh=False``: as kept here, without reading what is newer (for an aggregate the
+        caller saves: another writer's newer version makes that save fail, ``forget``)."""
         with self._lock:
             entry = self._entries.get(uuid)
             if entry is not None:
@@ -114,6 +117,8 @@ class AggregateCache:
             self.put(aggregate)
             return aggregate
         aggregate = _copy(entry[1])
+        if not fresh:
+            return aggregate
         newer = list(repository.event_store.get(originator_id=uuid, gt=entry[0]))
         if newer:
             aggregate = project(aggregate, newer)
@@ -150,6 +155,13 @@ class AggregateCache:
                 f"attribute a new value (dict(...), [*...]) instead of changing the one it "
                 f"shares with other copies"
             )
+
+    def forget(self, uuids: Iterable[UUID]) -> None:
+        """A save of these was refused (another writer's version): the next load reads."""
+        with self._lock:
+            for uuid in uuids:
+                self._entries.pop(uuid, None)
+                self._prints.pop(uuid, None)
 
     def saved(self, objs: Iterable[Any]) -> None:
         """What a save of this process committed (its pending events are collected)."""

@@ -22,7 +22,13 @@ from uuid import UUID
 
 from eventsourcing.application import Application, ProcessingEvent
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import Mapper, StoredEvent, TrackingRecorder, Transcoder
+from eventsourcing.persistence import (
+    IntegrityError,
+    Mapper,
+    StoredEvent,
+    TrackingRecorder,
+    Transcoder,
+)
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 from eventsourcing.utils import Environment
 
@@ -198,11 +204,13 @@ class ComputeStore(Application[Any]):
     def sql(self) -> SqlRunner:
         return SqlRunner(self)
 
-    def load(self, uuid: UUID, *, snapshots: bool = True) -> Any:
+    def load(self, uuid: UUID, *, snapshots: bool = True, fresh: bool = True) -> Any:
         """An aggregate as stored now, from the aggregate cache (api/store/aggregate_cache.py):
         only the events after its cached version are read. AggregateNotFoundError if none.
-        ``snapshots=False`` for a class never snapshotted (read from its events alone)."""
-        return self.cache.load(uuid, self.repository, snapshots=snapshots)
+        ``snapshots=False`` for a class never snapshotted (read from its events alone).
+        ``fresh=False``: as this process last saw it, with no read, for an aggregate the
+        caller saves (a save of a stale one is refused, and the next load reads)."""
+        return self.cache.load(uuid, self.repository, snapshots=snapshots, fresh=fresh)
 
     def save(self, *objs: Any, **kwargs: Any) -> Any:
         """The library's ``Application.save``, collecting each aggregate's events without its
@@ -222,7 +230,11 @@ class ComputeStore(Application[Any]):
             events = processing.events
             processing.saved_kwargs["inline"] = (
                 lambda cursor, sequences: inline.apply_inline(cursor, events, sequences))
-        recordings = self._record(processing)
+        try:
+            recordings = self._record(processing)
+        except IntegrityError:  # another writer's version: what this process kept is stale
+            self.cache.forget(processing.aggregates)
+            raise
         self._take_snapshots(processing)
         self._notify(recordings)
         self.cache.saved(objs)
