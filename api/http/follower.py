@@ -1,13 +1,16 @@
 """The follower of the event log in a server process, fanned out to /watch streams.
 
 One ``WatchHub`` per server process follows the store's notification log
-with one follower thread, which wakes right after this process's own commits
-(the store's commit listener) and, for other processes' commits: on
-PostgreSQL, on ONE ``LISTEN`` connection to the channel the library notifies
-at each commit (plus a read every second, should a notification be lost
-while that connection reconnects); on SQLite, by checking ``PRAGMA
-data_version`` on a dedicated connection every ``BETTER_COMPUTE_WATCH_POLL``
-seconds (default 0.005) while a /watch stream reads, every 50 ms otherwise. Each wake reads every new event in pages of 500 and
+with one follower thread. While a /watch stream is open it wakes right after
+this process's own commits (the store's commit listener) and, for other
+processes' commits: on PostgreSQL, on ONE ``LISTEN`` connection to the channel
+the library notifies at each commit (plus a read every second, should a
+notification be lost while that connection reconnects); on SQLite, by checking
+``PRAGMA data_version`` on a dedicated connection every
+``BETTER_COMPUTE_WATCH_POLL`` seconds (default 0.005). With no stream open, it
+reads at most every 50 ms, whatever committed meanwhile at once (the
+controllers and the gateway's sessions that wait on it need no quicker
+wake-up). Each wake reads every new event in pages of 500 and
 hands them to the event loop in one call. The hub keeps them, as stored, in
 a bounded window of recent events (``BETTER_COMPUTE_WATCH_WINDOW`` events,
 default 10,000, and ``BETTER_COMPUTE_WATCH_WINDOW_BYTES`` bytes, default
@@ -61,9 +64,9 @@ log = logging.getLogger("better_compute.watch")
 
 MAX_LINES_PER_WRITE = 1000
 PG_SAFETY_READ = 1.0  # seconds between reads when no commit was notified (PostgreSQL)
-# SQLite: with no /watch stream reading, other processes' commits are checked this often
-# (the controllers and the placer's followed read models wait for no stream; 200 checks a
-# second cost ~2 % of a core for nothing).
+# With no /watch stream open, commits are read at most this often, a batch at a time (the
+# controllers and the gateway's sessions, which wait on the hub, need no quicker wake-up;
+# a read and a hand-off to the event loop per commit cost ~1 ms of a create's CPU).
 IDLE_POLL = 0.05
 
 
@@ -176,7 +179,8 @@ class WatchHub:
         self._changed.set()
 
     def _on_commit(self, sequence: int) -> None:
-        self._wake.set()
+        if self._streams:  # else the next poll reads it (``IDLE_POLL``)
+            self._wake.set()
 
     def _wanted(self) -> bool:
         """Whether anybody reads the hub: an open stream, or a caller of ``wait_beyond`` (the
@@ -234,6 +238,8 @@ class WatchHub:
         self._drain()
         retry.succeeded()
         while not self._stop.is_set():
+            if not self._streams:  # commits read together, at most every ``IDLE_POLL``
+                self._stop.wait(IDLE_POLL)
             self._wake.wait(PG_SAFETY_READ)
             self._wake.clear()
             self._drain()
