@@ -338,7 +338,9 @@ def _count_statements(bench: Bench, backend: str, args: argparse.Namespace) -> N
         total = sum(delta.values())
         print(f"  {backend:<10} SQL statements per {what}: {total / max(1, r['ops']):.1f} "
               f"({r['ops']} {what}s, 1 client)", flush=True)
-        for query, calls in sorted(delta.items(), key=lambda kv: -kv[1])[:12]:
+        for query, calls in sorted(delta.items(), key=lambda kv: -kv[1])[:40]:
+            if calls / max(1, r["ops"]) < 0.05:
+                break
             print(f"      {calls / max(1, r['ops']):6.2f}  {query}")
 
 

@@ -79,13 +79,16 @@ def _bookings(rows: list[Any]) -> tuple[Booking, ...]:
     )
 
 
+MARK_STALE = "INSERT INTO bc_fg_stale (node_id, pool_id)"
+MARKED_AGAIN = "ON CONFLICT (node_id) DO UPDATE SET pool_id = excluded.pool_id"
+
+
 def mark_stale(sql: Sql, cursor: Any, node_ids: list[str]) -> None:
     """``node_ids``' blocks and ends no longer agree with their rows or bookings (those with a
     row in the index), in one statement."""
     marks = ", ".join("?" for _ in node_ids)
-    sql.execute(cursor, "INSERT INTO bc_fg_stale (node_id, pool_id) SELECT node_id, pool_id "
-                f"FROM bc_fg_node WHERE node_id IN ({marks}) "
-                "ON CONFLICT (node_id) DO UPDATE SET pool_id = excluded.pool_id", node_ids)
+    sql.execute(cursor, f"{MARK_STALE} SELECT node_id, pool_id FROM bc_fg_node "
+                f"WHERE node_id IN ({marks}) {MARKED_AGAIN}", node_ids)
 
 
 def unsettled(sql: Sql, cursor: Any) -> bool:
@@ -116,7 +119,8 @@ def refresh_blocks(sql: Sql, cursor: Any, node_id: str) -> None:
 
     Only the rows that changed are written: a booking changes a few of a node's ~45 rows
     (the blocks of the GPU counts it fills, the ends it shortens, its own end's), so a
-    create writes ~16 rows instead of deleting and inserting them all.
+    create writes ~16 rows instead of deleting and inserting them all, in at most four
+    statements.
     """
     sql.execute(cursor, "SELECT pool_id, schedulable, gpus, cpus_per_gpu, memory_gib_per_gpu "
                 "FROM bc_fg_node WHERE node_id = ?", (node_id,))
@@ -148,27 +152,40 @@ def refresh_blocks(sql: Sql, cursor: Any, node_id: str) -> None:
         old_blocks, old_ends = {}, {}
         sql.execute(cursor, "DELETE FROM bc_fg_block WHERE node_id = ?", (node_id,))
         sql.execute(cursor, "DELETE FROM bc_fg_end WHERE node_id = ?", (node_id,))
-    gone = [(node_id, k) for k in old_blocks if k not in new_blocks]
+    _write_changes(sql, cursor, node_id, pool_id, old_blocks, new_blocks, old_ends, new_ends)
+
+
+def _write_changes(sql: Sql, cursor: Any, node_id: str, pool_id: str,
+                   old_blocks: dict[int, tuple[float, float]],
+                   new_blocks: dict[int, tuple[float, float]],
+                   old_ends: dict[tuple[int, float], float],
+                   new_ends: dict[tuple[int, float], float]) -> None:
+    """The rows of ``node_id`` that changed, a statement per kind of change (not per row)."""
+    gone = [k for k in old_blocks if k not in new_blocks]
     if gone:
-        cursor.executemany(sql.q("DELETE FROM bc_fg_block WHERE node_id = ? AND k = ?"), gone)
+        sql.execute(cursor, f"DELETE FROM bc_fg_block WHERE node_id = ? AND k IN "
+                    f"({', '.join('?' for _ in gone)})", [node_id, *gone])
     changed = [(node_id, pool_id, k, a, b) for k, (a, b) in new_blocks.items()
                if old_blocks.get(k) != (a, b)]
     if changed:
-        cursor.executemany(sql.q(
-            "INSERT INTO bc_fg_block (node_id, pool_id, k, from_at, until_at) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (node_id, k) DO UPDATE SET "
-            "from_at = excluded.from_at, until_at = excluded.until_at"), changed)
-    ended = [(node_id, k, at) for k, at in old_ends if (k, at) not in new_ends]
+        sql.execute(cursor, "INSERT INTO bc_fg_block (node_id, pool_id, k, from_at, until_at) "
+                    f"VALUES {', '.join('(?, ?, ?, ?, ?)' for _ in changed)} "
+                    "ON CONFLICT (node_id, k) DO UPDATE SET "
+                    "from_at = excluded.from_at, until_at = excluded.until_at",
+                    [value for row in changed for value in row])
+    ended = [(k, at) for k, at in old_ends if (k, at) not in new_ends]
     if ended:
-        cursor.executemany(sql.q("DELETE FROM bc_fg_end WHERE node_id = ? AND k = ? AND at = ?"),
-                           ended)
+        sql.execute(cursor, "DELETE FROM bc_fg_end WHERE node_id = ? AND (k, at) IN "
+                    f"(VALUES {', '.join('(?, ?)' for _ in ended)})",
+                    [node_id, *(value for row in ended for value in row)])
     changed_ends = [(node_id, pool_id, k, at, free_for, length_class(free_for))
                     for (k, at), free_for in new_ends.items() if old_ends.get((k, at)) != free_for]
     if changed_ends:
-        cursor.executemany(sql.q(
-            "INSERT INTO bc_fg_end (node_id, pool_id, k, at, free_for, class) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (node_id, k, at) DO UPDATE SET "
-            "free_for = excluded.free_for, class = excluded.class"), changed_ends)
+        sql.execute(cursor, "INSERT INTO bc_fg_end (node_id, pool_id, k, at, free_for, class) "
+                    f"VALUES {', '.join('(?, ?, ?, ?, ?, ?)' for _ in changed_ends)} "
+                    "ON CONFLICT (node_id, k, at) DO UPDATE SET "
+                    "free_for = excluded.free_for, class = excluded.class",
+                    [value for row in changed_ends for value in row])
 
 
 def mark_changed(sql: Sql, cursor: Any, pool_id: str, sequence: int) -> None:

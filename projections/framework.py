@@ -227,6 +227,9 @@ class ReadModels:
         # This process's follower of the log, once one runs (``Follower``): a caller that
         # needs a read model current waits for it instead of catching up by itself.
         self.follower: Follower | None = None
+        # Called after each of the follower's passes (what is derived from the read models
+        # as they now stand, kept in memory by the services).
+        self.after_follow: list[Callable[[], None]] = []
         self._wanted: dict[tuple[str, str], bool] = {}  # (read model, topic): ``wants``
         statements: list[str] = []
         for projection in projections:
@@ -265,6 +268,13 @@ class ReadModels:
                 return 0
         return sum(self._catch_up_one(p, until) for p in followed)
 
+    def followed(self, name: str) -> None:
+        """``name`` as current as this process keeps it, for a periodic pass that needs no
+        read of its own writes (the controllers): where a ``Follower`` runs, as it is (at most
+        its period behind); else caught up here."""
+        if self.follower is None:
+            self.catch_up(name)
+
     def wait_for(self, name: str, position: int) -> None:
         """Return once ``name`` holds every event up to ``position`` (this process's own save,
         say): at once when it is known to; else as ``catch_up``."""
@@ -287,8 +297,15 @@ class ReadModels:
                 failed.append(exc)
                 continue
             reached = max(reached, self._seen.get(projection.name, -1))
+        for each in self.after_follow:
+            each()
         if failed:
             raise failed[0]
+
+    def known_position(self, name: str) -> int:
+        """The position this process last saw ``name`` at (-1: not yet): it holds at least
+        every event up to there."""
+        return self._seen.get(name, -1)
 
     # ------------------------------------------------------------ inline read models
 

@@ -240,12 +240,19 @@ _FREE_NOW = {
 
 
 def refresh_free(sql: Sql, cursor: Any, node_ids: list[str]) -> None:
-    """``free_now`` of ``node_ids`` recomputed, and their earliest-start blocks marked stale
-    (two statements, whatever the count)."""
+    """``free_now`` of ``node_ids`` recomputed, and their earliest-start blocks marked stale:
+    one statement on PostgreSQL (a round trip's worth), two on SQLite (which has no
+    writing CTE), whatever the count."""
     marks = ", ".join("?" for _ in node_ids)
-    sql.execute(cursor, f"UPDATE bc_fg_node SET free_now = "
-                f"({_FREE_NOW['postgres' if sql.postgres else 'sqlite']}) "
-                f"WHERE node_id IN ({marks})", node_ids)
+    update = (f"UPDATE bc_fg_node SET free_now = "
+              f"({_FREE_NOW['postgres' if sql.postgres else 'sqlite']}) "
+              f"WHERE node_id IN ({marks})")
+    if sql.postgres:
+        sql.execute(cursor, f"WITH touched AS ({update} RETURNING node_id, pool_id) "
+                    f"{earliest_index.MARK_STALE} SELECT node_id, pool_id FROM touched "
+                    f"WHERE true {earliest_index.MARKED_AGAIN}", node_ids)
+        return
+    sql.execute(cursor, update, node_ids)
     earliest_index.mark_stale(sql, cursor, node_ids)
 
 
@@ -261,9 +268,15 @@ def _candidates(sql: Sql, cursor: Any, rows: list[Any], start: datetime, end: da
         "AND start_at < ? AND end_at > ?",
         (*ids, epoch(end), epoch(start)),
     )
+    return _with_bookings(rows, cursor.fetchall())
+
+
+def _with_bookings(rows: list[Any], bookings: list[Any]) -> list[Candidate]:
+    """The candidates of node ``rows``, with what ``bookings`` (those overlapping the
+    interval, of any of them) leave free."""
     taken: dict[str, set[str]] = {}
     host: dict[str, list[int]] = {}
-    for b in cursor.fetchall():
+    for b in bookings:
         taken.setdefault(str(b["node_id"]), set()).update(parsed_booking_gpus(b["gpus"]))
         used = host.setdefault(str(b["node_id"]), [0, 0])
         used[0] += int(b["cpus"])
@@ -287,16 +300,25 @@ def _candidates(sql: Sql, cursor: Any, rows: list[Any], start: datetime, end: da
 
 def fast_candidates(sql: Sql, pool_id: str, start: datetime, end: datetime, need: int,
                     limit: int = FAST_PATH_NODES) -> list[Candidate]:
-    """The schedulable nodes with the fewest free GPUs that still have ``need`` free now."""
+    """The schedulable nodes with the fewest free GPUs that still have ``need`` free now,
+    with their bookings that overlap [start, end): one statement."""
     with sql.transaction(commit=False) as cursor:
         sql.execute(
             cursor,
-            "SELECT node_id, gpus, cpus_per_gpu, memory_gib_per_gpu FROM bc_fg_node "
-            "WHERE pool_id = ? AND schedulable = 1 AND free_now >= ? "
-            f"ORDER BY free_now, node_id LIMIT {int(limit)}",
-            (pool_id, need),
+            "SELECT n.node_id, n.gpus, n.cpus_per_gpu, n.memory_gib_per_gpu, "
+            "b.node_id AS booked, b.gpus AS booking_gpus, b.cpus, b.memory_gib "
+            "FROM (SELECT node_id, gpus, cpus_per_gpu, memory_gib_per_gpu, free_now "
+            "FROM bc_fg_node WHERE pool_id = ? AND schedulable = 1 AND free_now >= ? "
+            f"ORDER BY free_now, node_id LIMIT {int(limit)}) AS n "
+            "LEFT JOIN bc_fg_booking AS b ON b.node_id = n.node_id "
+            "AND b.start_at < ? AND b.end_at > ? ORDER BY n.free_now, n.node_id",
+            (pool_id, need, epoch(end), epoch(start)),
         )
-        return _candidates(sql, cursor, list(cursor.fetchall()), start, end)
+        joined = cursor.fetchall()
+    rows = list({str(r["node_id"]): r for r in joined}.values())  # in order, once each
+    bookings = [{"node_id": r["booked"], "gpus": r["booking_gpus"], "cpus": r["cpus"],
+                 "memory_gib": r["memory_gib"]} for r in joined if r["booked"] is not None]
+    return _with_bookings(rows, bookings)
 
 
 def all_candidates(sql: Sql, pool_id: str, start: datetime, end: datetime) -> list[Candidate]:

@@ -51,6 +51,33 @@ class Reservations(SnapshotRows):
     def wants(self, event_type: type[Any]) -> bool:
         return str(event_type.TOPIC).startswith("reservation.")
 
+    def begin_batch(self) -> None:
+        super().begin_batch()
+        self._counts: dict[tuple[str, str, str], int] = {}
+
+    def end_batch(self, sql: Sql, cursor: Any) -> None:
+        super().end_batch(sql, cursor)
+        counts, self._counts = self._counts, {}
+        # One statement per batch, whatever it moved between states. A count that falls to 0
+        # loses its row: which states a reservation is seen in depends on where batches end
+        # (placed and bound in one save, it is seen placed only when a batch ends between the
+        # two), so rows at 0 would make the table depend on how it was applied, and differ
+        # from a rebuild (``store verify``). A key moved to and from (n + 0) may be new at 0.
+        changed = [(*key, n) for key, n in sorted(counts.items())]
+        if not changed:
+            return
+        sql.execute(cursor, "INSERT INTO bc_rsv_count (tenant_id, pool_id, state, n) "
+                    f"VALUES {', '.join('(?, ?, ?, ?)' for _ in changed)} "
+                    "ON CONFLICT (tenant_id, pool_id, state) "
+                    "DO UPDATE SET n = bc_rsv_count.n + excluded.n",
+                    [value for row in changed for value in row])
+        fallen = [row[:3] for row in changed if row[3] <= 0]
+        if fallen:
+            sql.execute(cursor, "DELETE FROM bc_rsv_count WHERE n = 0 AND ("
+                        + " OR ".join("(tenant_id = ? AND pool_id = ? AND state = ?)"
+                                      for _ in fallen) + ")",
+                        [value for key in fallen for value in key])
+
     def read_row(self, sql: Sql, cursor: Any, uuid: str) -> Any:
         sql.execute(cursor, "SELECT snapshot_topic, snapshot, created_seq, tenant_id, "
                     "pool_id, state FROM bc_rsv WHERE uuid = ?", (uuid,))
@@ -62,9 +89,10 @@ class Reservations(SnapshotRows):
         before = None if row is None else (str(row["tenant_id"]), str(row["pool_id"]),
                                            str(row["state"]))
         after = (aggregate.tenant_id, aggregate.pool_id, aggregate.state)
-        if after != before:
-            _count(sql, cursor, before, -1)
-            _count(sql, cursor, after, 1)
+        if after != before:  # counted once per batch (``end_batch``)
+            for key, change in ((before, -1), (after, 1)):
+                if key is not None:
+                    self._counts[key] = self._counts.get(key, 0) + change
         topic, state = self.codec.snapshot(aggregate)
         start = aggregate.start or getattr(aggregate, "queued_at", None)
         end = aggregate.end or getattr(aggregate, "queue_deadline", None)
@@ -95,21 +123,6 @@ class Reservations(SnapshotRows):
                 "created_seq = ?, doc = ?, snapshot_topic = ?, snapshot = ? WHERE uuid = ?",
                 params,
             )
-
-
-def _count(sql: Sql, cursor: Any, key: tuple[str, str, str] | None, change: int) -> None:
-    """Count ``change`` for ``key``. A count that falls to 0 loses its row: which states a
-    reservation is seen in depends on where batches end (placed and bound in one save, it is
-    seen placed only when a batch ends between the two), so rows at 0 would make the table
-    depend on how it was applied, and differ from a rebuild (``store verify``)."""
-    if key is None:
-        return
-    sql.execute(cursor, "INSERT INTO bc_rsv_count (tenant_id, pool_id, state, n) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (tenant_id, pool_id, state) "
-                "DO UPDATE SET n = bc_rsv_count.n + excluded.n", (*key, change))
-    if change < 0:
-        sql.execute(cursor, "DELETE FROM bc_rsv_count WHERE tenant_id = ? AND pool_id = ? "
-                    "AND state = ? AND n = 0", key)
 
 
 def count_reservations(sql: Sql) -> list[tuple[str, str, str, int]]:

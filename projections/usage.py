@@ -37,6 +37,10 @@ def _at(event: Any) -> int:
     return to_us(at if at is not None else event.timestamp)
 
 
+_ENDS = frozenset({"reservation.released", "reservation.cancelled", "reservation.failed",
+                   "reservation.replaced"})
+
+
 class UsageProjection(ReadModel):
     name = "usage"
     version = 2  # 2: reservations booked from the queue or moved earlier count from their start
@@ -76,26 +80,25 @@ class UsageProjection(ReadModel):
             sql.execute(cursor, "UPDATE bc_usage SET start_us = ?, end_us = ? WHERE uuid = ?",
                         (to_us(event.start), to_us(event.end), uuid))
             return
+        if kind == "reservation.extended":
+            sql.execute(cursor, "UPDATE bc_usage SET end_us = ? WHERE uuid = ?",
+                        (to_us(event.end), uuid))
+            return
+        if kind != "reservation.active" and kind not in _ENDS:
+            return  # nothing kept here changes (a binding, a queue's events): no read
         sql.execute(cursor, "SELECT active FROM bc_usage WHERE uuid = ?", (uuid,))
         row = cursor.fetchone()
         if row is None:
             return
         active: list[list[int | None]] = jsontext.loads(row["active"])
-        if kind == "reservation.extended":
-            sql.execute(cursor, "UPDATE bc_usage SET end_us = ? WHERE uuid = ?",
-                        (to_us(event.end), uuid))
-            return
         if kind == "reservation.active":
             active.append([_at(event), None])
-        elif kind in ("reservation.released", "reservation.cancelled", "reservation.failed",
-                      "reservation.replaced"):
+        else:  # one of _ENDS
             at = _at(event)
             active = [[since, at if until is None else until] for since, until in active]
             if kind != "reservation.replaced":
                 sql.execute(cursor, "UPDATE bc_usage SET ended_us = ? WHERE uuid = ?",
                             (at, uuid))
-        else:
-            return
         sql.execute(cursor, "UPDATE bc_usage SET active = ? WHERE uuid = ?",
                     (jsontext.dumps(active), uuid))
 

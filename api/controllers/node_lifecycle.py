@@ -92,7 +92,7 @@ class NodeLifecycle:
             # not written either. Blind until a write goes through again.
             self.lost_sight()
             service.sql.probe_write()
-        service.projections.catch_up("capacity")
+        service.projections.followed("capacity")
         self._time_out_attempts(report)
         states = read_node_states(
             service.sql, where="session IN (?, ?)",

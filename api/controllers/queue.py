@@ -57,7 +57,7 @@ class QueueDispatcher:
         service = self.reservations
         runner = service.projections
         runner.settle("free_gpus")  # every tick at least: a search settles only what is new
-        runner.catch_up("reservations")
+        runner.followed("reservations")
         mark = min(runner.position(runner.get("free_gpus")),
                    runner.position(runner.get("reservations")))
         pools = set(changed_pools(service.sql, self.seen)) | set(queued_pools(service.sql,

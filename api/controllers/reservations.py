@@ -49,7 +49,7 @@ class ReservationTimers:
         service = self.reservations
         for _ in range(MAX_ROUNDS):
             at = now or service.now()
-            service.projections.catch_up("reservations")
+            service.projections.followed("reservations")
             due = due_reservations(service.sql, at.timestamp())
             acted = False
             starting = [row for row in due if row["state"] == "placed"

@@ -217,6 +217,8 @@ async def following(runtime: Runtime) -> AsyncIterator[Follower]:
                         on_success=retry.succeeded)
     runtime.projections.follower = follower
     runtime.store.add_commit_listener(follower.poke)
+    core = runtime.services.reservations.core
+    runtime.projections.after_follow.append(core.note_queues)
     async with anyio.create_task_group() as tg:
         tg.start_soon(functools.partial(anyio.to_thread.run_sync, follower.run,
                                         abandon_on_cancel=False,
@@ -225,6 +227,8 @@ async def following(runtime: Runtime) -> AsyncIterator[Follower]:
             yield follower
         finally:
             runtime.projections.follower = None
+            runtime.projections.after_follow.remove(core.note_queues)
+            core.forget_queues()
             follower.stop()
 
 

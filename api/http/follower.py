@@ -23,10 +23,11 @@ nothing is rendered at all.
 
 A hub nobody reads (no /watch stream open, no caller of ``wait_beyond`` in the last two
 heartbeat periods: a worker of ``serve --workers`` that runs neither the controllers nor the
-gateway) reads nothing: commits only wake it to find that out. When a reader comes, it
-starts again from the log's head at that moment (its window empty: a stream from an older
+gateway) reads nothing: commits only wake it to find that out. When a reader comes, it reads
+what came meanwhile, or the last window's worth of it when more came (a stream from an older
 position reads the store until it reaches the window, as one older than the window always
-did; a waiter from an older position is answered at once).
+did; a waiter from an older position is answered at once); until then streams read the
+store.
 
 The HTTP stream that reads it is api/http/watch.py; what bounds the window and a
 stream, api/http/watch_limits.py.
@@ -113,7 +114,9 @@ class WatchHub:
         self._streams_until = 0.0  # monotonic time until which streams count as reading
         self._waited_until = 0.0  # monotonic time until which ``wait_beyond`` counts as reading
         self._streams = 0  # /watch streams open (``reading``)
-        self._idle = False  # nobody read: the follower stopped reading (``_wanted``)
+        # Nobody read: the follower stopped reading (``_wanted``), and the window is not kept
+        # until it resumes (set in the follower's thread, cleared in the loop's).
+        self._idle = False
         # Chunks already built since the last publish, by (position, filter): streams that
         # follow live with the same filter share one (bounded: at most 256 of up to 64 KiB).
         self._chunks: dict[tuple[int, EventFilter], tuple[bytes, int]] = {}
@@ -250,12 +253,11 @@ class WatchHub:
         if not self._wanted():
             self._idle = True
             return
-        if self._idle:
+        if self._idle:  # read what came meanwhile, at most a window's worth of it
             with unavailable_on_outage():
                 head = self.log.head()
-            self._idle = False
-            self._read_pos = max(self._read_pos, head)
-            anyio.from_thread.run_sync(self._skip_to, self._read_pos)
+            self._read_pos = max(self._read_pos, head - self.window)
+            anyio.from_thread.run_sync(self._resume, self._read_pos)
         recorder = self.store.recorder
         while not self._stop.is_set():
             with unavailable_on_outage():  # read as stored: rendered when a reader needs it
@@ -321,13 +323,14 @@ class WatchHub:
         self._chunks.clear()
         self._wake_streams()
 
-    def _skip_to(self, head: int) -> None:
-        """The hub was idle: it holds nothing, and follows on from ``head``."""
-        if head <= self.head:
-            return
-        self._drop_oldest(len(self._entries))
-        self.floor = self.head = head
-        self._chunks.clear()
+    def _resume(self, start: int) -> None:
+        """The hub was idle and reads on from ``start``: the events after its head, or (more
+        came meanwhile than the window holds) the window's worth before the log's head."""
+        if start > self.head:
+            self._drop_oldest(len(self._entries))
+            self.floor = self.head = start
+            self._chunks.clear()
+        self._idle = False
         self._wake_streams()
 
     def _drop_oldest(self, count: int) -> None:
@@ -388,6 +391,9 @@ class WatchHub:
 
     def chunk(self, position: int, flt: EventFilter) -> tuple[bytes, int] | None:
         """``after`` as one write (lines joined, each ending in a newline); None: too old."""
+        if self._idle:  # the window is not kept: read from the store until it is again
+            self._wake.set()
+            return None
         now = time.monotonic()
         if now >= self._streams_until:  # the first stream for a while: check every poll again
             self._wake.set()

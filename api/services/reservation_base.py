@@ -30,6 +30,7 @@ from better_compute.projections.free_gpus import (
     fast_candidates,
     node_host_share,
 )
+from better_compute.projections.reservations import queued_pools
 
 A = TypeVar("A", bound=TenantOwned)
 # The events that change who is in a pool's queue (its head).
@@ -58,6 +59,23 @@ class ReservationCore:
         # The sequence of this process's last save that changed a pool's queue: a create
         # checking the queue's head waits for the reservations read model to hold it.
         self.queue_mark = 0
+        # (position, pools with a queue) as of the follower's last pass; None without one.
+        self._queues: tuple[int, frozenset[str]] | None = None
+
+    def note_queues(self) -> None:
+        """After a pass of this process's follower: the pools that have a queue, as of the
+        reservations read model's position (a create on another pool reads no queue head)."""
+        at = self.projections.known_position("reservations")
+        self._queues = (at, frozenset(queued_pools(self.sql)))
+
+    def forget_queues(self) -> None:
+        self._queues = None
+
+    def has_no_queue(self, pool_id: str) -> bool:
+        """Whether ``pool_id`` had no queue at the follower's last pass, which holds every
+        queue change this process saved."""
+        known = self._queues
+        return known is not None and known[0] >= self.queue_mark and pool_id not in known[1]
 
     def note_queue_changes(self, recordings: list[Any]) -> None:
         """The store's recording listener (wired by the composition root): notes the queue

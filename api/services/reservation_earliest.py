@@ -193,6 +193,8 @@ class EarliestStart:
         queued while this create runs never is (the check and the save are not atomic).
         """
         self.projections.wait_for("reservations", self.core.queue_mark)
+        if self.core.has_no_queue(pool.public_id):
+            return None
         head = queue_head(self.sql, pool.public_id)
         rsv = self.core.get(Reservation, UUID(head)) if head else None
         return self.shadow(pool, rsv, now) if rsv is not None and rsv.queued else None

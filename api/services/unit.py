@@ -155,13 +155,14 @@ class Aggregates:
         return live_tokens(self.sql, tenant_id, now)
 
     def ended_tokens(self, now: datetime) -> list[UUID]:
-        """The API tokens still recorded live whose end has passed at ``now``."""
-        self.projections.catch_up("listings")
+        """The API tokens still recorded live whose end has passed at ``now`` (the tokens
+        controller's pass: the listings as this process follows them)."""
+        self.projections.followed("listings")
         return [UUID(each) for each in ended_tokens(self.sql, now)]
 
     def next_token_end(self) -> datetime | None:
         """The earliest end of an API token still recorded live."""
-        self.projections.catch_up("listings")
+        self.projections.followed("listings")
         return next_token_end(self.sql)
 
     def now(self) -> datetime:

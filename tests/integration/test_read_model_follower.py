@@ -56,12 +56,16 @@ def follower(runtime: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int
     running = Follower(runtime.projections, period=3600, poll=3600)
     runtime.projections.follower = running
     runtime.store.add_commit_listener(running.poke)
+    core = runtime.services.reservations.core
+    runtime.projections.after_follow.append(core.note_queues)  # as serve wires it
     thread = threading.Thread(target=running.run)
     thread.start()
     try:
         yield passes
     finally:
         runtime.projections.follower = None
+        runtime.projections.after_follow.remove(core.note_queues)
+        core.forget_queues()
         running.stop()
         thread.join(30)
 
@@ -196,3 +200,33 @@ def test_a_read_model_being_caught_up_elsewhere_is_left_to_that(runtime: Any) ->
     assert positions["listings"] == head and positions["reservations"] == before
     runtime.projections.catch_up("reservations")
     assert _positions(runtime)["reservations"] == head
+
+
+def test_a_create_on_a_pool_without_a_queue_reads_no_queue_head(
+        runtime: Any, follower: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    from better_compute.api.services import reservation_earliest
+
+    pool = offered_pool(runtime.service, nodes=1, gpus=8)
+    rs = runtime.services.reservations
+    runtime.projections.catch_up()  # a pass: no pool has a queue
+    heads = count_module_calls(monkeypatch, reservation_earliest, "queue_head")
+    rs.create(OP, tenant_id="acme", pool_id=pool, gpus=6, duration="1h")
+    assert heads == []
+    queued = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=8, duration="1h", queue=True)
+    assert queued["state"] == "queued"  # a queue change saved here: read from now on
+    with pytest.raises(NoCapacity, match="would delay its head"):
+        rs.create(OP, tenant_id="acme", pool_id=pool, gpus=2, duration="2h")
+    assert heads == [pool]
+
+
+def count_module_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[Any]:
+    """The second argument of each call of ``module.name`` from now on (it still runs)."""
+    calls: list[Any] = []
+    real = getattr(module, name)
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
