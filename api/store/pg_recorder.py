@@ -19,8 +19,8 @@ skips the lock, reference/eventsourcing-facts.md). Errors are the library's
 too: a conflicting aggregate version is its ``IntegrityError``.
 
 A save whose events change a read model kept inline (the free-GPU index) is one transaction
-instead: the same call, then that read model's writes, then the commit, sent in pipeline
-mode (two round trips: the call's ids, then the rest).
+instead: the same call, then that read model's writes, sent in pipeline mode and committed
+at the pipeline's Sync (two round trips: the call's ids, then the rest).
 """
 
 from __future__ import annotations
@@ -85,8 +85,11 @@ class LockingFunctionApplicationRecorder(PostgresApplicationRecorder):
                     return [int(row["notification_id"]) for row in curs.fetchall()]
             # With read models kept inline: their writes in the same transaction, after the
             # insert (the lock is held from it to the commit), in pipeline mode: the insert's
-            # ids are the one answer waited for before the commit.
-            with conn.pipeline(), conn.transaction():
+            # ids are the one answer waited for before the commit. No BEGIN and no COMMIT:
+            # what a pipeline sends before its Sync (at the block's end) is ONE transaction in
+            # PostgreSQL's extended protocol, committed at the Sync, or rolled back whole when
+            # a statement fails (tests/integration/test_free_gpus_inline.py).
+            with conn.pipeline():
                 curs = conn.cursor()
                 curs.execute(self._call_insert, (events,), prepare=True)
                 ids = [int(row["notification_id"]) for row in curs.fetchall()]

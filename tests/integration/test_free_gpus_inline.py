@@ -122,3 +122,27 @@ def test_an_index_of_an_older_version_is_rebuilt_once_when_the_store_opens(
     finally:
         other.close()
     _equal_to_a_rebuild(runtime)
+
+
+def test_a_save_whose_index_writes_fail_records_nothing(runtime: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events and the index commit together or not at all (on PostgreSQL the writes go
+    after the insert, in one pipelined transaction with no BEGIN of its own)."""
+    from better_compute.projections.free_gpus import FreeGpus
+
+    pool = offered_pool(runtime.service, nodes=1, gpus=8)
+    before, head = _index(runtime), runtime.projections.source.head()
+    real = FreeGpus.end_batch
+
+    def failing(self: Any, sql: Any, cursor: Any) -> None:
+        real(self, sql, cursor)
+        sql.execute(cursor, "INSERT INTO bc_fg_booking (allocation_id) VALUES (NULL)")
+
+    monkeypatch.setattr(FreeGpus, "end_batch", failing)
+    with pytest.raises(Exception):  # noqa: B017 (the database's own error, either backend)
+        runtime.services.reservations.create(OP, tenant_id="acme", pool_id=pool, gpus=1,
+                                             duration="1h")
+    monkeypatch.undo()
+    assert runtime.projections.source.head() == head  # not one event of the save
+    assert _index(runtime) == before
+    _equal_to_a_rebuild(runtime)
