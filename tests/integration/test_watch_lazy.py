@@ -143,7 +143,7 @@ def test_a_hub_nobody_reads_reads_nothing_until_somebody_does(
         return real(self, *args, **kwargs)  # type: ignore[arg-type]
 
     async def main() -> None:
-        async with serving(rt) as app:
+        async with serving_app(rt) as app:
             hub: WatchHub = app.state.bc.extra["watch_hub"]
             with anyio.fail_after(20):
                 while not hub._idle:  # nobody has read it yet
