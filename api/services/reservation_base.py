@@ -157,9 +157,13 @@ class ReservationCore:
             if claims[node_id] <= 0:
                 del claims[node_id]
 
-    def bookings_of(self, node_id: str, pool: Pool | None = None, owner: str | None = None
-                    ) -> NodeBookings:
-        bookings = self.to_save(NodeBookings, bookings_uuid(node_id))
+    def bookings_of(self, node_id: str, pool: Pool | None = None, owner: str | None = None,
+                    *, to_save: bool = False) -> NodeBookings:
+        """The node's bookings; ``to_save``: for a create that only adds a booking (no read,
+        ``to_save``). Never for a command that ends or changes a booking: a copy that does
+        not hold it would change nothing, save nothing, and so never be found stale."""
+        uuid = bookings_uuid(node_id)
+        bookings = self.to_save(NodeBookings, uuid) if to_save else self.get(NodeBookings, uuid)
         if bookings is None:
             if pool is None and owner is None:
                 raise NotFound(f"node {node_id} has no bookings")

@@ -289,7 +289,7 @@ class ReservationService:
         binding and the node's assignment when it starts now); None when another writer got
         there first (place again)."""
         rsv_id = public_id("rsv", uuid)
-        bookings = self.core.bookings_of(placement.node_id, pool)
+        bookings = self.core.bookings_of(placement.node_id, pool, to_save=True)
         allocation_id = new_allocation_id()
         starts_now = begin <= now
         try:

@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
+from better_compute.api.controllers.queue import QueueDispatcher
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from tests.fleet import offered_pool, placed_again
+from tests.integration.test_queue_service import booked
+from tests.integration.test_reservations_service import reserve, setup
 from tests.support import open_runtime
 
 
@@ -58,3 +61,24 @@ def test_a_node_another_process_booked_on_is_not_double_booked(runtime: Any,
     third = mine.create(OP, tenant_id="acme", pool_id=pool, gpus=2, duration="1h")
     gpus = [g for doc in (first, second, third) for g in doc["gpus"]]
     assert len(gpus) == len(set(gpus)) == 8
+
+
+def test_a_move_to_another_node_ends_a_booking_this_process_never_saw(runtime: Any,
+                                                                       other: Any) -> None:
+    # Only a create books on kept copies: a copy that does not hold the booking to end would
+    # end nothing, save nothing, and so never be found stale (the history checker's
+    # key-booked-twice: the old node kept the moved reservation's booking).
+    rs, clock, pool, nodes = setup(runtime, nodes=2, quota=None)
+    other.service.clock = clock
+    theirs = other.services.reservations
+    mine = reserve(rs, pool, 8, duration="2h")  # this process keeps that node's bookings
+    held = reserve(theirs, pool, 8, duration="3h")
+    early = reserve(theirs, pool, 4, duration="1h", start="earliest")
+    assert early["nodeId"] == mine["nodeId"] != held["nodeId"]  # booked where mine ends
+    clock.advance(minutes=10)
+    theirs.release(OP, held["id"])
+    assert QueueDispatcher(rs).run().rescheduled == [early["id"]]
+    moved = rs.get_doc(OP, early["id"])
+    assert moved["nodeId"] == held["nodeId"]
+    [booking] = booked(runtime, nodes, early["id"])  # the old node's booking ended
+    assert sorted(booking["gpus"]) == sorted(moved["gpus"])
