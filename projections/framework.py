@@ -365,11 +365,11 @@ class ReadModels:
         return None if row is None else int(row["notification_id"])
 
     def _apply_after(self, projection: ReadModel, batch: Sequence[Notification], start: int,
-                     *, company: bool) -> int:
+                     *, in_step: bool) -> int:
         """One batch read after ``start`` applied (with the read models in step, when
-        ``company``), and ``start`` moved past it; the events applied to ``projection``.
+        ``in_step``), and ``start`` moved past it; the events applied to ``projection``.
         ``_Behind`` (the hint dropped) when its position was behind ``start``."""
-        together = self._with_company(projection, batch, start) if company else None
+        together = self._with_those_in_step(projection, batch, start) if in_step else None
         if together is None:
             try:
                 together = self._apply_batch(projection, batch, start)
@@ -384,7 +384,7 @@ class ReadModels:
         only the first time): a batch re-reads the position under the projection's lock
         anyway, and starts again from it when the hint was ahead (a rebuild elsewhere, an
         upgrade's reset); with nothing new, the position is read to tell. The read models
-        this process saw at the same position come along (``_with_company``)."""
+        this process saw at the same position come along (``_with_those_in_step``)."""
         applied = 0
         start = self._seen.get(projection.name)
         checked = start is None  # the hint is checked against the tracking position once
@@ -404,7 +404,7 @@ class ReadModels:
                 self._saw(projection, start)
                 return applied
             try:
-                applied += self._apply_after(projection, batch, start, company=until is None)
+                applied += self._apply_after(projection, batch, start, in_step=until is None)
             except _Behind as behind:
                 start, checked = behind.position, True
                 continue
@@ -412,13 +412,13 @@ class ReadModels:
             if len(batch) < self.batch_size:
                 return applied  # that was the head when read: no second read for nothing
 
-    def _with_company(self, projection: ReadModel, batch: Sequence[Notification], start: int
-                      ) -> int | None:
+    def _with_those_in_step(self, projection: ReadModel, batch: Sequence[Notification],
+                            start: int) -> int | None:
         """``batch`` applied to ``projection`` together with every other followed read
         model this process saw at the same position ``start``: decoded once, applied to each
         in ONE transaction (each under its own lock, its position re-read there), instead of
-        one read, one decoding and one transaction per read model. None when there is no such
-        company or the shared batch failed: then ``projection`` takes the batch alone, and the
+        one read, one decoding and one transaction per read model. None when no other read model
+        is in step or the shared batch failed: then ``projection`` takes the batch alone, and the
         others, whose hints are dropped, catch up alone too, so a read model that cannot apply
         an event holds back only itself. Returns the events applied to ``projection``."""
         if projection.name in self.inline or self._seen.get(projection.name) != start:
@@ -446,8 +446,8 @@ class ReadModels:
                         batch: Sequence[Notification], after: int) -> dict[str, int]:
         """One batch applied to several read models in one transaction; the events each
         applied, by name. ``first`` waits for its lock; the others come along only when their
-        lock is free (one being caught up elsewhere is left to that), so bringing company
-        never makes a caller wait longer. A read model whose position is behind ``after``
+        lock is free (one being caught up elsewhere is left to that), so bringing the others
+        along never makes a caller wait longer. A read model whose position is behind ``after``
         is left out."""
         counts: dict[str, int] = {}
         with self.sql.transaction(commit=True, durable=False) as cursor:
