@@ -21,6 +21,7 @@ from datetime import datetime
 
 from better_compute.api.services.reservation_queue import DispatchReport
 from better_compute.api.services.reservations import ReservationService
+from better_compute.api.store.outage import outage_error
 from better_compute.domain.errors import Unavailable
 from better_compute.projections.earliest_index import changed_pools
 from better_compute.projections.reservations import queued_pools
@@ -68,7 +69,10 @@ class QueueDispatcher:
                 undecided = report.pools[pool_id].undecided
             except Unavailable:  # the store is away: the pass ends, its loop logs it once
                 raise
-            except Exception:  # one pool's trouble never stops the others
+            except Exception as exc:  # one pool's trouble never stops the others
+                outage = outage_error(exc)
+                if outage is not None:  # a full disk, say: the store's trouble, not the pool's
+                    raise outage from exc
                 log.exception("dispatching pool %s failed; it is looked at again next pass",
                               pool_id)
                 undecided = True
