@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -28,6 +29,7 @@ from better_compute.api.wire.journal import AcceptanceResult, Entry, EntryInvali
 
 if TYPE_CHECKING:
     from better_compute.api.services.registry import Services
+    from better_compute.domain.node import Node
 
 
 class EntryRefused(Exception):
@@ -81,3 +83,13 @@ def journal_handlers(services: Services) -> dict[str, JournalHandler]:
 
     return {"acceptance.result": acceptance_result,
             **reservation_handlers(services.reservations)}
+
+
+NodeChange = Callable[[int, dict[str, Any]], Callable[["Node"], Any]]
+
+
+def node_changes(services: Services) -> dict[str, NodeChange]:
+    """The kinds of ``journal_handlers`` that change their node only, as the change to make
+    (given the session's epoch and the entry): the gateway saves those of many sessions in
+    one write (api/gateway/writes.py)."""
+    return {}

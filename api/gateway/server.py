@@ -38,7 +38,7 @@ from anyio.streams.tls import TLSAttribute, TLSListener, TLSStream
 from cryptography import x509
 
 from better_compute.api import pki
-from better_compute.api.gateway.journal import journal_handlers
+from better_compute.api.gateway.journal import journal_handlers, node_changes
 from better_compute.api.gateway.renewal import Renewal
 from better_compute.api.gateway.session import (
     _CLOSED,
@@ -49,6 +49,7 @@ from better_compute.api.gateway.session import (
     Session,
     removed_message,
 )
+from better_compute.api.gateway.writes import NodeWrites
 from better_compute.api.net import Handshakes, peer_host
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.join import NODE_CERTIFICATE_LIFETIME
@@ -60,7 +61,7 @@ from better_compute.api.store.node_presence import Presence, Reports
 from better_compute.api.store.outage import outage_error, unavailable_on_outage
 from better_compute.api.supervise import Retry
 from better_compute.api.wire.gateway import Hello, Refused, decode_to_gateway, encode
-from better_compute.domain.errors import BetterComputeError, InvalidInput, Unavailable
+from better_compute.domain.errors import BetterComputeError, InvalidInput, NotFound, Unavailable
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 
@@ -163,6 +164,7 @@ class Gateway:
         self.nodes = services.nodes
         self.inventory = services.inventory
         self.journal_handlers = journal_handlers(services)
+        self.node_changes = node_changes(services)
         self.renewal = Renewal(self.nodes, (lambda: bundle) if bundle is not None
                                else lambda: _open_bundle(service), certificate_lifetime)
         self.presence = Presence(service.sql)
@@ -175,6 +177,8 @@ class Gateway:
         self.min_idle = min_idle
         self.hub = hub
         self.limiter = limiter or anyio.CapacityLimiter(4)
+        self.writes = NodeWrites(self.nodes, self.call)
+        self._pool_sections: dict[str, dict[str, Any]] = {}
         self.sessions: dict[str, Session] = {}
         self.beats: dict[str, tuple[int, datetime]] = {}
         self.reports: dict[str, tuple[int, datetime, dict[str, Any]]] = {}
@@ -200,16 +204,28 @@ class Gateway:
         # handshake holds a descriptor until then.
         listener = _BoundedTLSListener(tcp, self.ssl_context, self.handshakes,
                                        handshake_timeout=self.hello_timeout)
+        # The node writes outlive the sessions: each session's end is written as it closes,
+        # also when the server stops (the writer is stopped once every session has ended).
+        writer = anyio.CancelScope(shield=True)
         try:
-            async with listener, anyio.create_task_group() as tg:
-                tg.start_soon(self._flush_loop)
-                if self.hub is not None:
-                    tg.start_soon(self._follow_events)
-                self.listening = True
-                task_status.started(self.port)
-                await listener.serve(self._connection, task_group=tg)
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(self._write_nodes, writer)
+                try:
+                    async with listener, anyio.create_task_group() as tg:
+                        tg.start_soon(self._flush_loop)
+                        if self.hub is not None:
+                            tg.start_soon(self._follow_events)
+                        self.listening = True
+                        task_status.started(self.port)
+                        await listener.serve(self._connection, task_group=tg)
+                finally:
+                    writer.cancel()
         finally:
             self.listening = False
+
+    async def _write_nodes(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            await self.writes.run()
 
     async def _flush_loop(self) -> None:
         retry = Retry("writing the nodes' heartbeats", log)
@@ -299,7 +315,9 @@ class Gateway:
 
     # ----------------------------------------------------------- admission
 
-    def _admit(self, cert: x509.Certificate, hello: Hello) -> Node:
+    @staticmethod
+    def _identify(cert: x509.Certificate, hello: Hello) -> UUID:
+        """The node the certificate and the Hello both name."""
         try:
             cn = pki.node_id_from_certificate(cert)
         except InvalidInput as exc:
@@ -307,18 +325,34 @@ class Gateway:
         if cn != hello.node_id:
             raise Refusal("wrong_node", f"this certificate is node {cn}'s, not {hello.node_id}'s")
         try:
-            uuid: UUID = parse_id("node", cn)
+            return parse_id("node", cn)
         except BetterComputeError:
             raise Refusal("unknown_node", f"{cn!r} is not a node id") from None
-        node = self.nodes.load(uuid)
-        if node is None:
-            raise Refusal("unknown_node", f"no node {cn}: join again with bcd join")
-        if node.removed:  # every certificate of a removed node is revoked
-            raise Refusal(NODE_REMOVED, removed_message(node))
-        if pki.spki_pin(cert.public_key()) != node.key_pin:
-            raise Refusal("wrong_key", f"the certificate's key is not the key node {cn} joined "
-                          "with: use the node key and certificate bcd join wrote")
-        return node
+
+    def _opening(self, pin: str, bcd_version: str | None) -> Callable[[Node], tuple[int, Node]]:
+        """The change that admits a node whose certificate's key has ``pin`` and opens its
+        session: (the epoch, the node)."""
+        opening = self.nodes.opening(bcd_version)
+
+        def change(node: Node) -> tuple[int, Node]:
+            if node.removed:  # every certificate of a removed node is revoked
+                raise Refusal(NODE_REMOVED, removed_message(node))
+            if pin != node.key_pin:
+                raise Refusal("wrong_key", f"the certificate's key is not the key node "
+                              f"{node.public_id} joined with: use the node key and certificate "
+                              "bcd join wrote")
+            return opening(node), node
+
+        return change
+
+    async def _sections_of(self, node: Node) -> dict[str, Any]:
+        """The desired-state sections of the node's pool's policy (read once per pool: a
+        pool's policy never changes)."""
+        sections = self._pool_sections.get(node.pool_id)
+        if sections is None:
+            sections = await self.call(self.nodes.pool_sections, node)
+            self._pool_sections[node.pool_id] = sections
+        return sections
 
     async def _connection(self, stream: TLSStream) -> None:
         session: Session | None = None
@@ -340,13 +374,16 @@ class Gateway:
                 raise Refusal("hello_first", "the first message of a session must be a Hello")
             if self.stopping:
                 raise Refusal(REPLICA_STOPPING, STOPPING_MESSAGE)
-            await self.call(self._admit, cert, hello)
+            uuid = self._identify(cert, hello)
             with acting_as(hello.node_id):  # what this session records, the node did
-                epoch, node = await self.call(self.nodes.session_opened,
-                                              parse_id("node", hello.node_id), hello.bcd_version)
-                pool_sections = await self.call(self.nodes.pool_sections, node)
+                try:
+                    epoch, node = await self.writes.change(uuid, self._opening(
+                        pki.spki_pin(cert.public_key()), hello.bcd_version))
+                except NotFound:
+                    raise Refusal("unknown_node", f"no node {hello.node_id}: join again with "
+                                  "bcd join") from None
                 session = Session(self, stream, reader, node, epoch, cert.public_key(),
-                                  pool_sections)
+                                  await self._sections_of(node))
                 older = self.sessions.get(session.node_id)
                 self.sessions[session.node_id] = session
                 if older is not None:
@@ -389,8 +426,8 @@ class Gateway:
             return
         with anyio.CancelScope(shield=True), acting_as(session.node_id):
             try:
-                await self.call(self.nodes.session_closed, session.uuid, session.epoch,
-                                session.reason)
+                await self.writes.change(session.uuid, self.nodes.closing(session.epoch,
+                                                                          session.reason))
             except BetterComputeError as exc:
                 log.warning("gateway: could not record the end of node %s's session: %s",
                             session.node_id, exc.message)
