@@ -83,6 +83,8 @@ def _open_bundle(service: ComputeService) -> pki.PkiBundle:
     return pki.unseal_bundle(service.pki().sealed, pki.parse_master_key(service.master_key_text()))
 
 
+_CHANGED = -1  # ``Gateway._missed``: an event other than a session's opening
+
 MAX_HANDSHAKES_PER_ADDRESS = 256  # nodes behind one NAT reconnect at once after a restart
 MAX_HANDSHAKES = 1024
 
@@ -179,6 +181,9 @@ class Gateway:
         self.limiter = limiter or anyio.CapacityLimiter(4)
         self.writes = NodeWrites(self.nodes, self.call)
         self._pool_sections: dict[str, dict[str, Any]] = {}
+        # Nodes with no session here that an event was about: the epoch of a node.connected
+        # (a session opening), or _CHANGED for anything else (``_poke_for``).
+        self._missed: dict[str, int] = {}
         self.sessions: dict[str, Session] = {}
         self.beats: dict[str, tuple[int, datetime]] = {}
         self.reports: dict[str, tuple[int, datetime, dict[str, Any]]] = {}
@@ -283,6 +288,10 @@ class Gateway:
                 self._poke_for(line)
 
     def _poke_for(self, line: bytes) -> None:
+        """Wake the session of each node ``line``'s event is about. A session's own
+        ``node.connected`` changes nothing it sends: no wake-up (and no read of its node).
+        An event for a node with no session here is kept in mind (``_missed``): a session
+        that is being opened (saved, not yet in ``sessions``) reads its node once more."""
         try:
             doc = json.loads(line)
         except ValueError:
@@ -291,9 +300,17 @@ class Gateway:
         data = doc.get("data") or {}
         if isinstance(data, dict):
             targets.add(data.get("nodeId"))
+        opened = data.get("epoch") if doc.get("type") == "node.connected" \
+            and isinstance(data, dict) else None
         for target in targets:
-            session = self.sessions.get(target) if isinstance(target, str) else None
-            if session is not None:
+            if not isinstance(target, str):
+                continue
+            session = self.sessions.get(target)
+            if session is None:
+                seen = self._missed.get(target)
+                self._missed[target] = opened if seen is None and isinstance(opened, int) \
+                    else _CHANGED
+            elif opened is None or opened != session.epoch:
                 session.poke.set()
 
     async def hand_back(self) -> None:
@@ -308,6 +325,17 @@ class Gateway:
         async with anyio.create_task_group() as tg:
             for session in sessions:
                 tg.start_soon(session.hand_back)
+
+    def _register(self, session: Session) -> None:
+        """``session`` in the table: it fences an older one of its node, and reads its node
+        again if an event came for it meanwhile (other than its own opening)."""
+        older = self.sessions.get(session.node_id)
+        self.sessions[session.node_id] = session
+        if older is not None:
+            older.fence()
+        missed = self._missed.pop(session.node_id, None)
+        if missed is not None and missed != session.epoch:
+            session.poke.set()
 
     def poke_all(self) -> None:
         for session in list(self.sessions.values()):
@@ -384,10 +412,7 @@ class Gateway:
                                   "bcd join") from None
                 session = Session(self, stream, reader, node, epoch, cert.public_key(),
                                   await self._sections_of(node))
-                older = self.sessions.get(session.node_id)
-                self.sessions[session.node_id] = session
-                if older is not None:
-                    older.fence()
+                self._register(session)
                 self.stats["sessions"] += 1
                 await session.run(node)
         except Refusal as refusal:
@@ -399,6 +424,14 @@ class Gateway:
             pass
         except Exception as exc:  # a store outage or a bug: this session ends, not the listener
             await self._failed(stream, session, exc)
+        except anyio.get_cancelled_exc_class():
+            # The gateway is cancelled (a session's own end or fencing never gets here; serve
+            # hands its sessions back before: hand_back): as for a hand-back, the end is not
+            # the node's, and recording it would be one event per node at every stop.
+            if session is not None:
+                self._forget(session)
+                session = None
+            raise
         finally:
             if session is not None:
                 await self._close(session)
@@ -417,11 +450,14 @@ class Gateway:
             with anyio.move_on_after(2), contextlib.suppress(*_CLOSED):
                 await stream.send(encode(Refused(code=error.code, message=error.message)))
 
+    def _forget(self, session: Session) -> None:
+        if self.sessions.get(session.node_id) is session:
+            del self.sessions[session.node_id]
+
     async def _close(self, session: Session) -> None:
         log.info("gateway: node %s's session (epoch %d) ended: %s", session.node_id,
                  session.epoch, session.reason)
-        if self.sessions.get(session.node_id) is session:
-            del self.sessions[session.node_id]
+        self._forget(session)
         if session.fenced:
             return
         with anyio.CancelScope(shield=True), acting_as(session.node_id):

@@ -137,9 +137,6 @@ class Session:
             await self.send(Welcome(epoch=self.epoch,
                                     heartbeat_seconds=self.gateway.heartbeat_seconds))
             await self.push_desired(node)
-            # What changed between the session's open and its entry in the gateway's table
-            # woke no session: the pusher reads the node once more at its start.
-            self.poke.set()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._pusher)
                 try:

@@ -25,7 +25,15 @@ from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.errors import NotFound
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
-from tests.gateway_client import NodeClient, Plane, gpus, make_plane, run_with_gateway, wait_for
+from tests.gateway_client import (
+    NodeClient,
+    Plane,
+    gpus,
+    make_plane,
+    run_with_gateway,
+    running_gateway,
+    wait_for,
+)
 
 FLEET = 12
 
@@ -225,3 +233,31 @@ def test_a_pass_over_a_heartbeating_fleet_reads_no_node(
         assert loads == [parse_id("node", nodes[0].node_id)] and sum(rows) == 1
 
     run_with_gateway(env, tmp_path, body)
+
+
+def test_a_server_that_stops_records_no_session_end_and_the_fleet_comes_back(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """Stopping the server is not each node's session ending: nothing is written per node
+    (a restart of a server holding 10,000 sessions wrote 10,000 events before it could stop);
+    each node connects again with the next epoch."""
+    plane = make_plane(env, tmp_path)
+    nodes = [plane.join(serial=f"SN-{i}") for i in range(3)]
+
+    async def main() -> None:
+        clients = [NodeClient(plane, node) for node in nodes]
+        async with running_gateway(plane):
+            for client in clients:
+                assert isinstance(await client.connect(), wire.Welcome)
+        for client in clients:
+            assert await client.closed_by_peer()
+        for node in nodes:
+            assert plane.event_types(node.node_id) == ["node.joined", "node.connected"]
+        async with running_gateway(plane):
+            for node in nodes:
+                welcome = await NodeClient(plane, node).connect()
+                assert isinstance(welcome, wire.Welcome) and welcome.epoch == 2
+
+    try:
+        anyio.run(main)
+    finally:
+        plane.runtime.close()
