@@ -85,6 +85,13 @@ def _open_bundle(service: ComputeService) -> pki.PkiBundle:
 
 _CHANGED = -1  # ``Gateway._missed``: an event other than a session's opening
 
+# Connections the kernel holds for the gateway before it accepts them. Anything queued there
+# waits unseen: with the system's default (4,096 here) a fleet connecting at once to a busy
+# server waited longer than bcd's 15 s connect timeout, so the gateway spent its handshakes on
+# connections their node had given up on and almost none succeeded. A short queue turns the
+# excess away before it costs anything; bcd tries again with its backoff
+# (docs/performance.md, "A fleet on one server").
+LISTEN_BACKLOG = 64
 MAX_HANDSHAKES_PER_ADDRESS = 256  # nodes behind one NAT reconnect at once after a restart
 MAX_HANDSHAKES = 1024
 
@@ -202,7 +209,8 @@ class Gateway:
     async def serve(self, host: str, port: int, *,
                     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status`` gets the bound port."""
-        tcp = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        tcp = await anyio.create_tcp_listener(local_host=host, local_port=port,
+                                              backlog=LISTEN_BACKLOG)
         self.port = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
         # A handshake has the hello's time too (anyio's default is 30 s): the port faces
         # every network the nodes are on, and a connection that never finishes its

@@ -22,12 +22,10 @@ from uuid import UUID
 import anyio
 import anyio.abc
 
-from better_compute.api.services.nodes import NodeService
+from better_compute.api.services.nodes import BATCH, NodeService
 from better_compute.api.store.actor import acting_as, current_actor, stamp_actor
 from better_compute.domain.errors import Unavailable
 from better_compute.domain.node import Node
-
-MAX_BATCH = 500  # changes in one save at most
 
 
 @dataclass
@@ -43,7 +41,7 @@ class NodeWrites:
     """Sessions' node changes queued, saved a batch at a time (``run`` is the writer task)."""
 
     def __init__(self, nodes: NodeService,
-                 call: Callable[..., Awaitable[Any]], max_batch: int = MAX_BATCH) -> None:
+                 call: Callable[..., Awaitable[Any]], max_batch: int = BATCH) -> None:
         self.nodes = nodes
         self.call = call  # a worker thread, a store outage raised as Unavailable
         self.max_batch = max_batch

@@ -47,6 +47,7 @@ from better_compute.projections.capacity_history import BUCKET_S, MAX_WINDOW_S, 
 T = TypeVar("T")
 HISTORY_MIN = timedelta(seconds=12 * BUCKET_S)  # 1h
 HISTORY_MAX = timedelta(seconds=MAX_WINDOW_S)  # 7d
+BATCH = 500  # node changes in one write at most (``change_each``)
 
 
 
@@ -108,15 +109,23 @@ class NodeService:
 
     def change_each(self, changes: Sequence[tuple[UUID, Callable[[Node], Any]]]
                     ) -> builtins.list[Any]:
-        """Each change applied to its node, and every node changed saved in ONE write: what
-        each change returned, or the error it raised, in its place (a missing node:
-        ``NotFound``). A node named more than once takes its changes in order. When another
-        writer saved one of them first (a version clash), each change runs again alone
-        (``_change``), as it would have without the batch.
+        """Each change applied to its node, and the nodes changed saved in one write per
+        ``BATCH`` changes: what each change returned, or the error it raised, in its place (a
+        missing node: ``NotFound``). A node named more than once takes its changes in order.
+        When another writer saved one of a write's nodes first (a version clash), each change
+        of that write runs again alone (``_change``), as it would have without the batch.
 
         The gateway's sessions and the NodeLifecycle controller give their changes here a
         batch at a time: a fleet's connects, acceptance attempts and verdicts are one write
-        per batch, not one per node (docs/performance.md, "A fleet on one server")."""
+        per batch, not one per node (docs/performance.md, "A fleet on one server"). A write
+        holds SQLite's one writer for its length, so it stays a few hundred nodes long."""
+        results: builtins.list[Any] = []
+        for start in range(0, len(changes), BATCH):
+            results.extend(self._change_batch(changes[start:start + BATCH]))
+        return results
+
+    def _change_batch(self, changes: Sequence[tuple[UUID, Callable[[Node], Any]]]
+                      ) -> builtins.list[Any]:
         nodes: dict[UUID, Node] = {}
         results: builtins.list[Any] = []
         for uuid, change in changes:
