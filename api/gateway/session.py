@@ -314,7 +314,8 @@ class Session:
             change = gateway.node_changes.get(head.kind)
             handler = gateway.journal_handlers.get(head.kind)
             if change is not None:  # saved with other sessions' changes (writes.py)
-                await gateway.writes.change(self.uuid, change(self.epoch, payload))
+                change.check(await gateway.writes.change(self.uuid,
+                                                         change.change(self.epoch, payload)))
             elif handler is not None:
                 await gateway.call(handler, self.uuid, self.epoch, payload)
             else:

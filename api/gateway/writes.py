@@ -23,6 +23,7 @@ import anyio
 import anyio.abc
 
 from better_compute.api.services.nodes import BATCH, NodeService
+from better_compute.api.services.unit import Also
 from better_compute.api.store.actor import acting_as, current_actor, stamp_actor
 from better_compute.domain.errors import Unavailable
 from better_compute.domain.node import Node
@@ -93,9 +94,12 @@ class NodeWrites:
                 made = len(node.pending_events)
                 with acting_as(item.actor):
                     try:
-                        return item.change(node)
+                        result = item.change(node)
                     finally:
                         stamp_actor(node.pending_events[made:])
+                    for other in result.others if isinstance(result, Also) else ():
+                        stamp_actor(other.pending_events)
+                    return result
 
             return change
 

@@ -20,7 +20,7 @@ from eventsourcing.persistence import IntegrityError, Notification
 
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.inventory import release_all
-from better_compute.api.services.unit import RETRY_ATTEMPTS
+from better_compute.api.services.unit import RETRY_ATTEMPTS, Also
 from better_compute.api.store.eventlog import render
 from better_compute.api.store.node_presence import Presence, Reports
 from better_compute.domain.access import Principal
@@ -109,11 +109,14 @@ class NodeService:
 
     def change_each(self, changes: Sequence[tuple[UUID, Callable[[Node], Any]]]
                     ) -> builtins.list[Any]:
-        """Each change applied to its node, and the nodes changed saved in one write per
+        """Each change applied to its node, and what they changed saved in one write per
         ``BATCH`` changes: what each change returned, or the error it raised, in its place (a
-        missing node: ``NotFound``). A node named more than once takes its changes in order.
-        When another writer saved one of a write's nodes first (a version clash), each change
-        of that write runs again alone (``_change``), as it would have without the batch.
+        missing node: ``NotFound``). A change that also changes other aggregates (the GPU
+        claims an adoption takes) returns them with its answer as ``Also``; they are saved
+        in the same write. A node named more than once takes its changes in order. When
+        another writer saved one of a write's aggregates first (a version clash), each
+        change of that write runs again alone (``_change_alone``), as it would have without
+        the batch.
 
         The gateway's sessions and the NodeLifecycle controller give their changes here a
         batch at a time: a fleet's connects, acceptance attempts and verdicts are one write
@@ -127,6 +130,7 @@ class NodeService:
     def _change_batch(self, changes: Sequence[tuple[UUID, Callable[[Node], Any]]]
                       ) -> builtins.list[Any]:
         nodes: dict[UUID, Node] = {}
+        others: builtins.list[Any] = []
         results: builtins.list[Any] = []
         for uuid, change in changes:
             node = nodes.get(uuid) or self.load(uuid)
@@ -135,23 +139,46 @@ class NodeService:
                 continue
             nodes[uuid] = node
             try:
-                results.append(change(node))
+                result = change(node)
             except Exception as exc:  # decided before any event: nothing of it to save
                 results.append(exc)
-        changed = [n for n in nodes.values() if n.pending_events]
+                continue
+            if isinstance(result, Also):
+                others.extend(result.others)
+                result = result.answer
+            results.append(result)
+        changed = [*(n for n in nodes.values() if n.pending_events), *others]
         if not changed:
             return results
         try:
             self.service.store.save(*changed)
-        except IntegrityError:
+        except IntegrityError:  # two of them claimed the same GPU, say: each alone
             return [self._change_alone(uuid, change) for uuid, change in changes]
         return results
 
     def _change_alone(self, uuid: UUID, change: Callable[[Node], Any]) -> Any:
-        try:
-            return self._change(uuid, change)[1]
-        except Exception as exc:
-            return exc
+        """``change`` on its node, and saved; again on a version clash: its answer, or the
+        error it raised."""
+        for _ in range(RETRY_ATTEMPTS):
+            node = self.load(uuid)
+            if node is None:
+                return NotFound(f"no node with id {uuid}")
+            try:
+                result = change(node)
+            except Exception as exc:
+                return exc
+            others = []
+            if isinstance(result, Also):
+                others, result = list(result.others), result.answer
+            changed = [*([node] if node.pending_events else []), *others]
+            if not changed:
+                return result
+            try:
+                self.service.store.save(*changed)
+            except IntegrityError:
+                continue
+            return result
+        return Conflict("the node kept changing while this change was being saved: try again")
 
     # ---------------------------------------------------------------- queries
 

@@ -20,7 +20,8 @@ was saved. Every retry loop of the services uses this policy and this number.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -46,6 +47,15 @@ Clock = Callable[[], datetime]
 RETRY_ATTEMPTS = 20  # runs of a change before its caller gets Conflict (see above)
 CONFLICT = ("another request changed the same objects at the same time; nothing was saved: "
             "run the command again")
+
+
+@dataclass(frozen=True)
+class Also:
+    """What a change of one aggregate answers, and the other aggregates it changed, to save
+    in the same write (``NodeService.change_each``: a node's adoption and its GPU claims)."""
+
+    answer: Any
+    others: Sequence[Any]
 
 
 def utc_now() -> datetime:

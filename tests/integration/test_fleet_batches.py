@@ -9,6 +9,7 @@ so they hold however loaded the machine is.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from better_compute.api.controllers import node_lifecycle
 from better_compute.api.store.actor import acting_as
+from better_compute.api.store.eventlog import EventLog, filter_for
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.errors import NotFound
@@ -109,15 +111,21 @@ def test_a_fleet_connecting_at_once_shares_saves_and_each_event_is_its_node_s(
         _first_batch_waits(monkeypatch, plane, FLEET)
         answers: list[Any] = []
 
-        async def accept(client: NodeClient) -> None:
-            answers.append(await client.acceptance(1, gpus(8)))
+        async def accept(client: NodeClient, serial: str) -> None:
+            answers.append(await client.acceptance(1, gpus(8, serial=serial)))
 
         async with anyio.create_task_group() as group:
-            for client in clients:
-                group.start_soon(accept, client)
+            for i, client in enumerate(clients):
+                group.start_soon(accept, client, f"SN-{i}")
         assert all(isinstance(a, wire.Ack) for a in answers)
         assert sum(len(ids) for ids in saves) == FLEET and len(saves) <= 2
         assert plane.capacity()["allocatable"] == 8 * FLEET
+        claimed = EventLog(plane.runtime.store).page(filter_for(LOCAL_OPERATOR, "gpu.claimed"),
+                                                     0, 1000).entries
+        by_node = {json.loads(e.line)["data"]["nodeId"]: json.loads(e.line)["actor"]
+                   for e in claimed}  # the adoption's GPU claims, saved with it, are its own
+        assert by_node == {n.node_id: n.node_id for n in nodes}
+        assert len(claimed) == 8 * FLEET
 
         saves.clear()
         for client in clients:
@@ -181,9 +189,9 @@ def test_a_pass_over_a_heartbeating_fleet_reads_no_node(
     async def body(plane: Plane) -> None:
         nodes = [plane.join(serial=f"SN-{i}") for i in range(4)]
         clients = [NodeClient(plane, node) for node in nodes]
-        for client in clients:
+        for i, client in enumerate(clients):
             await client.start_acceptance()
-            await client.acceptance(1, gpus(8))
+            await client.acceptance(1, gpus(8, serial=f"SN-{i}"))
         assert plane.gateway is not None
         gateway = plane.gateway
 
