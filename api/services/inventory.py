@@ -46,8 +46,11 @@ KEPT = ("the node kept changing while its GPUs were being checked; nothing was s
 
 
 def claims_of(aggregates: Aggregates, uuids: Iterable[str]) -> dict[str, GpuClaim | None]:
-    """The claim on each GPU UUID (None: never claimed)."""
-    return {u: aggregates.get(GpuClaim, gpu_claim_uuid(u)) for u in dict.fromkeys(uuids)}
+    """The claim on each GPU UUID (None: never claimed). Which claims exist is one query;
+    only those are read."""
+    ids = {u: gpu_claim_uuid(u) for u in dict.fromkeys(uuids)}
+    stored = aggregates.stored(list(ids.values()))
+    return {u: aggregates.get(GpuClaim, i) if i in stored else None for u, i in ids.items()}
 
 
 def held_elsewhere(claims: dict[str, GpuClaim | None], node: Node) -> dict[str, str]:

@@ -78,6 +78,24 @@ class Aggregates:
             return None
         return aggregate if isinstance(aggregate, cls) else None
 
+    def stored(self, uuids: Sequence[UUID]) -> set[UUID]:
+        """Which of ``uuids`` have events in the store (of any class), in one query: where
+        most are new (a fleet's GPU claims at its adoption), ``get`` of each would be two
+        round trips per missing one (its snapshot, its events)."""
+        if not uuids:
+            return set()
+        sql = self.sql
+        with sql.transaction(commit=False) as cursor:
+            if sql.postgres:
+                table = self.store.recorder.events_table_name
+                cursor.execute(f"SELECT DISTINCT originator_id FROM {table} "
+                               "WHERE originator_id = ANY(%s)", (list(uuids),))
+                return {UUID(str(row["originator_id"])) for row in cursor.fetchall()}
+            marks = ",".join("?" * len(uuids))
+            cursor.execute(f"SELECT DISTINCT originator_id FROM stored_events "
+                           f"WHERE originator_id IN ({marks})", tuple(u.hex for u in uuids))
+            return {UUID(hex=str(row["originator_id"])) for row in cursor.fetchall()}
+
     def save(self, *aggregates: TenantOwned, conflict: str = CONFLICT) -> None:
         try:
             self.store.save(*aggregates)
