@@ -74,6 +74,10 @@ class NodeService:
     def load(self, uuid: UUID) -> Node | None:
         return self.service.aggregates.get(Node, uuid)
 
+    def load_each(self, uuids: Sequence[UUID]) -> dict[UUID, Node]:
+        """The nodes of ``uuids`` that exist, read together (``ComputeStore.load_each``)."""
+        return self.service.aggregates.get_each(Node, uuids)
+
     def _node(self, principal: Principal, node_id: str) -> Node:
         node = self.load(parse_id("node", node_id))
         if node is None or not principal.can_see_tenant(node.tenant_id):
@@ -132,8 +136,9 @@ class NodeService:
         nodes: dict[UUID, Node] = {}
         others: builtins.list[Any] = []
         results: builtins.list[Any] = []
+        loaded = self.load_each([uuid for uuid, _ in changes])
         for uuid, change in changes:
-            node = nodes.get(uuid) or self.load(uuid)
+            node = nodes.get(uuid) or loaded.get(uuid)
             if node is None:
                 results.append(NotFound(f"no node with id {uuid}"))
                 continue

@@ -78,6 +78,11 @@ class Aggregates:
             return None
         return aggregate if isinstance(aggregate, cls) else None
 
+    def get_each(self, cls: type[A], uuids: Sequence[UUID]) -> dict[UUID, A]:
+        """The aggregates of ``uuids`` that exist and are of ``cls``, read together
+        (``ComputeStore.load_each``)."""
+        return {u: a for u, a in self.store.load_each(uuids).items() if isinstance(a, cls)}
+
     def stored(self, uuids: Sequence[UUID]) -> set[UUID]:
         """Which of ``uuids`` have events in the store (of any class), in one query: where
         most are new (a fleet's GPU claims at its adoption), ``get`` of each would be two

@@ -162,17 +162,17 @@ def test_a_batch_answers_each_change_and_a_clash_runs_each_again_alone(
 
         # Another writer saves node 2 between the batch's read and its save: the batch's
         # save is refused as a whole, and each change runs again alone on what is stored.
-        real_load = nodes.load
+        real_load, real_load_each = nodes.load, nodes.load_each
         moved: list[UUID] = []
 
-        def load_then_race(uuid: UUID) -> Node | None:
-            node = real_load(uuid)
-            if uuid == joined[2] and not moved:
-                moved.append(uuid)
-                nodes.session_opened(uuid, "2.0")  # epoch 2, saved first
-            return node
+        def load_then_race(uuids: Any) -> dict[UUID, Node]:
+            read = real_load_each(uuids)
+            if joined[2] in read and not moved:
+                moved.append(joined[2])
+                nodes.session_opened(joined[2], "2.0")  # epoch 2, saved first
+            return read
 
-        nodes.load = load_then_race  # type: ignore[method-assign]
+        nodes.load_each = load_then_race  # type: ignore[method-assign]
         results = nodes.change_each([(joined[1], nodes.opening("1.0")),
                                      (joined[2], nodes.opening("1.0"))])
         assert results == [1, 3]
@@ -206,11 +206,17 @@ def test_a_pass_over_a_heartbeating_fleet_reads_no_node(
         loads: list[UUID] = []  # by the controller's pass (the sessions load their own)
         passing = threading.local()
         real_load, real_reconcile = plane.nodes.load, plane.lifecycle.reconcile
+        real_load_each = plane.nodes.load_each
 
         def counted(uuid: UUID) -> Node | None:
             if getattr(passing, "on", False):
                 loads.append(uuid)
             return real_load(uuid)
+
+        def counted_each(uuids: Any) -> dict[UUID, Node]:
+            if getattr(passing, "on", False):
+                loads.extend(uuids)
+            return real_load_each(uuids)
 
         def reconcile() -> Any:
             passing.on = True
@@ -228,6 +234,7 @@ def test_a_pass_over_a_heartbeating_fleet_reads_no_node(
             return got
 
         monkeypatch.setattr(plane.nodes, "load", counted)
+        monkeypatch.setattr(plane.nodes, "load_each", counted_each)
         monkeypatch.setattr(plane.lifecycle, "reconcile", reconcile)
         monkeypatch.setattr(node_lifecycle, "_rows", counted_rows)
         plane.clock.advance(5)
