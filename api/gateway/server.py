@@ -27,6 +27,7 @@ import ssl
 from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -186,7 +187,12 @@ class Gateway:
         self.min_idle = min_idle
         self.hub = hub
         self.limiter = limiter or anyio.CapacityLimiter(4)
-        self.writes = NodeWrites(self.nodes, self.call)
+        # The node writes and the heartbeat flush each have a thread of their own: behind
+        # the sessions' reads of their nodes (a fleet's adoption pokes every session) a
+        # flush waited so long that the controller took a fleet that heartbeats for silent
+        # and marked it unreachable (docs/performance.md, "A fleet on one server").
+        self.writes = NodeWrites(self.nodes, partial(self.call, limiter=anyio.CapacityLimiter(1)))
+        self._flushing = anyio.CapacityLimiter(1)
         self._pool_sections: dict[str, dict[str, Any]] = {}
         # Nodes with no session here that an event was about: the epoch of a node.connected
         # (a session opening), or _CHANGED for anything else (``_poke_for``).
@@ -199,10 +205,12 @@ class Gateway:
         self.listening = False
         self.stopping = False  # hand_back: new sessions are refused
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn`` in a worker thread; a store outage comes back as ``Unavailable``."""
+    async def call(self, fn: Callable[..., T], *args: Any,
+                   limiter: anyio.CapacityLimiter | None = None) -> T:
+        """``fn`` in a worker thread (one of ``limiter``'s, by default the sessions'); a
+        store outage comes back as ``Unavailable``."""
         with unavailable_on_outage():
-            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+            return await anyio.to_thread.run_sync(fn, *args, limiter=limiter or self.limiter)
 
     # -------------------------------------------------------------- running
 
@@ -263,10 +271,11 @@ class Gateway:
         try:
             if beats:
                 rows = [(uuid, epoch, at) for uuid, (epoch, at) in beats.items()]
-                written += await self.call(self.presence.record, rows)
+                written += await self.call(self.presence.record, rows,
+                                           limiter=self._flushing)
             if reports:
                 docs = [(uuid, epoch, at, doc) for uuid, (epoch, at, doc) in reports.items()]
-                await self.call(self.report_rows.record, docs)
+                await self.call(self.report_rows.record, docs, limiter=self._flushing)
         except BaseException:
             self.beats = {**beats, **self.beats}
             self.reports = {**reports, **self.reports}

@@ -276,3 +276,32 @@ def test_a_server_that_stops_records_no_session_end_and_the_fleet_comes_back(
         anyio.run(main)
     finally:
         plane.runtime.close()
+
+
+def test_heartbeats_and_node_writes_are_not_queued_behind_the_sessions_reads(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """A fleet's adoption wakes every session to read its node: with every thread the sessions
+    share taken, a heartbeat flush and a node's change still go through (behind 10,000 reads,
+    the flush waited past ``unreachable_after`` and the controller marked a fleet that
+    heartbeats unreachable)."""
+    async def body(plane: Plane) -> None:
+        node = plane.join(serial="SN-0")
+        client = NodeClient(plane, node)
+        assert isinstance(await client.connect(), wire.Welcome)
+        gateway = plane.gateway
+        assert gateway is not None
+        await client.send(wire.Heartbeat(epoch=1, time="2030-01-01T00:00:00Z"))
+        await wait_for(lambda: len(gateway.beats) == 1)
+        held = [object() for _ in range(int(gateway.limiter.total_tokens))]
+        for borrower in held:  # every shared thread busy
+            await gateway.limiter.acquire_on_behalf_of(borrower)
+        try:
+            with anyio.fail_after(30):
+                assert await gateway.flush_heartbeats() == 1
+                closing = plane.nodes.closing(1, "test")
+                assert await gateway.writes.change(parse_id("node", node.node_id), closing)
+        finally:
+            for borrower in held:
+                gateway.limiter.release_on_behalf_of(borrower)
+
+    run_with_gateway(env, tmp_path, body)
