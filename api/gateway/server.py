@@ -187,10 +187,10 @@ class Gateway:
         self.min_idle = min_idle
         self.hub = hub
         self.limiter = limiter or anyio.CapacityLimiter(4)
-        # The node writes and the heartbeat flush each have a thread of their own: behind
-        # the sessions' reads of their nodes (a fleet's adoption pokes every session) a
-        # flush waited so long that the controller took a fleet that heartbeats for silent
-        # and marked it unreachable (docs/performance.md, "A fleet on one server").
+        # The node writes and the heartbeat flush each have a thread of their own: queued
+        # behind the sessions' reads of their nodes (a fleet's adoption wakes every session),
+        # a flush can come later than ``unreachable_after`` and the controller would take a
+        # fleet that heartbeats for silent (docs/decisions.md, "A fleet on one server").
         self.writes = NodeWrites(self.nodes, partial(self.call, limiter=anyio.CapacityLimiter(1)))
         self._flushing = anyio.CapacityLimiter(1)
         self._pool_sections: dict[str, dict[str, Any]] = {}
