@@ -113,8 +113,11 @@ def gpus_of(docs: Iterable[Mapping[str, Any]]) -> list[Gpu]:
 
 
 def gpu_is_healthy(gpu: Mapping[str, Any]) -> bool:
-    """``Gpu.healthy`` of a GPU document (docs/capacity.md)."""
-    return Gpu.from_doc(gpu).healthy
+    """``Gpu.healthy`` of a GPU document (docs/capacity.md), read from the document without
+    making the value: every event of a node checks each of its GPUs (its conditions), so
+    this is on the path of every load and every read model's apply
+    (tests/unit/test_gpu_value.py holds it equal to ``Gpu.from_doc(gpu).healthy``)."""
+    return bool(gpu.get("healthy", True)) and not gpu.get("healthReasons")
 
 
 def with_health(doc: Mapping[str, Any], healthy: bool, reasons: Iterable[str]) -> dict[str, Any]:

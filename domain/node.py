@@ -36,7 +36,7 @@ from better_compute.domain import node_acceptance as acceptance
 from better_compute.domain import node_inventory as inventory
 from better_compute.domain import node_retirement as retirement
 from better_compute.domain.base import TenantOwned, iso
-from better_compute.domain.gpus import Gpu, gpus_of, with_health
+from better_compute.domain.gpus import Gpu, gpu_is_healthy, gpus_of, with_health
 from better_compute.domain.node_rules import (
     ACCEPTANCE_PASSED,
     ACCEPTANCE_PENDING,
@@ -311,7 +311,7 @@ class Node(TenantOwned):
 
     @property
     def healthy(self) -> bool:
-        return all(g.healthy for g in self.gpu_values())
+        return all(gpu_is_healthy(g) for g in self.gpus)
 
     @property
     def schedulable(self) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from better_compute.domain.gpu_models import same_model
-from better_compute.domain.gpus import gpus_of
+from better_compute.domain.gpus import gpu_is_healthy, gpus_of
 
 # Session states of a node (docs/nodes.md).
 SESSION_NEVER = "never"
@@ -51,7 +51,7 @@ def placement_eligible(provision_state: str, session: str, cordoned: bool, drain
     search) only.
     """
     return (provision_state == "adopted" and session != SESSION_UNREACHABLE and not cordoned
-            and not draining and any(g.healthy for g in gpus_of(gpus)))
+            and not draining and any(gpu_is_healthy(g) for g in gpus))
 
 
 def acceptance_checks(policy: dict[str, Any], gpu_model: str) -> list[dict[str, Any]]:

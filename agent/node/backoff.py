@@ -1,7 +1,11 @@
-"""Reconnect delays: exponential backoff with jitter, so a fleet does not reconnect in step.
+"""Reconnect delays: exponential backoff with full jitter, so a fleet does not reconnect in step.
 
-After the n-th failure in a row bcd waits ``min(cap, base * 2**n)`` scaled by a random
-factor in [0.5, 1.0]. A session that got as far as Welcome resets the count.
+After the n-th failure in a row (a session that ended, a connect refused or timed out) bcd
+waits a delay drawn uniformly from [0, min(cap, base * 2**n)]: "full jitter" (AWS
+Architecture Blog, "Exponential Backoff And Jitter"). A fleet whose sessions all drop at
+once (the server restarted) spreads its reconnects over the whole window, which doubles with
+each refusal, instead of arriving together at each step. A session that got as far as
+Welcome resets the count.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ class Backoff:
         """The delay before the next attempt; counts one more failure."""
         ceiling = min(self.cap, self.base * 2 ** min(self.failures, 30))
         self.failures += 1
-        return float(ceiling * (0.5 + 0.5 * self.random()))
+        return float(ceiling * self.random())
 
     def reset(self) -> None:
         self.failures = 0

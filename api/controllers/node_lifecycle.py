@@ -24,23 +24,32 @@ gateway, not from here; a failed attempt stays failed until nodes.adopt.
 A pass is idempotent: running it twice, or on two processes at once, records
 nothing twice (each change re-checks the node inside its own save). The
 clock is the service's, so tests move time instead of sleeping.
+
+A pass costs what it has to do, not the fleet's size: it reads only the node rows that need
+something (adopting with no attempt; running attempts; sessions with no heartbeat written
+since ``unreachable_after``, which the database picks from the capacity rows and
+``bc_node_presence`` together), and the nodes it changes in one kind of step are saved in
+one write (``NodeService.change_each``): 10,000 nodes connecting at once start their
+acceptance in a few saves, not 10,000 (docs/performance.md, "A fleet on one server").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from better_compute.api.services.nodes import NodeService
-from better_compute.api.store.node_presence import Presence
+from better_compute.api.store.node_presence import PRESENCE_TABLE, Presence
 from better_compute.domain.node_rules import (
     ACCEPTANCE_PENDING,
     ACCEPTANCE_RUNNING,
+    PROVISION_ADOPTING,
     SESSION_CONNECTED,
     SESSION_DISCONNECTED,
 )
-from better_compute.projections.capacity import read_node_states
+from better_compute.projections.capacity import NODE_TABLE
 
 UNREACHABLE_AFTER = timedelta(seconds=30)
 ACCEPTANCE_TIMEOUT = timedelta(minutes=10)
@@ -94,51 +103,98 @@ class NodeLifecycle:
             service.sql.probe_write()
         service.projections.followed("capacity")
         self._time_out_attempts(report)
-        states = read_node_states(
-            service.sql, where="session IN (?, ?)",
-            params=(SESSION_CONNECTED, SESSION_DISCONNECTED),
-        )
-        if not states:
-            return report
-        heard = self.presence.last_seen()
+        errors = self._start_acceptance(report)
         now = service.clock()
         if self._blind:
             self._blind, self._sight_since = False, now
-        for state in states:
-            uuid = UUID(state.uuid)
-            if (state.session == SESSION_CONNECTED and state.provision_state == "adopting"
-                    and state.acceptance_state == ACCEPTANCE_PENDING
-                    and self.nodes.start_first_acceptance(uuid) is not None):
-                report.acceptance_started.append(state.id)
-            last = _last_heard(state.session_since, heard.get(state.uuid), state.session_epoch)
+        marks: list[tuple[str, UUID, int, datetime | None]] = []
+        for node_id, uuid, epoch, since, beat in _silent(self.presence.sql,
+                                                          now - self.unreachable_after):
+            last = _last_heard(since, beat, epoch)
             counted = last if last is None or self._sight_since is None \
                 else max(last, self._sight_since)
-            if counted is not None and now - counted > self.unreachable_after \
-                    and self.nodes.mark_unreachable(uuid, state.session_epoch, last):
-                report.unreachable.append(state.id)
+            if counted is not None and now - counted > self.unreachable_after:
+                marks.append((node_id, UUID(uuid), epoch, last))
+        if marks:
+            done = self.nodes.change_each([(uuid, self.nodes.unreachable(epoch, last))
+                                           for _, uuid, epoch, last in marks])
+            for (node_id, *_), result in zip(marks, done, strict=True):
+                if isinstance(result, Exception):
+                    errors.append(result)
+                elif result:
+                    report.unreachable.append(node_id)
+        if errors:  # the others are done; the pass fails (and is retried) for these
+            raise errors[0]
         return report
+
+    def _start_acceptance(self, report: PassReport) -> list[Exception]:
+        """Attempt 1 for every connected node that is adopting and never ran acceptance, in
+        one write; the errors of those it could not start."""
+        rows = _rows(self.nodes.service.sql, "id, uuid",
+                     "session = ? AND provision_state = ? AND acceptance_state = ?",
+                     (SESSION_CONNECTED, PROVISION_ADOPTING, ACCEPTANCE_PENDING))
+        if not rows:
+            return []
+        results = self.nodes.start_first_acceptances([UUID(str(r["uuid"])) for r in rows])
+        started = self.nodes.clock()  # no earlier than each start: never times out early
+        errors: list[Exception] = []
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, Exception):
+                errors.append(result)
+            elif result is not None:
+                report.acceptance_started.append(str(row["id"]))
+                self._attempt_started[(str(row["uuid"]), int(result))] = started
+        return errors
 
     def _time_out_attempts(self, report: PassReport) -> None:
         """Fail every attempt that has run for ``acceptance_timeout`` without a verdict."""
-        running = read_node_states(self.nodes.service.sql, where="acceptance_state = ?",
-                                   params=(ACCEPTANCE_RUNNING,))
-        keys = {(state.uuid, state.acceptance_attempt) for state in running}
+        running = _rows(self.nodes.service.sql, "id, uuid, acceptance_attempt",
+                        "acceptance_state = ?", (ACCEPTANCE_RUNNING,))
+        keys = {(str(r["uuid"]), int(r["acceptance_attempt"])) for r in running}
         self._attempt_started = {k: v for k, v in self._attempt_started.items() if k in keys}
         if not running:
             return
         now = self.nodes.clock()
-        for state in running:
-            key = (state.uuid, state.acceptance_attempt)
-            if key not in self._attempt_started:
-                node = self.nodes.load(UUID(state.uuid))
-                same = node is not None and node.acceptance_attempt == state.acceptance_attempt
+        for row in running:
+            key = (str(row["uuid"]), int(row["acceptance_attempt"]))
+            if key not in self._attempt_started:  # started elsewhere: read once
+                node = self.nodes.load(UUID(key[0]))
+                same = node is not None and node.acceptance_attempt == key[1]
                 self._attempt_started[key] = node.acceptance_since if same and node else None
             since = self._attempt_started[key]
             if since is None or now - since < self.acceptance_timeout:
                 continue
-            if self.nodes.time_out_acceptance(UUID(state.uuid), state.acceptance_attempt,
-                                              self.acceptance_timeout):
-                report.acceptance_timed_out.append(state.id)
+            if self.nodes.time_out_acceptance(UUID(key[0]), key[1], self.acceptance_timeout):
+                report.acceptance_timed_out.append(str(row["id"]))
+
+
+def _rows(sql: Any, columns: str, where: str, params: tuple[Any, ...],
+          source: str = NODE_TABLE) -> list[Any]:
+    """Columns of the capacity projection's node rows (what the controller reads of them),
+    in the order of their uuid."""
+    order = "n.uuid" if " n " in f"{source} " else "uuid"
+    with sql.transaction(commit=False) as cursor:
+        sql.execute(cursor, f"SELECT {columns} FROM {source} WHERE {where} ORDER BY {order}",
+                    params)
+        return list(cursor.fetchall())
+
+
+def _silent(sql: Any, cutoff: datetime
+            ) -> list[tuple[str, str, int, str | None, tuple[int, datetime] | None]]:
+    """Each node with a session (connected or disconnected) whose session has no heartbeat
+    written after ``cutoff``: (id, uuid, epoch, session since, its newest heartbeat). The
+    database leaves out every node heard since: a pass over a fleet that heartbeats reads
+    none of it."""
+    rows = _rows(sql, "n.id AS id, n.uuid AS uuid, n.session_epoch AS epoch, "
+                 "n.session_since AS since, p.epoch AS beat_epoch, p.last_seen AS beat_at",
+                 "n.session IN (?, ?) AND NOT (p.epoch IS NOT NULL AND p.epoch = n.session_epoch "
+                 "AND p.last_seen > ?)",
+                 (SESSION_CONNECTED, SESSION_DISCONNECTED, cutoff.timestamp()),
+                 f"{NODE_TABLE} n LEFT JOIN {PRESENCE_TABLE} p ON p.uuid = n.uuid")
+    return [(str(r["id"]), str(r["uuid"]), int(r["epoch"]), r["since"],
+             None if r["beat_epoch"] is None
+             else (int(r["beat_epoch"]), datetime.fromtimestamp(float(r["beat_at"]), UTC)))
+            for r in rows]
 
 
 def _last_heard(session_since: str | None, beat: tuple[int, datetime] | None,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -25,6 +27,7 @@ from better_compute.api.services.reservation_journal import (
 )
 from better_compute.api.wire.gateway import SignedEntry
 from better_compute.api.wire.journal import AcceptanceResult, Entry, EntryInvalid, decode_entry
+from better_compute.domain.node import Node
 
 if TYPE_CHECKING:
     from better_compute.api.services.registry import Services
@@ -75,9 +78,34 @@ def journal_handlers(services: Services) -> dict[str, JournalHandler]:
     inventory = services.inventory
 
     def acceptance_result(uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
-        refusal = inventory.acceptance_result(uuid, epoch, entry_of(AcceptanceResult, payload))
-        if refusal is not None:  # it listed other GPUs than the node's: recorded, refused
-            raise EntryRefused("inventory_mismatch", refusal)
+        _refused_inventory(inventory.acceptance_result(uuid, epoch,
+                                                       entry_of(AcceptanceResult, payload)))
 
     return {"acceptance.result": acceptance_result,
             **reservation_handlers(services.reservations)}
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """A kind of ``journal_handlers`` answered by a change of its node (and of what the change
+    claims), which the gateway saves with other sessions' in one write (api/gateway/writes.py):
+    ``change(epoch, entry)`` is the change, ``check(answer)`` raises ``EntryRefused`` when
+    its answer refuses the entry."""
+
+    change: Callable[[int, dict[str, Any]], Callable[[Node], Any]]
+    check: Callable[[Any], None]
+
+
+def node_changes(services: Services) -> dict[str, NodeChange]:
+    """The kinds of ``journal_handlers`` the gateway saves a batch at a time."""
+    inventory = services.inventory
+
+    def accepting(epoch: int, payload: dict[str, Any]) -> Callable[[Node], Any]:
+        return inventory.accepting(epoch, entry_of(AcceptanceResult, payload))
+
+    return {"acceptance.result": NodeChange(accepting, _refused_inventory)}
+
+
+def _refused_inventory(refusal: str | None) -> None:
+    if refusal is not None:  # it listed other GPUs than the node's: recorded, refused
+        raise EntryRefused("inventory_mismatch", refusal)

@@ -27,6 +27,7 @@ import ssl
 from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -38,7 +39,7 @@ from anyio.streams.tls import TLSAttribute, TLSListener, TLSStream
 from cryptography import x509
 
 from better_compute.api import pki
-from better_compute.api.gateway.journal import journal_handlers
+from better_compute.api.gateway.journal import journal_handlers, node_changes
 from better_compute.api.gateway.renewal import Renewal
 from better_compute.api.gateway.session import (
     _CLOSED,
@@ -49,6 +50,7 @@ from better_compute.api.gateway.session import (
     Session,
     removed_message,
 )
+from better_compute.api.gateway.writes import NodeWrites
 from better_compute.api.net import Handshakes, peer_host
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.join import NODE_CERTIFICATE_LIFETIME
@@ -60,7 +62,7 @@ from better_compute.api.store.node_presence import Presence, Reports
 from better_compute.api.store.outage import outage_error, unavailable_on_outage
 from better_compute.api.supervise import Retry
 from better_compute.api.wire.gateway import Hello, Refused, decode_to_gateway, encode
-from better_compute.domain.errors import BetterComputeError, InvalidInput, Unavailable
+from better_compute.domain.errors import BetterComputeError, InvalidInput, NotFound, Unavailable
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
 
@@ -82,6 +84,15 @@ def _open_bundle(service: ComputeService) -> pki.PkiBundle:
     return pki.unseal_bundle(service.pki().sealed, pki.parse_master_key(service.master_key_text()))
 
 
+_CHANGED = -1  # ``Gateway._missed``: an event other than a session's opening
+
+# Connections the kernel holds for the gateway before it accepts them. Anything queued there
+# waits unseen: with the system's default (4,096 here) a fleet connecting at once to a busy
+# server waited longer than bcd's 15 s connect timeout, so the gateway spent its handshakes on
+# connections their node had given up on and almost none succeeded. A short queue turns the
+# excess away before it costs anything; bcd tries again with its backoff
+# (docs/performance.md, "A fleet on one server").
+LISTEN_BACKLOG = 64
 MAX_HANDSHAKES_PER_ADDRESS = 256  # nodes behind one NAT reconnect at once after a restart
 MAX_HANDSHAKES = 1024
 
@@ -163,6 +174,7 @@ class Gateway:
         self.nodes = services.nodes
         self.inventory = services.inventory
         self.journal_handlers = journal_handlers(services)
+        self.node_changes = node_changes(services)
         self.renewal = Renewal(self.nodes, (lambda: bundle) if bundle is not None
                                else lambda: _open_bundle(service), certificate_lifetime)
         self.presence = Presence(service.sql)
@@ -175,6 +187,16 @@ class Gateway:
         self.min_idle = min_idle
         self.hub = hub
         self.limiter = limiter or anyio.CapacityLimiter(4)
+        # The node writes and the heartbeat flush each have a thread of their own: queued
+        # behind the sessions' reads of their nodes (a fleet's adoption wakes every session),
+        # a flush can come later than ``unreachable_after`` and the controller would take a
+        # fleet that heartbeats for silent (docs/decisions.md, "A fleet on one server").
+        self.writes = NodeWrites(self.nodes, partial(self.call, limiter=anyio.CapacityLimiter(1)))
+        self._flushing = anyio.CapacityLimiter(1)
+        self._pool_sections: dict[str, dict[str, Any]] = {}
+        # Nodes with no session here that an event was about: the epoch of a node.connected
+        # (a session opening), or _CHANGED for anything else (``_poke_for``).
+        self._missed: dict[str, int] = {}
         self.sessions: dict[str, Session] = {}
         self.beats: dict[str, tuple[int, datetime]] = {}
         self.reports: dict[str, tuple[int, datetime, dict[str, Any]]] = {}
@@ -183,33 +205,48 @@ class Gateway:
         self.listening = False
         self.stopping = False  # hand_back: new sessions are refused
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn`` in a worker thread; a store outage comes back as ``Unavailable``."""
+    async def call(self, fn: Callable[..., T], *args: Any,
+                   limiter: anyio.CapacityLimiter | None = None) -> T:
+        """``fn`` in a worker thread (one of ``limiter``'s, by default the sessions'); a
+        store outage comes back as ``Unavailable``."""
         with unavailable_on_outage():
-            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+            return await anyio.to_thread.run_sync(fn, *args, limiter=limiter or self.limiter)
 
     # -------------------------------------------------------------- running
 
     async def serve(self, host: str, port: int, *,
                     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status`` gets the bound port."""
-        tcp = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        tcp = await anyio.create_tcp_listener(local_host=host, local_port=port,
+                                              backlog=LISTEN_BACKLOG)
         self.port = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
         # A handshake has the hello's time too (anyio's default is 30 s): the port faces
         # every network the nodes are on, and a connection that never finishes its
         # handshake holds a descriptor until then.
         listener = _BoundedTLSListener(tcp, self.ssl_context, self.handshakes,
                                        handshake_timeout=self.hello_timeout)
+        # The node writes outlive the sessions: each session's end is written as it closes,
+        # also when the server stops (the writer is stopped once every session has ended).
+        writer = anyio.CancelScope(shield=True)
         try:
-            async with listener, anyio.create_task_group() as tg:
-                tg.start_soon(self._flush_loop)
-                if self.hub is not None:
-                    tg.start_soon(self._follow_events)
-                self.listening = True
-                task_status.started(self.port)
-                await listener.serve(self._connection, task_group=tg)
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(self._write_nodes, writer)
+                try:
+                    async with listener, anyio.create_task_group() as tg:
+                        tg.start_soon(self._flush_loop)
+                        if self.hub is not None:
+                            tg.start_soon(self._follow_events)
+                        self.listening = True
+                        task_status.started(self.port)
+                        await listener.serve(self._connection, task_group=tg)
+                finally:
+                    writer.cancel()
         finally:
             self.listening = False
+
+    async def _write_nodes(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            await self.writes.run()
 
     async def _flush_loop(self) -> None:
         retry = Retry("writing the nodes' heartbeats", log)
@@ -234,10 +271,11 @@ class Gateway:
         try:
             if beats:
                 rows = [(uuid, epoch, at) for uuid, (epoch, at) in beats.items()]
-                written += await self.call(self.presence.record, rows)
+                written += await self.call(self.presence.record, rows,
+                                           limiter=self._flushing)
             if reports:
                 docs = [(uuid, epoch, at, doc) for uuid, (epoch, at, doc) in reports.items()]
-                await self.call(self.report_rows.record, docs)
+                await self.call(self.report_rows.record, docs, limiter=self._flushing)
         except BaseException:
             self.beats = {**beats, **self.beats}
             self.reports = {**reports, **self.reports}
@@ -267,6 +305,10 @@ class Gateway:
                 self._poke_for(line)
 
     def _poke_for(self, line: bytes) -> None:
+        """Wake the session of each node ``line``'s event is about. A session's own
+        ``node.connected`` changes nothing it sends: no wake-up (and no read of its node).
+        An event for a node with no session here is kept in mind (``_missed``): a session
+        that is being opened (saved, not yet in ``sessions``) reads its node once more."""
         try:
             doc = json.loads(line)
         except ValueError:
@@ -275,9 +317,17 @@ class Gateway:
         data = doc.get("data") or {}
         if isinstance(data, dict):
             targets.add(data.get("nodeId"))
+        opened = data.get("epoch") if doc.get("type") == "node.connected" \
+            and isinstance(data, dict) else None
         for target in targets:
-            session = self.sessions.get(target) if isinstance(target, str) else None
-            if session is not None:
+            if not isinstance(target, str):
+                continue
+            session = self.sessions.get(target)
+            if session is None:
+                seen = self._missed.get(target)
+                self._missed[target] = opened if seen is None and isinstance(opened, int) \
+                    else _CHANGED
+            elif opened is None or opened != session.epoch:
                 session.poke.set()
 
     async def hand_back(self) -> None:
@@ -293,13 +343,26 @@ class Gateway:
             for session in sessions:
                 tg.start_soon(session.hand_back)
 
+    def _register(self, session: Session) -> None:
+        """``session`` in the table: it fences an older one of its node, and reads its node
+        again if an event came for it meanwhile (other than its own opening)."""
+        older = self.sessions.get(session.node_id)
+        self.sessions[session.node_id] = session
+        if older is not None:
+            older.fence()
+        missed = self._missed.pop(session.node_id, None)
+        if missed is not None and missed != session.epoch:
+            session.poke.set()
+
     def poke_all(self) -> None:
         for session in list(self.sessions.values()):
             session.poke.set()
 
     # ----------------------------------------------------------- admission
 
-    def _admit(self, cert: x509.Certificate, hello: Hello) -> Node:
+    @staticmethod
+    def _identify(cert: x509.Certificate, hello: Hello) -> UUID:
+        """The node the certificate and the Hello both name."""
         try:
             cn = pki.node_id_from_certificate(cert)
         except InvalidInput as exc:
@@ -307,18 +370,34 @@ class Gateway:
         if cn != hello.node_id:
             raise Refusal("wrong_node", f"this certificate is node {cn}'s, not {hello.node_id}'s")
         try:
-            uuid: UUID = parse_id("node", cn)
+            return parse_id("node", cn)
         except BetterComputeError:
             raise Refusal("unknown_node", f"{cn!r} is not a node id") from None
-        node = self.nodes.load(uuid)
-        if node is None:
-            raise Refusal("unknown_node", f"no node {cn}: join again with bcd join")
-        if node.removed:  # every certificate of a removed node is revoked
-            raise Refusal(NODE_REMOVED, removed_message(node))
-        if pki.spki_pin(cert.public_key()) != node.key_pin:
-            raise Refusal("wrong_key", f"the certificate's key is not the key node {cn} joined "
-                          "with: use the node key and certificate bcd join wrote")
-        return node
+
+    def _opening(self, pin: str, bcd_version: str | None) -> Callable[[Node], tuple[int, Node]]:
+        """The change that admits a node whose certificate's key has ``pin`` and opens its
+        session: (the epoch, the node)."""
+        opening = self.nodes.opening(bcd_version)
+
+        def change(node: Node) -> tuple[int, Node]:
+            if node.removed:  # every certificate of a removed node is revoked
+                raise Refusal(NODE_REMOVED, removed_message(node))
+            if pin != node.key_pin:
+                raise Refusal("wrong_key", f"the certificate's key is not the key node "
+                              f"{node.public_id} joined with: use the node key and certificate "
+                              "bcd join wrote")
+            return opening(node), node
+
+        return change
+
+    async def _sections_of(self, node: Node) -> dict[str, Any]:
+        """The desired-state sections of the node's pool's policy (read once per pool: a
+        pool's policy never changes)."""
+        sections = self._pool_sections.get(node.pool_id)
+        if sections is None:
+            sections = await self.call(self.nodes.pool_sections, node)
+            self._pool_sections[node.pool_id] = sections
+        return sections
 
     async def _connection(self, stream: TLSStream) -> None:
         session: Session | None = None
@@ -340,17 +419,17 @@ class Gateway:
                 raise Refusal("hello_first", "the first message of a session must be a Hello")
             if self.stopping:
                 raise Refusal(REPLICA_STOPPING, STOPPING_MESSAGE)
-            await self.call(self._admit, cert, hello)
+            uuid = self._identify(cert, hello)
             with acting_as(hello.node_id):  # what this session records, the node did
-                epoch, node = await self.call(self.nodes.session_opened,
-                                              parse_id("node", hello.node_id), hello.bcd_version)
-                pool_sections = await self.call(self.nodes.pool_sections, node)
+                try:
+                    epoch, node = await self.writes.change(uuid, self._opening(
+                        pki.spki_pin(cert.public_key()), hello.bcd_version))
+                except NotFound:
+                    raise Refusal("unknown_node", f"no node {hello.node_id}: join again with "
+                                  "bcd join") from None
                 session = Session(self, stream, reader, node, epoch, cert.public_key(),
-                                  pool_sections)
-                older = self.sessions.get(session.node_id)
-                self.sessions[session.node_id] = session
-                if older is not None:
-                    older.fence()
+                                  await self._sections_of(node))
+                self._register(session)
                 self.stats["sessions"] += 1
                 await session.run(node)
         except Refusal as refusal:
@@ -362,6 +441,14 @@ class Gateway:
             pass
         except Exception as exc:  # a store outage or a bug: this session ends, not the listener
             await self._failed(stream, session, exc)
+        except anyio.get_cancelled_exc_class():
+            # The gateway is cancelled (a session's own end or fencing never gets here; serve
+            # hands its sessions back before: hand_back): as for a hand-back, the end is not
+            # the node's, and recording it would be one event per node at every stop.
+            if session is not None:
+                self._forget(session)
+                session = None
+            raise
         finally:
             if session is not None:
                 await self._close(session)
@@ -380,17 +467,20 @@ class Gateway:
             with anyio.move_on_after(2), contextlib.suppress(*_CLOSED):
                 await stream.send(encode(Refused(code=error.code, message=error.message)))
 
+    def _forget(self, session: Session) -> None:
+        if self.sessions.get(session.node_id) is session:
+            del self.sessions[session.node_id]
+
     async def _close(self, session: Session) -> None:
         log.info("gateway: node %s's session (epoch %d) ended: %s", session.node_id,
                  session.epoch, session.reason)
-        if self.sessions.get(session.node_id) is session:
-            del self.sessions[session.node_id]
+        self._forget(session)
         if session.fenced:
             return
         with anyio.CancelScope(shield=True), acting_as(session.node_id):
             try:
-                await self.call(self.nodes.session_closed, session.uuid, session.epoch,
-                                session.reason)
+                await self.writes.change(session.uuid, self.nodes.closing(session.epoch,
+                                                                          session.reason))
             except BetterComputeError as exc:
                 log.warning("gateway: could not record the end of node %s's session: %s",
                             session.node_id, exc.message)

@@ -311,11 +311,16 @@ class Session:
             if head.node_id != self.node_id:
                 raise EntryRefused("wrong_node", f"the entry names node {head.node_id}, "
                                    f"not this session's node {self.node_id}")
+            change = gateway.node_changes.get(head.kind)
             handler = gateway.journal_handlers.get(head.kind)
-            if handler is None:
+            if change is not None:  # saved with other sessions' changes (writes.py)
+                change.check(await gateway.writes.change(self.uuid,
+                                                         change.change(self.epoch, payload)))
+            elif handler is not None:
+                await gateway.call(handler, self.uuid, self.epoch, payload)
+            else:
                 raise EntryRefused("unknown_kind", f"no handler for journal entries of kind "
                                    f"{head.kind!r} on this control plane")
-            await gateway.call(handler, self.uuid, self.epoch, payload)
         except EntryRefused as exc:
             gateway.stats["refused"] += 1
             log.warning("node %s: journal entry %d refused: %s", self.node_id, message.seq,

@@ -290,16 +290,19 @@ def _tls(options: ServeOptions, runtime: Runtime, host: str
 
 def _lifespan_tasks(primary: bool, gateway: tuple[str, LifespanTask] | None,
                     gateway_url: str | None, metrics: tuple[str, LifespanTask] | None,
-                    worker: bool = False) -> tuple[list[LifespanTask], str]:
-    """The app's lifespan tasks for this worker, and what the ready line says of them."""
+                    worker: bool = False, gateway_here: bool | None = None
+                    ) -> tuple[list[LifespanTask], str]:
+    """The app's lifespan tasks for this worker, and what the ready line says of them.
+    ``gateway_here``: this worker serves the gateway (by default the primary does)."""
     tasks: list[LifespanTask] = [run_controllers, flush_token_use] if primary \
         else [flush_token_use]
     if worker:  # one of --workers: its state gauges, for scrapes other workers answer
         tasks.append(publish_state)
     notes = ""
-    if gateway is not None and primary:  # the other workers publish its URL only
-        tasks.append(gateway[1])
+    if gateway is not None:
         notes = f"; gateway {gateway_url} (mutual TLS)"
+    if gateway is not None and (primary if gateway_here is None else gateway_here):
+        tasks.append(gateway[1])  # the other workers publish its URL only
     if metrics is not None:
         tasks.append(metrics[1])
         notes += f"; metrics {metrics[0]}"
@@ -363,9 +366,10 @@ def _uvicorn(app: Any, options: ServeOptions, ssl: dict[str, str], env: Mapping[
 def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int | None = None,
           worker_index: int = 0, worker_count: int = 1) -> None:
     """Serve until a signal. ``fd``: a worker of ``--workers`` on its parent's socket (worker
-    ``worker_index`` of ``worker_count``); only worker 0 runs the controllers, the gateway
-    and the /metrics listener (api/http/workers.py). Each worker packs its own lane of nodes
-    first (domain/placement.py)."""
+    ``worker_index`` of ``worker_count``); only worker 0 runs the controllers and the /metrics
+    listener, and only the last worker the gateway (with one worker, the same process;
+    api/http/workers.py). Each worker packs its own lane of nodes first
+    (domain/placement.py)."""
     logs.configure(options.log_level, options.log_format,
                    filters=[RequestFields(), http_limits.ClientNoise()])
     host, port = parse_listen(options.listen)
@@ -396,7 +400,8 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     runtime = Runtime.open(env, gateway_url=gateway_url, lane=lane)
     runtime.service.pki()  # refuses early, with the fix, when `init` has not run
     scheme, names, ssl = _tls(options, runtime, host)
-    tasks, notes = _lifespan_tasks(primary, gateway, gateway_url, metrics, fd is not None)
+    tasks, notes = _lifespan_tasks(primary, gateway, gateway_url, metrics, fd is not None,
+                                   gateway_here=worker_index == worker_count - 1)
     app = build_app(runtime, tasks=tasks)
     shown = f"[{host}]" if ":" in host else host
     ready = (f"serving {scheme}://{shown}:{port}/api/compute on {runtime.config.describe()}"

@@ -4,8 +4,12 @@ The parent binds the API's socket and starts N worker processes (``python -m
 better_compute.api.http.workers DOC``, the socket inherited as a file descriptor, DOC the
 JSON of its index, the descriptor and the serve options). The kernel hands each new connection to one of
 them. Worker 0 also runs what must run once per server: the controllers (still elected
-among replicas), the gateway and the loopback /metrics listener; the others serve the
-API, /watch (each follows the store with its own hub, as replicas do) and the console.
+among replicas) and the loopback /metrics listener; the last worker runs the agents'
+gateway (with one worker, worker 0 runs both). Each serves the API, /watch (each follows
+the store with its own hub, as replicas do) and the console. The gateway is apart from the
+controllers because a fleet connecting at once is two kinds of work that each take a core:
+the gateway's TLS handshakes and sessions, and the controllers' passes and read models
+(docs/decisions.md, "Where the gateway runs").
 Correctness never rested on one process: a placement's save is refused when another
 process booked the same GPUs or used the same quota (the aggregates), and the placer
 then reads again.

@@ -12,7 +12,7 @@ claiming and releasing in the same save as ``node.inventory.accepted``
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -21,7 +21,7 @@ import msgspec
 from eventsourcing.persistence import IntegrityError
 
 from better_compute.api.services.compute import ComputeService
-from better_compute.api.services.unit import RETRY_ATTEMPTS, Aggregates
+from better_compute.api.services.unit import RETRY_ATTEMPTS, Aggregates, Also
 from better_compute.api.wire.journal import AcceptanceResult
 from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned
@@ -46,8 +46,11 @@ KEPT = ("the node kept changing while its GPUs were being checked; nothing was s
 
 
 def claims_of(aggregates: Aggregates, uuids: Iterable[str]) -> dict[str, GpuClaim | None]:
-    """The claim on each GPU UUID (None: never claimed)."""
-    return {u: aggregates.get(GpuClaim, gpu_claim_uuid(u)) for u in dict.fromkeys(uuids)}
+    """The claim on each GPU UUID (None: never claimed). Which claims exist is one query;
+    only those are read."""
+    ids = {u: gpu_claim_uuid(u) for u in dict.fromkeys(uuids)}
+    stored = aggregates.stored(list(ids.values()))
+    return {u: aggregates.get(GpuClaim, i) if i in stored else None for u, i in ids.items()}
 
 
 def held_elsewhere(claims: dict[str, GpuClaim | None], node: Node) -> dict[str, str]:
@@ -107,6 +110,23 @@ class InventoryService:
         verdict says; None. When it lists other GPUs than the node's, refused: the mismatch
         recorded, the running attempt failed (reason ``inventory``), and the refusal's
         message answered, for the Nack."""
+        answer: str | None = self._save_retrying(uuid, self._accepting(epoch, entry))
+        return answer
+
+    def accepting(self, epoch: int, entry: AcceptanceResult) -> Callable[[Node], Also]:
+        """``acceptance_result`` as a change of the node for ``NodeService.change_each``
+        (the gateway saves many sessions' verdicts in one write): the refusal's message or
+        None, and the GPU claims to save with the node."""
+        decide = self._accepting(epoch, entry)
+
+        def change(node: Node) -> Also:
+            changed, answer = decide(node)
+            return Also(answer, [a for a in changed if a is not node])
+
+        return change
+
+    def _accepting(self, epoch: int, entry: AcceptanceResult
+                   ) -> Callable[[Node], tuple[list[TenantOwned], str | None]]:
         reported = [gpu_doc(msgspec.to_builtins(g)) for g in entry.gpus]
         verdict_input = msgspec.to_builtins(entry)
 
@@ -131,8 +151,7 @@ class InventoryService:
             claimed: list[TenantOwned] = [*claim_all(claims, node, now)] if node.adopted else []
             return [node, *claimed], None
 
-        answer: str | None = self._save_retrying(uuid, decide)
-        return answer
+        return decide
 
     def reported(self, uuid: UUID, epoch: int, gpus: builtins.list[dict[str, Any]]) -> bool:
         """The GPUs of a report: when they differ from the node's, ``node.inventory.mismatch``

@@ -10,9 +10,9 @@ ends in one save, retried a few times when another writer got there first.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from uuid import UUID
 
 import msgspec
@@ -20,7 +20,7 @@ from eventsourcing.persistence import IntegrityError, Notification
 
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.inventory import release_all
-from better_compute.api.services.unit import RETRY_ATTEMPTS
+from better_compute.api.services.unit import RETRY_ATTEMPTS, Also
 from better_compute.api.store.eventlog import render
 from better_compute.api.store.node_presence import Presence, Reports
 from better_compute.domain.access import Principal
@@ -47,6 +47,7 @@ from better_compute.projections.capacity_history import BUCKET_S, MAX_WINDOW_S, 
 T = TypeVar("T")
 HISTORY_MIN = timedelta(seconds=12 * BUCKET_S)  # 1h
 HISTORY_MAX = timedelta(seconds=MAX_WINDOW_S)  # 7d
+BATCH = 500  # node changes in one write at most (``change_each``)
 
 
 
@@ -72,6 +73,10 @@ class NodeService:
 
     def load(self, uuid: UUID) -> Node | None:
         return self.service.aggregates.get(Node, uuid)
+
+    def load_each(self, uuids: Sequence[UUID]) -> dict[UUID, Node]:
+        """The nodes of ``uuids`` that exist, read together (``ComputeStore.load_each``)."""
+        return self.service.aggregates.get_each(Node, uuids)
 
     def _node(self, principal: Principal, node_id: str) -> Node:
         node = self.load(parse_id("node", node_id))
@@ -105,6 +110,80 @@ class NodeService:
                 continue
             return node, result
         raise Conflict("the node kept changing while this change was being saved: try again")
+
+    def change_each(self, changes: Sequence[tuple[UUID, Callable[[Node], Any]]]
+                    ) -> builtins.list[Any]:
+        """Each change applied to its node, and what they changed saved in one write per
+        ``BATCH`` changes: what each change returned, or the error it raised, in its place (a
+        missing node: ``NotFound``). A change that also changes other aggregates (the GPU
+        claims an adoption takes) returns them with its answer as ``Also``; they are saved
+        in the same write. A node named more than once takes its changes in order. When
+        another writer saved one of a write's aggregates first (a version clash), each
+        change of that write runs again alone (``_change_alone``), as it would have without
+        the batch.
+
+        The gateway's sessions and the NodeLifecycle controller give their changes here a
+        batch at a time: a fleet's connects, acceptance attempts and verdicts are one write
+        per batch, not one per node (docs/performance.md, "A fleet on one server"). A write
+        holds SQLite's one writer for its length, so it stays a few hundred nodes long."""
+        results: builtins.list[Any] = []
+        for start in range(0, len(changes), BATCH):
+            results.extend(self._change_batch(changes[start:start + BATCH]))
+        return results
+
+    def _change_batch(self, changes: Sequence[tuple[UUID, Callable[[Node], Any]]]
+                      ) -> builtins.list[Any]:
+        nodes: dict[UUID, Node] = {}
+        others: builtins.list[Any] = []
+        results: builtins.list[Any] = []
+        loaded = self.load_each([uuid for uuid, _ in changes])
+        for uuid, change in changes:
+            node = nodes.get(uuid) or loaded.get(uuid)
+            if node is None:
+                results.append(NotFound(f"no node with id {uuid}"))
+                continue
+            nodes[uuid] = node
+            try:
+                result = change(node)
+            except Exception as exc:  # decided before any event: nothing of it to save
+                results.append(exc)
+                continue
+            if isinstance(result, Also):
+                others.extend(result.others)
+                result = result.answer
+            results.append(result)
+        changed = [*(n for n in nodes.values() if n.pending_events), *others]
+        if not changed:
+            return results
+        try:
+            self.service.store.save(*changed)
+        except IntegrityError:  # two of them claimed the same GPU, say: each alone
+            return [self._change_alone(uuid, change) for uuid, change in changes]
+        return results
+
+    def _change_alone(self, uuid: UUID, change: Callable[[Node], Any]) -> Any:
+        """``change`` on its node, and saved; again on a version clash: its answer, or the
+        error it raised."""
+        for _ in range(RETRY_ATTEMPTS):
+            node = self.load(uuid)
+            if node is None:
+                return NotFound(f"no node with id {uuid}")
+            try:
+                result = change(node)
+            except Exception as exc:
+                return exc
+            others = []
+            if isinstance(result, Also):
+                others, result = list(result.others), result.answer
+            changed = [*([node] if node.pending_events else []), *others]
+            if not changed:
+                return result
+            try:
+                self.service.store.save(*changed)
+            except IntegrityError:
+                continue
+            return result
+        return Conflict("the node kept changing while this change was being saved: try again")
 
     # ---------------------------------------------------------------- queries
 
@@ -331,35 +410,58 @@ class NodeService:
 
     # ------------------------------------------------- gateway and controller
 
+    # Each command below is one change of one node (``_change``); the changes themselves are
+    # public (``opening``, ``closing``, ...) so that the gateway and the controller can give
+    # many of them to ``change_each`` at once.
+
     def session_opened(self, uuid: UUID, bcd_version: str | None) -> tuple[int, Node]:
-        node, epoch = self._change(uuid, lambda n: n.connect(self.clock(), bcd_version))
+        node, epoch = self._change(uuid, self.opening(bcd_version))
         return epoch, node
 
+    def opening(self, bcd_version: str | None) -> Callable[[Node], int]:
+        """A new gateway session: the change returns its epoch."""
+        return lambda n: n.connect(self.clock(), bcd_version)
+
     def session_closed(self, uuid: UUID, epoch: int, reason: str) -> bool:
-        _, changed = self._change(uuid, lambda n: n.disconnect(epoch, self.clock(), reason))
-        return changed
+        return bool(self._change(uuid, self.closing(epoch, reason))[1])
+
+    def closing(self, epoch: int, reason: str) -> Callable[[Node], bool]:
+        """The session of ``epoch`` ended: True when that was the node's session."""
+        return lambda n: n.disconnect(epoch, self.clock(), reason)
 
     def mark_unreachable(self, uuid: UUID, epoch: int, last_seen: datetime | None) -> bool:
+        return bool(self._change(uuid, self.unreachable(epoch, last_seen))[1])
+
+    def unreachable(self, epoch: int, last_seen: datetime | None) -> Callable[[Node], bool]:
+        """Nothing heard from session ``epoch`` since ``last_seen``: True when marked."""
         def change(node: Node) -> bool:
             if node.session_epoch != epoch:  # it reconnected since the controller looked
                 return False
             return node.mark_unreachable(self.clock(), last_seen)
 
-        return self._change(uuid, change)[1]
+        return change
 
     def start_first_acceptance(self, uuid: UUID) -> int | None:
         """The controller's step: a connected node that never ran acceptance starts attempt 1."""
-        node = self.load(uuid)
-        if node is None:
-            return None
-        checks = self.checks_for(node)
+        result = self.start_first_acceptances([uuid])[0]
+        if isinstance(result, Exception):
+            raise result
+        return cast(int | None, result)
+
+    def start_first_acceptances(self, uuids: Sequence[UUID]) -> builtins.list[Any]:
+        """``start_first_acceptance`` for each node, in one write (``change_each``): the
+        attempt started, None where none was due, or the error."""
+        checks: dict[str, builtins.list[dict[str, Any]]] = {}  # by pool, read once each
 
         def change(n: Node) -> int | None:
             if n.adopted or n.acceptance_state != ACCEPTANCE_PENDING or n.session != "connected":
                 return None
-            return n.start_acceptance(self.clock(), checks, "the node's session is up", None)
+            if n.pool_id not in checks:
+                checks[n.pool_id] = self.checks_for(n)
+            return n.start_acceptance(self.clock(), checks[n.pool_id],
+                                      "the node's session is up", None)
 
-        return self._change(uuid, change)[1]
+        return self.change_each([(uuid, change) for uuid in uuids])
 
     def time_out_acceptance(self, uuid: UUID, attempt: int, after: timedelta) -> bool:
         """The controller's step: ``attempt`` ran for ``after`` without a verdict: failed."""

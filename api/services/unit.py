@@ -20,7 +20,8 @@ was saved. Every retry loop of the services uses this policy and this number.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -48,6 +49,15 @@ CONFLICT = ("another request changed the same objects at the same time; nothing 
             "run the command again")
 
 
+@dataclass(frozen=True)
+class Also:
+    """What a change of one aggregate answers, and the other aggregates it changed, to save
+    in the same write (``NodeService.change_each``: a node's adoption and its GPU claims)."""
+
+    answer: Any
+    others: Sequence[Any]
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -70,6 +80,29 @@ class Aggregates:
         except AggregateNotFoundError:
             return None
         return aggregate if isinstance(aggregate, cls) else None
+
+    def get_each(self, cls: type[A], uuids: Sequence[UUID]) -> dict[UUID, A]:
+        """The aggregates of ``uuids`` that exist and are of ``cls``, read together
+        (``ComputeStore.load_each``)."""
+        return {u: a for u, a in self.store.load_each(uuids).items() if isinstance(a, cls)}
+
+    def stored(self, uuids: Sequence[UUID]) -> set[UUID]:
+        """Which of ``uuids`` have events in the store (of any class), in one query: where
+        most are new (a fleet's GPU claims at its adoption), ``get`` of each would be two
+        round trips per missing one (its snapshot, its events)."""
+        if not uuids:
+            return set()
+        sql = self.sql
+        with sql.transaction(commit=False) as cursor:
+            if sql.postgres:
+                table = self.store.recorder.events_table_name
+                cursor.execute(f"SELECT DISTINCT originator_id FROM {table} "
+                               "WHERE originator_id = ANY(%s)", (list(uuids),))
+                return {UUID(str(row["originator_id"])) for row in cursor.fetchall()}
+            marks = ",".join("?" * len(uuids))
+            cursor.execute(f"SELECT DISTINCT originator_id FROM stored_events "
+                           f"WHERE originator_id IN ({marks})", tuple(u.hex for u in uuids))
+            return {UUID(hex=str(row["originator_id"])) for row in cursor.fetchall()}
 
     def save(self, *aggregates: TenantOwned, conflict: str = CONFLICT) -> None:
         try:

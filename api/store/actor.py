@@ -15,15 +15,18 @@ every event that command saves:
 
 The value lives in a context variable; anyio copies it into the worker
 threads that run store calls. The store's mapper (``api/store/codec.py``) writes it
-into each event's stored state as ``actor``, where the public log reads it.
+into each event's stored state as ``actor``, where the public log reads it. Events
+made for several commands and saved together (the gateway's batches of its sessions'
+changes, api/gateway/writes.py) carry each their own command's actor, stamped when made
+(``stamp_actor``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 LOCAL = "local"  # the in-process CLI without a token, and `init`
 CONTROLLER_NODES = "controller:nodes"
@@ -58,3 +61,11 @@ def as_actor(actor: str, function: Callable[P, T]) -> Callable[P, T]:
             return function(*args, **kwargs)
 
     return run
+
+
+def stamp_actor(events: Iterable[Any]) -> None:
+    """``events`` carry the current actor from now on, whoever saves them (the mapper keeps
+    an actor an event already has)."""
+    actor = _ACTOR.get()
+    for event in events:
+        event.__dict__["actor"] = actor

@@ -127,6 +127,17 @@ class AggregateCache:
             self.put(aggregate)
         return aggregate
 
+    def kept(self, uuid: UUID) -> tuple[int, Any] | None:
+        """The version of ``uuid`` kept and a private copy of it; None when none is kept."""
+        with self._lock:
+            entry = self._entries.get(uuid)
+            if entry is None:
+                return None
+            self._entries.move_to_end(uuid)
+            if CHECK_IN_PLACE:
+                self._check(uuid, entry[1])
+        return entry[0], _copy(entry[1])
+
     def put(self, aggregate: Any) -> None:
         """Keep ``aggregate`` as it is now, unless a newer version is kept already."""
         data = _keep(aggregate)

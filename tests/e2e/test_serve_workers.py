@@ -21,7 +21,7 @@ from better_compute.domain.access import LOCAL_OPERATOR as OP
 from tests.booking_checks import assert_booked_once_within_quota
 from tests.fleet import add_nodes, make_pool
 from tests.outage import api_client, rpc_call
-from tests.support import eventually, initialize, open_runtime, serve, store_env
+from tests.support import eventually, free_port, initialize, open_runtime, serve, store_env
 
 QUOTA = 12
 CLIENTS = 50
@@ -96,3 +96,49 @@ def test_a_worker_that_dies_stops_the_server_with_status_1(tmp_path: Path) -> No
         os.kill(workers[1], signal.SIGKILL)
         assert server.process.wait(timeout=60) == 1
         eventually(lambda: _gone(workers[0]), "the other worker ended too")
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (Linux /proc: its sockets' inodes)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    ports = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_the_gateway_runs_in_the_last_worker_apart_from_the_controllers(
+        tmp_path: Path) -> None:
+    """A fleet connecting at once is two kinds of work that each take a core: the gateway's
+    handshakes and sessions, the controllers' passes (docs/decisions.md)."""
+    env = store_env("sqlite", tmp_path)
+    initialize(env)
+    gateway = free_port()
+    with serve(env, "--workers", "2", "--gateway-listen", f"127.0.0.1:{gateway}") as server:
+        first, last = _children(server.process.pid)
+        eventually(lambda: gateway in _listening_ports(last), "the last worker serves it")
+        assert gateway not in _listening_ports(first)
+        lock = Path(env["BETTER_COMPUTE_DATA_DIR"]) / "controllers.lock"
+        eventually(lambda: _flock_holder(lock) == first,
+                   "worker 0 runs the controllers")
+
+
+def _flock_holder(path: Path) -> int | None:
+    """The process holding a ``flock`` on ``path`` (Linux /proc/locks), if any."""
+    if not path.exists():
+        return None
+    inode = path.stat().st_ino
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if fields[1] == "FLOCK" and int(fields[5].rsplit(":", 1)[1]) == inode:
+            return int(fields[4])
+    return None

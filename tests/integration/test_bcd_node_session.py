@@ -8,6 +8,8 @@ api/wire/gateway.py with the real PKI. Every wait is on a condition with a deadl
 from __future__ import annotations
 
 import io
+import re
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -263,6 +265,38 @@ async def test_a_refused_session_is_retried_and_reported(tmp_path: Path) -> None
         status = await _status(root.paths)
         assert status["session"]["state"] == "connecting"
         assert "node-retired" in status["session"]["lastError"]
+        group.cancel_scope.cancel()
+
+
+async def test_a_refused_connect_backs_off_to_the_cap_and_a_welcome_starts_again(
+        tmp_path: Path) -> None:
+    """No gateway listens (the server restarts): each refused connect waits twice as long as
+    the one before, up to the cap; once a session is welcomed, the next drop waits from the
+    bottom again."""
+    gateway, root = _setup(tmp_path)
+    with socket.socket() as closed:  # a port nobody listens on: connects are refused
+        closed.bind(("127.0.0.1", 0))
+        gateway.port = closed.getsockname()[1]
+    _point_at(root, gateway.port)
+    out = io.StringIO()
+    agent = _agent(root, out)
+    agent.options.backoff = Backoff(base=0.1, cap=0.4, random=lambda: 1.0)  # the window's top
+
+    def delays() -> list[str]:
+        return re.findall(r"reconnecting in ([0-9.]+)s", out.getvalue())
+
+    async with anyio.create_task_group() as group:
+        await group.start(agent.run)
+        await _until(lambda: len(delays()) >= 4)
+        assert delays()[:4] == ["0.1", "0.2", "0.4", "0.4"]
+        assert "Connect call failed" in out.getvalue() or "refused" in out.getvalue()
+        await group.start(gateway.serve)  # the server is back on its port
+        await gateway.wait_for(lambda: len(gateway.heartbeats) > 0)
+        assert agent.options.backoff.failures == 0
+        seen = len(delays())
+        await gateway.drop()
+        await _until(lambda: len(delays()) > seen)
+        assert delays()[seen] == "0.1"
         group.cancel_scope.cancel()
 
 

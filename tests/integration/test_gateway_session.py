@@ -68,6 +68,43 @@ def test_a_node_is_adopted_over_its_session(env: dict[str, str], tmp_path: Path)
     run_with_gateway(env, tmp_path, body)
 
 
+def test_a_change_recorded_while_the_session_opens_still_goes_down(
+        env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller starts acceptance after the session's node.connected is saved and
+    before the session is in the gateway's table (under load: a fleet connecting at once),
+    and the event's wake-up finds no session: the session still sends the checks."""
+    async def body(plane: Plane) -> None:
+        node = plane.join()
+        assert plane.gateway is not None
+        gateway = plane.gateway
+        seen: list[bytes] = []
+        real_poke = gateway._poke_for
+
+        def poke_for(line: bytes) -> None:
+            seen.append(line)
+            real_poke(line)
+
+        monkeypatch.setattr(gateway, "_poke_for", poke_for)
+        real_sections = plane.nodes.pool_sections
+
+        def sections_after_a_change(n: object) -> object:
+            started = plane.lifecycle.reconcile().acceptance_started
+            assert started == [node.node_id]
+            with anyio.from_thread.start_blocking_portal() as portal:
+                portal.call(wait_for, lambda: any(b"node.acceptance.started" in line
+                                                  for line in seen))
+            return real_sections(n)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(plane.nodes, "pool_sections", sections_after_a_change)
+        client = NodeClient(plane, node)
+        assert isinstance(await client.connect(), wire.Welcome)
+        checks = await client.receive_desired(lambda d: "acceptance" in d.sections)
+        assert checks.sections["acceptance"]["attempt"] == 1
+        await client.close()
+
+    run_with_gateway(env, tmp_path, body)
+
+
 def test_seven_healthy_gpus_fail_until_nodes_adopt(env: dict[str, str], tmp_path: Path) -> None:
     async def body(plane: Plane) -> None:
         node = plane.join()

@@ -18,10 +18,13 @@ import anyio
 import pytest
 
 from better_compute.api.services import inventory
+from better_compute.api.services.reservation_journal import entry_of
 from better_compute.api.store.verify import verify
 from better_compute.api.wire import gateway as wire
+from better_compute.api.wire.journal import AcceptanceResult
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.gpu_claims import GpuClaim, gpu_claim_uuid
+from better_compute.domain.ids import parse_id
 from tests.gateway_client import NodeClient, Plane, gpus, run_with_gateway
 from tests.join_client import hardware
 
@@ -41,15 +44,22 @@ def test_a_gpu_of_another_node_is_refused_until_that_node_lets_it_go(
         await second.receive_desired(lambda d: "acceptance" in d.sections)
 
         # The twin's result comes while it still sees the GPUs free (a race): its claims
-        # are created in its save, which the store refuses; the retry finds them taken.
+        # are created in its save, which the store refuses; the retry finds them taken. The
+        # owner's verdict is saved meanwhile in the same thread, as another replica's gateway
+        # would (this gateway writes its sessions' changes one batch at a time).
         real = inventory.claims_of
         stale: list[bool] = []
+        verdict = entry_of(AcceptanceResult, {
+            "kind": "acceptance.result", "nodeId": owner.node_id, "epoch": 1,
+            "time": "2030-01-01T00:00:00Z", "attempt": 1, "passed": True, "gpus": gpus(8),
+            "checks": [{"kind": "diag.nvml", "passed": True, "message": "8 healthy GPUs"}]})
 
         def racing(aggregates: Any, uuids: Any) -> Any:
             found = real(aggregates, uuids)
             if not stale:  # the twin's first look: before the owner's save
                 stale.append(True)
-                anyio.from_thread.run(first.acceptance, 1, gpus(8))
+                assert plane.runtime.services.inventory.acceptance_result(
+                    parse_id("node", owner.node_id), 1, verdict) is None
                 return dict.fromkeys(found)
             return found
 

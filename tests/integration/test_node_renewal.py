@@ -181,13 +181,13 @@ def test_bcd_renews_when_a_third_is_left_and_connects_with_the_new_certificate(
         node = plane.join()
         paths = node_root(plane, node, tmp_path / "bcd")
         admitted: list[int] = []
-        admit = gateway._admit
+        identify = gateway._identify
 
-        def recording_admit(cert: x509.Certificate, hello: wire.Hello) -> Any:
+        def recording_identify(cert: x509.Certificate, hello: wire.Hello) -> Any:
             admitted.append(cert.serial_number)
-            return admit(cert, hello)
+            return identify(cert, hello)
 
-        gateway._admit = recording_admit  # type: ignore[method-assign]
+        gateway._identify = recording_identify  # type: ignore[method-assign]
         plane.clock.advance(5 * DAY)  # now; bcd and the gateway share the clock
         out = io.StringIO()
         agent = agent_for(paths, plane.clock, out)

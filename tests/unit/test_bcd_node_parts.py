@@ -167,12 +167,31 @@ def test_an_absent_devices_section_keeps_the_holds(tmp_path: Path) -> None:
 # -- small things ------------------------------------------------------------------
 
 
-def test_backoff_grows_to_its_cap_with_jitter_and_resets() -> None:
+def test_backoff_grows_to_its_cap_with_full_jitter_and_resets() -> None:
     backoff = Backoff(base=1.0, cap=8.0, random=lambda: 1.0)
     assert [backoff.next_delay() for _ in range(5)] == [1.0, 2.0, 4.0, 8.0, 8.0]
     backoff.reset()
-    low = Backoff(base=1.0, cap=8.0, random=lambda: 0.0)
-    assert low.next_delay() == 0.5 and backoff.next_delay() == 1.0
+    assert backoff.next_delay() == 1.0
+    quarter = Backoff(base=1.0, cap=8.0, random=lambda: 0.25)
+    assert [quarter.next_delay() for _ in range(5)] == [0.25, 0.5, 1.0, 2.0, 2.0]
+    assert Backoff(base=1.0, cap=8.0, random=lambda: 0.0).next_delay() == 0.0
+
+
+def test_a_fleet_that_failed_together_spreads_over_the_whole_window() -> None:
+    """Full jitter: after the same failures, a fleet's delays cover [0, the window] evenly,
+    not its upper half (where every agent would come back within a few seconds)."""
+    import random
+
+    rng = random.Random(7)
+    delays = []
+    for _ in range(2000):
+        agent = Backoff(base=0.5, cap=30.0, random=rng.random)
+        for _ in range(4):  # four refusals in a row: the window is 0.5 s x 2^4 = 8 s
+            agent.next_delay()
+        delays.append(agent.next_delay())
+    assert max(delays) <= 8.0
+    assert sum(1 for d in delays if d < 2.0) > 400  # a quarter of the window, a quarter of them
+    assert 3.6 < sum(delays) / len(delays) < 4.4
 
 
 @pytest.mark.parametrize(("url", "host", "port"), [

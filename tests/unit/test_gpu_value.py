@@ -62,3 +62,19 @@ def test_the_domain_and_the_wire_state_the_same_rule(healthy: bool | None,
     on_the_wire = msgspec.convert(doc, wire.Gpu)
     assert on_the_wire.is_healthy == gpu_is_healthy(doc) == Gpu.from_doc(doc).healthy
     assert Gpu.from_doc(msgspec.to_builtins(on_the_wire)).healthy == on_the_wire.is_healthy
+
+
+ODD = st.one_of(st.none(), st.booleans(), st.integers(-1, 2), st.sampled_from(["", "x"]),
+                st.lists(st.sampled_from(["", "xid-79"]), max_size=2))
+
+
+@given(healthy=st.one_of(st.just("absent"), ODD), reasons=st.one_of(st.just("absent"), ODD))
+def test_the_documents_health_read_directly_is_the_values(healthy: Any, reasons: Any) -> None:
+    """``gpu_is_healthy`` reads a document without making the value (on every event of a
+    node): for any document, stored or odd, it says what ``Gpu.from_doc`` says."""
+    doc: dict[str, Any] = {"uuid": "GPU-0"}
+    if healthy != "absent":
+        doc["healthy"] = healthy
+    if reasons != "absent":
+        doc["healthReasons"] = reasons
+    assert gpu_is_healthy(doc) == Gpu.from_doc(doc).healthy
