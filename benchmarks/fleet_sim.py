@@ -555,11 +555,18 @@ class _Api:
                                    headers={"authorization": f"Bearer {token}"}, timeout=60)
 
     def call(self, method: str, **params: Any) -> Any:
-        doc = self.client.post("/api/compute/rpc", json={
-            "jsonrpc": "2.0", "id": 1, "method": method, "params": params}).json()
-        if "error" in doc:
-            raise RuntimeError(f"{method}: {doc['error']}")
-        return doc["result"]
+        """The call's result; ``unavailable`` and ``rate_limited`` answers (a server busy with
+        a fleet) are retried a second later for up to a minute, as docs/api.md tells clients."""
+        deadline = time.monotonic() + 60
+        while True:
+            doc = self.client.post("/api/compute/rpc", json={
+                "jsonrpc": "2.0", "id": 1, "method": method, "params": params}).json()
+            if "error" not in doc:
+                return doc["result"]
+            code = (doc["error"].get("data") or {}).get("code")
+            if code not in ("unavailable", "rate_limited") or time.monotonic() > deadline:
+                raise RuntimeError(f"{method}: {doc['error']}")
+            time.sleep(1)
 
     def close(self) -> None:
         self.client.close()

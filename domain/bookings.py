@@ -152,6 +152,9 @@ class NodeBookings(TenantOwned):
         if end <= booking["end"]:
             return
         taken = self.conflicts(booking["gpus"], booking["end"], end, ignore=allocation_id)
+        freed = getattr(self, "freed", {})  # another booking ran on a GPU after this one's end
+        taken += [g for g in booking["gpus"] if g not in taken and freed.get(g, booking["end"])
+                  > booking["end"]]
         if taken:
             raise Conflict(
                 f"GPU{'s' if len(taken) > 1 else ''} {', '.join(taken)} "

@@ -7,8 +7,8 @@ the CLI's own client, and three GPU servers whose bcd joined and connects throug
 Real processes throughout; the faults are an operator's (``scripts/ha restart``) and a lost
 host (``scripts/ha kill``: SIGKILL of Patroni and of every PostgreSQL process of the primary).
 
-The agents' timers are short (a heartbeat a second, unreachable after 10 s without one), so
-an agent left without a session during a rolling restart would be marked unreachable.
+The agents heartbeat every second and are marked unreachable after the default 30 s without
+one, so an agent left without a session through a rolling restart would be marked.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from tests.ha import (
 )
 from tests.support import eventually
 
-# An agent without a session for 10 s is marked unreachable (30 s by default): a hand-back
-# that left one waiting that long would show.
-SETTINGS = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1", "BETTER_COMPUTE_NODE_UNREACHABLE_AFTER": "10"}
+# An agent without a session for the default 30 s is marked unreachable: a hand-back that
+# left one waiting that long would show. (10 s made a loaded machine's slow reconnects count:
+# two marks in each of two suites run side by side at load 10-18, none alone.)
+SETTINGS = {"BETTER_COMPUTE_NODE_HEARTBEAT": "1"}
 CLIENTS = 16
 AGENTS = 3
 UNAVAILABLE_AT_MOST = 30.0  # seconds of `unavailable` after the primary's host is lost

@@ -62,6 +62,17 @@ def test_end_frees_the_gpus_and_is_idempotent() -> None:
     book(b, "alloc_2", ["g0"], 1, 2)
 
 
+def test_an_extension_never_covers_a_later_booking_that_already_ran() -> None:
+    """alloc_1 ran on g0 after alloc_0's end and has ended: extending alloc_0 over that time
+    would record g0 in two bookings at once (found by the property test below)."""
+    b = fresh()
+    book(b, "alloc_0", ["g0"], 0, 1)
+    book(b, "alloc_1", ["g0"], 1, 2)
+    assert b.end("alloc_1", h(2))
+    with pytest.raises(Conflict, match="g0"):
+        b.extend("alloc_0", h(2))
+
+
 def test_host_capacity_is_checked() -> None:
     b = fresh()
     b.book(allocation_id="alloc_1", reservation_id="r", holder="root", gpus=["g0"], cpus=10,
