@@ -32,6 +32,7 @@ from better_compute.api.services.reservation_base import ReservationCore
 from better_compute.api.services.reservation_binding import ReservationBinding
 from better_compute.api.services.reservation_earliest import EarliestStart
 from better_compute.api.services.reservation_queue import DispatchReport, ReservationQueue
+from better_compute.api.services.unit import retry_pause
 from better_compute.domain.access import Principal
 from better_compute.domain.base import TenantOwned, fingerprint, iso
 from better_compute.domain.bookings import NodeBookings, bookings_uuid
@@ -234,6 +235,7 @@ class ReservationService:
         rsv_id = public_id("rsv", uuid)
         give_up = time.monotonic() + PLACEMENT_DEADLINE_S
         avoid = True  # nodes other placements of this process are saving on, while others fit
+        clashes = 0
         while True:
             quota = None
             with self.core.pool_lock(pool.public_id):  # the choice only, not the save
@@ -267,6 +269,8 @@ class ReservationService:
             if done is not None:
                 return done
             avoid = True  # another writer got there first: its booking is in the index now
+            time.sleep(retry_pause(clashes))  # not again in step with the other writers
+            clashes += 1
 
     def _take_quota(self, pool: Pool, tenant: str, rsv_id: str, gpus: int, limit: int
                     ) -> QuotaUse:
