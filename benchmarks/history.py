@@ -604,7 +604,27 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-class Replica:
+class _Process:
+    """A process of the installation that a fault may kill (SIGKILL)."""
+
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def label(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> str:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+        return f"{self.label} (pid {self.process.pid})"
+
+
+class Replica(_Process):
     """One ``serve`` process (and its workers) on fixed ports, so a restart comes back where
     the clients look for it."""
 
@@ -627,14 +647,8 @@ class Replica:
         _wait_for(out, "serving ", self.process, f"replica {self.name}")
 
     @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> str:
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
-        return f"replica {self.name} (pid {self.process.pid})"
+    def label(self) -> str:
+        return f"replica {self.name}"
 
     def kill_worker(self, rng: random.Random) -> str:
         assert self.process is not None
@@ -656,7 +670,7 @@ class Replica:
                 self.process.wait()
 
 
-class Agent:
+class Agent(_Process):
     """A GPU server with the fake GPU source, joined with ``bcd join``, run by ``bcd node``."""
 
     def __init__(self, folder: Path, serial: str) -> None:
@@ -699,14 +713,8 @@ class Agent:
         _wait_for(out, "session connected", self.process, f"bcd {self.serial}")
 
     @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> str:
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
-        return f"bcd {self.serial} (pid {self.process.pid})"
+    def label(self) -> str:
+        return f"bcd {self.serial}"
 
 
 class Supervisor(threading.Thread):
