@@ -67,6 +67,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from better_compute.benchmarks import harness
 from better_compute.benchmarks.harness import (
     cpu_seconds,
     cpu_ticks,
@@ -609,12 +610,7 @@ class _Server:
         """SIGTERM, then SIGKILL after 60 s; how long it took to end."""
         t0 = time.monotonic()
         if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            harness.stop(self.process, 60)
         return time.monotonic() - t0
 
     def tail(self) -> str:

@@ -107,12 +107,17 @@ def serving(env: dict[str, str], port: int, *extra: str, argv: Sequence[str] = (
                 raise SystemExit(f"serve did not start: {ready} {log.read()[-2000:]}")
             yield server
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop(server, 30)
+
+
+def stop(process: subprocess.Popen[str] | subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, then SIGKILL when it has not ended within ``timeout`` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def free_port() -> int:

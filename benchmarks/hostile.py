@@ -345,15 +345,21 @@ class _Attack:
             self.outcomes["whoami"][outcome] += count
 
 
-def _whoami_probe(url: str, ca_file: str, token: str) -> None:
-    """root's whoami in a loop until stdin closes; prints the latencies as JSON."""
+def _set_when_stdin_closes() -> threading.Event:
+    """An event set when standard input closes (the benchmark's end, for a probe process)."""
     done = threading.Event()
 
-    def until_stdin_closes() -> None:
+    def wait() -> None:
         sys.stdin.read()
         done.set()
 
-    threading.Thread(target=until_stdin_closes, daemon=True).start()
+    threading.Thread(target=wait, daemon=True).start()
+    return done
+
+
+def _whoami_probe(url: str, ca_file: str, token: str) -> None:
+    """root's whoami in a loop until stdin closes; prints the latencies as JSON."""
+    done = _set_when_stdin_closes()
     ms: list[float] = []
     outcomes: Counter[str] = Counter()
     with httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca_file),
@@ -590,13 +596,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 def _probe_loop(call: Any) -> None:
     """``call()`` (True when it succeeded) in a loop until stdin closes; prints the
     latencies of the successes and the number of failures as JSON."""
-    done = threading.Event()
-
-    def until_stdin_closes() -> None:
-        sys.stdin.read()
-        done.set()
-
-    threading.Thread(target=until_stdin_closes, daemon=True).start()
+    done = _set_when_stdin_closes()
     ms: list[float] = []
     failed = 0
     while not done.is_set():

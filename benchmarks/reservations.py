@@ -61,6 +61,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from better_compute.benchmarks import harness
 from better_compute.benchmarks.harness import (
     cpu_seconds,
     cpu_ticks,
@@ -98,12 +99,7 @@ class Server:
         return cpu_seconds(self.process.pid)
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        harness.stop(self.process, 60)
 
 
 # --------------------------------------------------------------------------- one phase

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from better_compute.benchmarks import harness
 from better_compute.benchmarks.harness import (
     cpu_seconds,
     cpu_ticks,
@@ -159,12 +160,7 @@ class SlurmCluster:
     def close(self) -> None:
         for process in reversed(self.processes):
             if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                harness.stop(process, 30)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
