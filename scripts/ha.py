@@ -94,6 +94,8 @@ class Layout:
         self.file = self.dir / "state.json"
         self.state: dict[str, Any] = json.loads(self.file.read_text()) if self.file.exists() \
             else {}
+        # The processes this run of the script started: how one ended is known only here.
+        self.spawned: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- what the state holds
 
@@ -172,7 +174,29 @@ class Layout:
                                        stdin=subprocess.DEVNULL, env=env, cwd=folder,
                                        start_new_session=True)
         (folder / "pid").write_text(str(process.pid))
+        self.spawned[part] = process
         return process.pid
+
+    def running(self, part: str) -> bool:
+        """Whether ``part`` runs: for a process this run started, until it ends (its pid
+        file's check by command line would be wrong meanwhile: the kernel closes the exec
+        pipe that ``Popen`` waits on a moment before the new program's command line is
+        readable, so a loaded machine can see it empty); else by its pid file."""
+        process = self.spawned.get(part)
+        if process is not None:
+            return process.poll() is None
+        return self.pid(part) is not None
+
+    def ended(self, part: str) -> str:
+        """How ``part``'s process that this run started ended ("" when it did not, or when
+        another run started it)."""
+        process = self.spawned.get(part)
+        code = process.poll() if process is not None else None
+        if code is None:
+            return ""
+        if code < 0:
+            return f" (killed by {signal.Signals(-code).name})"
+        return f" (exited with status {code})"
 
     def log_tail(self, part: str, lines: int = 15) -> str:
         path = self.dir / part / "log"
@@ -198,9 +222,9 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = START_TIMEOU
                 return
         except Exception:  # not up yet: connection refused, a half-written file …
             pass
-        if layout is not None and part is not None and not layout.pid(part):
-            raise HaError(f"{what}: {part} is not running\n{part}'s log ends:\n"
-                          f"{layout.log_tail(part)}")
+        if layout is not None and part is not None and not layout.running(part):
+            raise HaError(f"{what}: {part} is not running{layout.ended(part)}\n"
+                          f"{part}'s log ends:\n{layout.log_tail(part)}")
         if time.monotonic() > deadline:
             tail = f"\n{part}'s log ends:\n{layout.log_tail(part)}" if layout and part else ""
             raise HaError(f"{what}: not within {timeout:.0f}s{tail}")
