@@ -287,7 +287,6 @@ class LocalClient:
     """In-process calls on the local store (no server); same methods, same checks."""
 
     def __init__(self, env: Mapping[str, str], token: str | None) -> None:
-        import better_compute.api.http.methods  # noqa: F401  (registers methods)
         from better_compute.api.runtime import Runtime
 
         self.runtime = Runtime.open(env)

@@ -21,7 +21,6 @@ import anyio.from_thread
 import httpx
 from starlette.types import Message, Scope
 
-import better_compute.api.http.methods  # noqa: F401  (registers every method)
 from better_compute.api.http.app import ServerState, build_app
 from better_compute.api.runtime import Runtime
 from better_compute.domain.access import LOCAL_OPERATOR

@@ -31,7 +31,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-import better_compute.api.http.methods  # noqa: F401  (registers every JSON-RPC method)
 from better_compute.api.http import console, http_limits, join_routes, readiness, rpc, watch
 from better_compute.api.http.metrics import ServerMetrics
 from better_compute.api.http.request_log import (

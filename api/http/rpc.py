@@ -1,10 +1,10 @@
-"""JSON-RPC 2.0: the method registry, decoding, dispatch and error mapping.
+"""JSON-RPC 2.0: decoding, dispatch by the table of methods (api/http/methods/table.py) and
+error mapping.
 
-Methods register here with their params Struct; params are decoded only once
-the method is known. Project errors map to JSON-RPC errors in ONE place
-(``_error``); so do the store's errors that mean an outage (api/store/outage.py:
-``unavailable``, with a message that says to retry); anything else is a bug,
-logged with an incident id, and the peer sees no traceback.
+Params are decoded into the method's params Struct only once the method is known. Project
+errors map to JSON-RPC errors in ONE place (``_error``); so do the store's errors that mean an
+outage (api/store/outage.py: ``unavailable``, with a message that says to retry); anything
+else is a bug, logged with an incident id, and the peer sees no traceback.
 
 Every failure to decode a body (bad JSON, nesting deeper than the decoder
 goes, invalid UTF-8) is a JSON-RPC parse error, never ``internal``. Decoded
@@ -20,15 +20,15 @@ import difflib
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from better_compute.api.http import request_log
+from better_compute.api.http.methods import Call, Method
+from better_compute.api.http.methods.table import METHODS as METHODS  # dispatched by here
 from better_compute.api.http.params_bounds import check_params
-from better_compute.api.http.schemas import Params, RpcError, RpcRequest, RpcResponse
-from better_compute.api.services.compute import ComputeService
+from better_compute.api.http.schemas import RpcError, RpcRequest, RpcResponse
 from better_compute.api.services.registry import Services
 from better_compute.api.store.actor import LOCAL, acting_as
 from better_compute.api.store.outage import outage_error
@@ -36,49 +36,6 @@ from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, InvalidInput
 
 log = logging.getLogger("better_compute.rpc")
-
-
-@dataclass(frozen=True)
-class Call:
-    services: Services  # built once by the composition root (api/runtime.py)
-    principal: Principal
-
-    @property
-    def service(self) -> ComputeService:
-        return self.services.compute
-
-
-Handler = Callable[[Call, Any], Any]
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str
-    params: type[Params]
-    handler: Handler
-    summary: str
-    public: bool = False  # callable without a token
-    # Books or frees GPUs: runs in the writers' lane (``writes_hint``, api/http/app.py).
-    writes: bool = False
-
-    def schema(self) -> dict[str, Any]:
-        return msgspec.json.schema(self.params)
-
-
-METHODS: dict[str, Method] = {}
-
-
-def method(name: str, params: type[Params], summary: str, *, public: bool = False,
-           writes: bool = False) -> Callable[[Handler], Handler]:
-    def register(handler: Handler) -> Handler:
-        if name in METHODS:
-            raise RuntimeError(f"JSON-RPC method {name} registered twice")
-        METHODS[name] = Method(name, params, handler, summary, public, writes)
-        _WRITES.clear()
-        return handler
-
-    return register
-
 
 _ENCODER = msgspec.json.Encoder()
 _REQUEST = msgspec.json.Decoder(RpcRequest)
@@ -159,7 +116,8 @@ def handle(
     return _ENCODER.encode(response)
 
 
-_WRITES: list[bytes] = []  # each ``writes`` method's name as a JSON string, once built
+# Each ``writes`` method's name as a JSON string.
+_WRITES = tuple(f'"{m.name}"'.encode() for m in METHODS.values() if m.writes)
 
 
 def writes_hint(body: bytes) -> bool:
@@ -168,8 +126,6 @@ def writes_hint(body: bytes) -> bool:
     loop rather than in a thread. A hint: a name found elsewhere in a body (say, in a
     parameter) only sends that call down the narrower lane, and a name escaped in the JSON
     only down the wider one; which lane runs a call never changes what it does."""
-    if not _WRITES:
-        _WRITES.extend(f'"{m.name}"'.encode() for m in registered().values() if m.writes)
     return any(name in body for name in _WRITES)
 
 
@@ -179,14 +135,6 @@ def parse_error(code: int, message: str, request_id: int | str | None = None) ->
     return _ENCODER.encode(RpcResponse(id=request_id, error=err))
 
 
-def registered() -> dict[str, Method]:
-    """Every method, whoever calls first: the methods package registers them as it loads (it
-    imports this module, so it cannot be imported at the top of it)."""
-    if not METHODS:
-        import better_compute.api.http.methods  # noqa: F401
-    return METHODS
-
-
 def answer(
     request: RpcRequest, services: Services, authenticate: Callable[[], Principal]
 ) -> RpcResponse:
@@ -194,7 +142,7 @@ def answer(
     if request.jsonrpc != "2.0":
         err = RpcError(-32600, 'jsonrpc must be "2.0"', {"code": "invalid_request"})
         return RpcResponse(id=request_id, error=err)
-    m = registered().get(request.method)
+    m = METHODS.get(request.method)
     if m is None:
         return RpcResponse(id=request_id, error=_unknown_method(request.method))
     try:
@@ -213,10 +161,3 @@ def _maybe(authenticate: Callable[[], Principal]) -> Principal | None:
         return authenticate()
     except BetterComputeError:
         return None
-
-
-def discover() -> list[dict[str, Any]]:
-    return [
-        {"name": m.name, "summary": m.summary, "public": m.public, "params": m.schema()}
-        for m in sorted(METHODS.values(), key=lambda m: m.name)
-    ]

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-import better_compute.api.http.methods  # noqa: F401  (registers every method)
 from better_compute.api.http import rpc
 from better_compute.api.runtime import Runtime
 from better_compute.domain.ids import parse_id

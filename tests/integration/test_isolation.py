@@ -25,7 +25,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
-import better_compute.api.http.methods  # noqa: F401  (registers every method)
 from better_compute.api import pki
 from better_compute.api.http import rpc
 from better_compute.api.runtime import Runtime

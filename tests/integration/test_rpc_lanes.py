@@ -34,7 +34,7 @@ def body(method: str, **params: Any) -> bytes:
 
 
 def test_the_methods_that_book_or_free_gpus_are_the_writers() -> None:
-    assert {m.name for m in rpc.registered().values() if m.writes} == WRITES
+    assert {m.name for m in rpc.METHODS.values() if m.writes} == WRITES
 
 
 @pytest.mark.parametrize("method", sorted(WRITES))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-import better_compute.api.http.methods  # noqa: F401  (registers every method)
 from better_compute.api.http import rpc
+from better_compute.api.http.methods import Method
 from better_compute.cli.main import build_parser
 from better_compute.domain.errors import error_codes
 
@@ -64,7 +64,7 @@ def command_parsers(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = (
     return found
 
 
-def param_names(method: rpc.Method) -> list[str]:
+def param_names(method: Method) -> list[str]:
     schema = method.schema()
     ref = schema.get("$ref", "").rsplit("/", 1)[-1]
     body = schema.get("$defs", {}).get(ref, schema)

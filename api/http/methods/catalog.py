@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from better_compute.api.http.rpc import Call, method
+from better_compute.api.http.methods import Call
 from better_compute.api.http.schemas import ListScope, NoParams, Params
 
 
@@ -15,7 +15,6 @@ class TenantsCreate(Params, kw_only=True):
     name: str | None = None
 
 
-@method("tenants.create", TenantsCreate, "Create a tenant (root administrators).")
 def tenants_create(call: Call, p: TenantsCreate) -> dict[str, Any]:
     return call.service.tenants_create(call.principal, p.tenant_id, p.name)
 
@@ -24,12 +23,10 @@ class TenantsGet(Params, kw_only=True):
     tenant_id: str
 
 
-@method("tenants.get", TenantsGet, "One tenant.")
 def tenants_get(call: Call, p: TenantsGet) -> dict[str, Any]:
     return call.service.tenants_get(call.principal, p.tenant_id)
 
 
-@method("tenants.list", NoParams, "Tenants the caller sees (the root tenant sees all).")
 def tenants_list(call: Call, _: NoParams) -> list[dict[str, Any]]:
     return call.service.tenants_list(call.principal)
 
@@ -41,9 +38,6 @@ class TokensCreate(Params, kw_only=True):
     ttl: str | None = None  # e.g. 90d; default and maximum: the server's settings
 
 
-@method("tokens.create", TokensCreate,
-        "Mint an API token for a tenant with a role (admin, member, read-only) and a TTL; "
-        "shown once.")
 def tokens_create(call: Call, p: TokensCreate) -> dict[str, Any]:
     return call.service.tokens_create(call.principal, p.tenant_id, p.role, p.name, p.ttl)
 
@@ -53,9 +47,6 @@ class TokensList(ListScope, kw_only=True):
     after: str | None = None  # only those created after this token (the next page)
 
 
-@method("tokens.list", TokensList,
-        "A tenant's tokens (never their secrets), with their state, end and last use; a page "
-        "of at most limit (1,000) after after; allTenants: every tenant's (root admins).")
 def tokens_list(call: Call, p: TokensList) -> list[dict[str, Any]]:
     return call.service.tokens.list(call.principal, p.tenant_id, p.limit, p.after,
                                     p.all_tenants)
@@ -65,7 +56,6 @@ class TokensRevoke(Params, kw_only=True):
     token_id: str  # the tok_ id names the tenant; no tenantId to contradict it
 
 
-@method("tokens.revoke", TokensRevoke, "Revoke a token; it stops working at once.")
 def tokens_revoke(call: Call, p: TokensRevoke) -> dict[str, Any]:
     return call.service.tokens_revoke(call.principal, p.token_id)
 
@@ -77,8 +67,6 @@ class SitesCreate(Params, kw_only=True):
     key: str | None = None
 
 
-@method("sites.create", SitesCreate,
-        "Create a platform site, shared or dedicated (root tenant); key makes it retry-safe.")
 def sites_create(call: Call, p: SitesCreate) -> dict[str, Any]:
     return call.service.sites_create(call.principal, p.kind, p.region, p.name, p.key)
 
@@ -87,7 +75,6 @@ class SitesGet(Params, kw_only=True):
     site_id: str
 
 
-@method("sites.get", SitesGet, "One site.")
 def sites_get(call: Call, p: SitesGet) -> dict[str, Any]:
     return call.service.sites_get(call.principal, p.site_id)
 
@@ -96,8 +83,6 @@ class SitesList(Params, kw_only=True):
     all_tenants: bool = False  # say that every tenant's are meant (root sees them all anyway)
 
 
-@method("sites.list", SitesList,
-        "Sites the caller sees (root: every tenant's; allTenants says so, root only).")
 def sites_list(call: Call, p: SitesList) -> list[dict[str, Any]]:
     return call.service.sites_list(call.principal, p.all_tenants)
 
@@ -111,8 +96,6 @@ class PoolsCreate(Params, kw_only=True):
     key: str | None = None
 
 
-@method("pools.create", PoolsCreate,
-        "Create a pool of one GPU model with a policy on a site; key makes it retry-safe.")
 def pools_create(call: Call, p: PoolsCreate) -> dict[str, Any]:
     return call.service.pools_create(
         call.principal, p.site_id, p.node_class, p.gpu_model, p.policy, p.name, p.key
@@ -123,7 +106,6 @@ class PoolsGet(Params, kw_only=True):
     pool_id: str
 
 
-@method("pools.get", PoolsGet, "One pool with its policy and offerings.")
 def pools_get(call: Call, p: PoolsGet) -> dict[str, Any]:
     return call.service.pools_get(call.principal, p.pool_id)
 
@@ -133,9 +115,6 @@ class PoolsList(Params, kw_only=True):
     all_tenants: bool = False  # say that every tenant's are meant (root sees them all anyway)
 
 
-@method("pools.list", PoolsList,
-        "Pools the caller owns or is offered (root: every tenant's; allTenants says so, root "
-        "only).")
 def pools_list(call: Call, p: PoolsList) -> list[dict[str, Any]]:
     return call.service.pools_list(call.principal, p.site_id, p.all_tenants)
 
@@ -146,8 +125,6 @@ class PoolsOffer(Params, kw_only=True):
     quota: dict[str, Any]
 
 
-@method("pools.offer", PoolsOffer,
-        "Offer a pool to a tenant with a quota (the resource is gpu), or change the quota.")
 def pools_offer(call: Call, p: PoolsOffer) -> dict[str, Any]:
     return call.service.pools_offer(call.principal, p.pool_id, p.to_tenant_id, p.quota)
 
@@ -158,8 +135,5 @@ class TokensRotate(Params, kw_only=True):
     ttl: str | None = None  # the new token's lifetime (default: the old one's)
 
 
-@method("tokens.rotate", TokensRotate,
-        "A new secret for a token (same tenant, role and name; a new id); the old one keeps "
-        "working for the grace period. Admins rotate their tenant's tokens; a token itself.")
 def tokens_rotate(call: Call, p: TokensRotate) -> dict[str, Any]:
     return call.services.tokens.rotate(call.principal, p.token_id, p.grace, p.ttl)

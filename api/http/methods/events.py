@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from better_compute.api.http.rpc import Call, method
+from better_compute.api.http.methods import Call
 from better_compute.api.http.schemas import NoParams, Params
 from better_compute.api.store.eventlog import AuditFilter, EventLog, decode_lines, filter_for
 
@@ -25,11 +25,6 @@ class ProjectionsRebuild(Params, kw_only=True):
     name: str | None = None
 
 
-@method("events.list",
-        EventsList,
-        "A page of the event log after `since`: {events, head, next}. Continue with since=next; "
-        "once next equals head you have every event up to head, so watch from there. "
-        "actor, subject and [from, to) narrow it for an audit.")
 def events_list(call: Call, params: EventsList) -> dict[str, Any]:
     audit = AuditFilter.parse(params.actor, params.subject, params.from_, params.to,
                               call.service.clock())
@@ -38,8 +33,6 @@ def events_list(call: Call, params: EventsList) -> dict[str, Any]:
     return {"events": decode_lines(page.entries), "head": page.head, "next": page.next}
 
 
-@method("projections.status", NoParams,
-        "Every read model with its position in the event log and its lag (root admins).")
 def projections_status(call: Call, _: NoParams) -> list[dict[str, Any]]:
     call.principal.require_root_admin("read the projections' status")
     return [
@@ -48,9 +41,6 @@ def projections_status(call: Call, _: NoParams) -> list[dict[str, Any]]:
     ]
 
 
-@method("projections.rebuild", ProjectionsRebuild,
-        "Empty one read model (or all) and apply the event log again from sequence 0 "
-        "(root admins).")
 def projections_rebuild(call: Call, params: ProjectionsRebuild) -> list[dict[str, Any]]:
     call.principal.require_root_admin("rebuild projections")
     runner = call.service.projections

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from better_compute.api.http.rpc import Call, method
+from better_compute.api.http.methods import Call
 from better_compute.api.http.schemas import ListScope, Params
 from better_compute.api.services.join import JoinService
 from better_compute.api.wire.join import JoinParams
@@ -32,32 +32,22 @@ def _joins(call: Call) -> JoinService:
     return call.services.join
 
 
-@method("joinTokens.create", JoinTokensCreate,
-        "Mint a join token for a pool (TTL 1m..24h, max uses, optional expect binding); "
-        "the secret is in `token`, shown once; key makes it retry-safe.")
 def join_tokens_create(call: Call, p: JoinTokensCreate) -> dict[str, Any]:
     return _joins(call).create(call.principal, p.pool_id, p.ttl, p.max_uses, p.expect_serial,
                                p.expect_mac, p.expect_uuid, p.key)
 
 
-@method("joinTokens.list", JoinTokensList,
-        "A tenant's join tokens (never their secrets); allTenants: every tenant's (root).")
 def join_tokens_list(call: Call, p: JoinTokensList) -> list[dict[str, Any]]:
     return _joins(call).list(call.principal, p.tenant_id, p.pool_id, p.all_tenants)
 
 
-@method("joinTokens.get", JoinTokenRef, "One join token: state, uses, binding, expiry.")
 def join_tokens_get(call: Call, p: JoinTokenRef) -> dict[str, Any]:
     return _joins(call).get(call.principal, p.join_token_id)
 
 
-@method("joinTokens.revoke", JoinTokenRef, "Revoke a join token; no machine joins with it after.")
 def join_tokens_revoke(call: Call, p: JoinTokenRef) -> dict[str, Any]:
     return _joins(call).revoke(call.principal, p.join_token_id)
 
 
-@method("nodes.join", JoinParams,  # type: ignore[arg-type]  # a wire Struct, tolerant of new fields
-        "Join a machine with a join token (bcd join): params are the sealed JoinRequest; the "
-        "answer is a JoinResponse signed by the join signing key.", public=True)
 def nodes_join(call: Call, p: JoinParams) -> dict[str, str]:
     return _joins(call).join(p.sealed)

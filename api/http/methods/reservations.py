@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from better_compute.api.http.rpc import Call, method
+from better_compute.api.http.methods import Call
 from better_compute.api.http.schemas import ListScope, Params
 
 
@@ -55,10 +55,6 @@ class ReservationsExtend(Params, kw_only=True):
     tenant_id: str | None = None
 
 
-@method("reservations.create", ReservationsCreate,
-        "Reserve GPUs of a pool for a duration: the placer books them on one node with their "
-        "host CPUs and memory (now, at start, or at the earliest start); key makes it "
-        "retry-safe; queue waits in the pool's queue when it cannot be placed.", writes=True)
 def reservations_create(call: Call, p: ReservationsCreate) -> dict[str, Any]:
     return call.services.reservations.create(
         call.principal, tenant_id=p.tenant_id, pool_id=p.pool_id, gpus=p.gpus,
@@ -68,43 +64,27 @@ def reservations_create(call: Call, p: ReservationsCreate) -> dict[str, Any]:
     )
 
 
-@method("reservations.get", ReservationRef, "One reservation with its state and binding.")
 def reservations_get(call: Call, p: ReservationRef) -> dict[str, Any]:
     return call.services.reservations.get_doc(call.principal, p.reservation_id)
 
 
-@method("reservations.list", ReservationsList,
-        "A tenant's reservations (allTenants: every tenant's, root), oldest first, a page of "
-        "at most limit (1,000) after after.")
 def reservations_list(call: Call, p: ReservationsList) -> list[dict[str, Any]]:
     return call.services.reservations.list(call.principal, p.tenant_id, p.pool_id, p.state,
                                            p.limit, p.after, p.all_tenants)
 
 
-@method("reservations.release", ReservationRef,
-        "End a started reservation now: bookings end, quota is refunded, the hold leaves "
-        "the node.", writes=True)
 def reservations_release(call: Call, p: ReservationRef) -> dict[str, Any]:
     return call.services.reservations.release(call.principal, p.reservation_id)
 
 
-@method("reservations.cancel", ReservationRef,
-        "Withdraw a reservation that has not started yet (a queued one leaves the queue).",
-        writes=True)
 def reservations_cancel(call: Call, p: ReservationRef) -> dict[str, Any]:
     return call.services.reservations.release(call.principal, p.reservation_id, cancel=True)
 
 
-@method("reservations.extend", ReservationsExtend,
-        "Extend a reservation by a duration when its GPUs are free for the extra time.",
-        writes=True)
 def reservations_extend(call: Call, p: ReservationsExtend) -> dict[str, Any]:
     return call.services.reservations.extend(call.principal, p.reservation_id, p.by)
 
 
-@method("capacity.preview", CapacityPreview,
-        "Would a reservation fit now, and with which host CPUs and memory? When not, the "
-        "earliest start at which it fits. Books nothing.")
 def capacity_preview(call: Call, p: CapacityPreview) -> dict[str, Any]:
     return call.services.reservations.preview(
         call.principal, tenant_id=p.tenant_id, pool_id=p.pool_id, gpus=p.gpus,

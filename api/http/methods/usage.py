@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from better_compute.api.http.rpc import Call, method
+from better_compute.api.http.methods import Call
 from better_compute.api.http.schemas import Params
 from better_compute.api.services.usage import usage_report
 
@@ -19,10 +19,6 @@ class UsageReport(Params, kw_only=True):
     by: str | list[str] | None = None
 
 
-@method("usage.report", UsageReport,
-        "GPU-hours booked and held active in [from, to), exact to the second, by tenant, pool "
-        "and/or day; running reservations count to now. Root sees every tenant; others their "
-        "own.")
 def usage_report_method(call: Call, p: UsageReport) -> dict[str, Any]:
     return usage_report(call.service, call.principal, tenant_id=p.tenant_id, pool_id=p.pool_id,
                         start=p.from_, end=p.to, by=p.by)
