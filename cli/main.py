@@ -13,10 +13,26 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 from better_compute.cli import exit_codes
-from better_compute.cli.commands import GROUPS
+from better_compute.cli.commands import (
+    api,
+    capacity,
+    catalog,
+    completion,
+    daemon,
+    events,
+    join_tokens,
+    nodes,
+    projections,
+    reservations,
+    setup,
+    store,
+    usage,
+)
 from better_compute.cli.registry import add_output_flags
 from better_compute.domain.errors import BetterComputeError
 from better_compute.domain.visible import visible
@@ -39,6 +55,14 @@ examples:
   better-compute api system.whoami
   better-compute nodes list -o wide
   source <(better-compute completion bash)"""
+
+
+# The command groups, in the order `help` lists them; ``capacity`` gets reservations'
+# ``--preview`` as an extension.
+GROUPS = (setup, api, catalog, join_tokens, daemon, nodes,
+          SimpleNamespace(register=partial(capacity.register,
+                                           extensions=[reservations.CAPACITY_PREVIEW])),
+          reservations, events, projections, usage, store, completion)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     help_parser.set_defaults(run="help")
     for group in GROUPS:
         group.register(sub)
+    parser.set_defaults(root_parser=parser)  # `completion` walks the whole tree
     return parser
 
 

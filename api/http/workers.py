@@ -1,7 +1,7 @@
 """``serve --workers N``: N processes serve the API on one listening socket (docs/performance.md).
 
 The parent binds the API's socket and starts N worker processes (``python -m
-better_compute.api.http.workers DOC``, the socket inherited as a file descriptor, DOC the
+better_compute.api.http.worker_process DOC``, the socket inherited as a file descriptor, DOC the
 JSON of its index, the descriptor and the serve options). The kernel hands each new connection to one of
 them. Worker 0 also runs what must run once per server: the controllers (still elected
 among replicas) and the loopback /metrics listener; the last worker runs the agents'
@@ -40,7 +40,6 @@ The default number of workers is the cores this process may run on (``default_wo
 from __future__ import annotations
 
 import dataclasses
-import faulthandler
 import fcntl
 import json
 import logging
@@ -166,7 +165,7 @@ def supervise(options: Any, env: dict[str, str] | None, host: str, port: int) ->
             doc = {"fd": sock.fileno(), "index": index, "parent": os.getpid(),
                    "options": dataclasses.asdict(options)}
             workers.append(subprocess.Popen(
-                [sys.executable, "-m", "better_compute.api.http.workers", json.dumps(doc)],
+                [sys.executable, "-m", "better_compute.api.http.worker_process", json.dumps(doc)],
                 env=base, pass_fds=(sock.fileno(),),
                 stdout=subprocess.PIPE, text=True))
         first, error = _await_ready(workers)
@@ -243,42 +242,3 @@ def _reap(workers: list[subprocess.Popen[str]]) -> None:
                         w.pid, STOP_TIMEOUT)
             w.kill()
             w.wait()
-
-
-def worker_main() -> None:
-    """A worker: ``serve`` on the inherited socket (see the module docstring)."""
-    doc = json.loads(sys.argv[1])
-    _die_with_parent(int(doc["parent"]))
-    # ``kill -USR1 PID``: every thread's stack on stderr, for a worker that seems stuck (once
-    # it serves, its tasks too: api/http/introspect.py).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    from better_compute.api.http.metrics import as_worker_of
-    from better_compute.api.http.serve import ServeOptions, serve
-    from better_compute.domain.errors import BetterComputeError
-
-    as_worker_of(int(doc["parent"]))
-
-    options = ServeOptions(**{**doc["options"], "workers": 1})
-    try:
-        serve(options, dict(os.environ), fd=int(doc["fd"]), worker_index=int(doc["index"]),
-              worker_count=int(doc["options"]["workers"]))
-    except BetterComputeError as exc:  # for the parent to raise (_await_ready)
-        print("error " + json.dumps({"code": exc.code, "message": exc.message}), flush=True)
-        sys.exit(1)
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this worker when its parent ends (Linux; elsewhere a no-op)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent ended before the call: nobody to serve for
-        os._exit(1)
-
-
-if __name__ == "__main__":
-    worker_main()

@@ -204,9 +204,7 @@ def completion(ctx: Context, a: argparse.Namespace) -> None:
     if not a.shell:
         raise InvalidInput("completion needs a shell: bash, zsh or fish "
                            "(or --names KIND, what the scripts call on TAB)")
-    from better_compute.cli.main import build_parser
-
-    print(script(a.shell, build_parser()), end="")
+    print(script(a.shell, a.root_parser), end="")
 
 
 def register(sub: Any) -> None:

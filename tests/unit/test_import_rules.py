@@ -8,12 +8,17 @@
   (domain/visible.py), which import the standard library only, so bcd ships them beside the
   wire schemas (scripts/build-bcd);
 - cli/ reaches the server only through its client (cli/client.py), except the commands that
-  ARE the server's local tools and say so below.
+  ARE the server's local tools and say so below;
+- no import cycles among our modules, counting imports inside functions (a deferred import
+  hides a cycle, it does not remove it) but not those under ``if TYPE_CHECKING:``, which never
+  run: they name a type for the checker, as a quoted annotation would.
 """
 
 from __future__ import annotations
 
 import ast
+import graphlib
+import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,8 +46,8 @@ CLI_ANYWHERE = ("better_compute.api.net", "better_compute.api.wire", "better_com
                 "better_compute.cli")
 
 
-def sources(folder: str) -> Iterator[Path]:
-    for path in sorted((ROOT / folder).rglob("*.py")):
+def sources(folder: str, root: Path = ROOT) -> Iterator[Path]:
+    for path in sorted((root / folder).rglob("*.py")):
         if "__pycache__" not in path.parts and not path.name.startswith("api_pb2"):
             yield path
 
@@ -51,19 +56,23 @@ def imports(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
     """(line, absolute module) of every import in ``path``, relative ones resolved."""
     package = ".".join([PACKAGE, *path.relative_to(root).with_suffix("").parts[:-1]])
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parent = ".".join(parts[:len(parts) - node.level + 1])
-                base = f"{parent}.{base}" if base else parent
-            yield node.lineno, base
-            for alias in node.names:  # `from better_compute.api import pki` names a module
-                if base.startswith(PACKAGE) and alias.name != "*":
-                    yield node.lineno, f"{base}.{alias.name}"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield from ((node.lineno, module) for module in imported(node, package))
+
+
+def imported(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
+    """The modules an import statement in ``package`` names: for ``from X import a, b``, X
+    and, when X is ours, X.a and X.b (either may be a module)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        parts = package.split(".")
+        parent = ".".join(parts[:len(parts) - node.level + 1])
+        base = f"{parent}.{base}" if base else parent
+    # `from better_compute.api import pki` names a module
+    return [base, *(f"{base}.{alias.name}" for alias in node.names
+                    if base.startswith(PACKAGE) and alias.name != "*")]
 
 
 def ours(module: str) -> bool:
@@ -150,3 +159,81 @@ def test_the_rules_see_a_violation(tmp_path: Path) -> None:
                      (4, f"{PACKAGE}.domain.errors")]
     outward = [m for _, m in found if ours(m) and not within(m, f"{PACKAGE}.domain")]
     assert f"{PACKAGE}.api.store.store" in outward and f"{PACKAGE}.api.runtime" in outward
+
+
+LAYERS = ("domain", "projections", "api", "cli", "agent")
+
+
+def module_of(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join([PACKAGE, *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def run_imports(path: Path, modules: set[str], root: Path = ROOT) -> Iterator[tuple[int, str]]:
+    """(line, module of ``modules``) of every import in ``path`` that runs: wherever it is,
+    unless under ``if TYPE_CHECKING:``. ``from pkg import name`` is an import of pkg.name when
+    that is a module, else of pkg; importing a module runs its packages first, except the
+    importer's own, which are already running."""
+    tree = ast.parse(path.read_text(), str(path))
+    checking = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+                for stmt in node.body for n in ast.walk(stmt)}
+    importer = module_of(path, root)
+    running = {importer.rsplit(".", i)[0] for i in range(importer.count(".") + 1)}
+    package = importer if path.name == "__init__.py" else importer.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in checking:
+            continue
+        named = imported(node, package)
+        if isinstance(node, ast.ImportFrom):  # pkg.name where a module, else pkg
+            named = [m for m in named[1:] if m in modules] or named[:1]
+        for module in named:
+            packages = [module.rsplit(".", i)[0] for i in range(1, module.count(".") + 1)]
+            for name in [module, *packages]:
+                if name in modules and name not in running:
+                    yield node.lineno, name
+
+
+def import_graph(root: Path = ROOT, layers: tuple[str, ...] = LAYERS) -> dict[str, dict[str, str]]:
+    """module -> {module it imports: where, as path:line}."""
+    paths = [path for layer in layers for path in sources(layer, root)]
+    modules = {module_of(p, root) for p in paths}
+    graph: dict[str, dict[str, str]] = {}
+    for path in paths:
+        edges = graph.setdefault(module_of(path, root), {})
+        for line, module in run_imports(path, modules, root):
+            edges.setdefault(module, f"{path.relative_to(root)}:{line}")
+    return graph
+
+
+def a_cycle(graph: dict[str, dict[str, str]]) -> list[str]:
+    """One import cycle, as the imports that make it (path:line: module), or []."""
+    try:
+        graphlib.TopologicalSorter({m: set(edges) for m, edges in graph.items()}).prepare()
+    except graphlib.CycleError as exc:
+        cycle = exc.args[1]  # [a, ..., a], each imported by the next
+        return [f"{graph[b][a]}: {a}" for a, b in itertools.pairwise(cycle)]
+    return []
+
+
+def test_no_import_cycles() -> None:
+    cycle = a_cycle(import_graph())
+    assert cycle == [], "an import cycle, each line importing the next:\n" + "\n".join(cycle)
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path: Path) -> None:
+    """A cycle closed inside a function is found; one closed only under TYPE_CHECKING is not,
+    nor is a package's import of its own modules."""
+    api = tmp_path / "api"
+    api.mkdir()
+    (api / "__init__.py").write_text("from . import a\n")
+    (api / "a.py").write_text("from typing import TYPE_CHECKING\nfrom better_compute.api import b\n"
+                              "if TYPE_CHECKING:\n    from better_compute.api.d import D\n")
+    (api / "b.py").write_text("import better_compute.api.c\n")
+    (api / "c.py").write_text("def f():\n    from better_compute.api.a import x\n")
+    (api / "d.py").write_text("from better_compute.api.a import y\n")
+    assert set(a_cycle(import_graph(tmp_path, ("api",)))) == {
+        "api/a.py:2: better_compute.api.b", "api/b.py:1: better_compute.api.c",
+        "api/c.py:2: better_compute.api.a"}
+    (api / "c.py").write_text("x = 1\n")
+    assert a_cycle(import_graph(tmp_path, ("api",))) == []

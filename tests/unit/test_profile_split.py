@@ -12,7 +12,7 @@ from pathlib import Path
 
 from better_compute.benchmarks.profile_split import part_of, split
 
-_WORKER = ('process 7279:"/venv/bin/python -m better_compute.api.http.workers {"fd": 3, '
+_WORKER = ('process 7279:"/venv/bin/python -m better_compute.api.http.worker_process {"fd": 3, '
            '"options": {"metrics_listen": null, "workers": 2}}"')
 _CREATE = ["_bootstrap (threading.py:1002)", "handle (api/http/rpc.py:120)",
            "reservations_create (api/http/methods/reservations.py:64)",
