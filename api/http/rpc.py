@@ -26,7 +26,7 @@ import msgspec
 
 from better_compute.api.http import request_log
 from better_compute.api.http.methods import Call, Method
-from better_compute.api.http.methods.table import METHODS as METHODS  # dispatched by here
+from better_compute.api.http.methods.table import METHODS as METHODS  # what answer() dispatches by
 from better_compute.api.http.params_bounds import check_params
 from better_compute.api.http.schemas import RpcError, RpcRequest, RpcResponse
 from better_compute.api.services.registry import Services
