@@ -13,10 +13,11 @@ import contextlib
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from better_compute.agent.gpu import write_fake_fleet_file
 from tests.support import (
@@ -102,15 +103,22 @@ class Machine:
         assert done.returncode == 0, done.stderr
         return done.stdout.split()[2]  # "joined as node_… (site …"
 
-    def start_agent(self, epoch: int = 1, *extra: str) -> subprocess.Popen[str]:
+    def start_agent(self, epoch: int = 1, *extra: str, drain: bool = False
+                    ) -> subprocess.Popen[str]:
         """`bcd node` (with ``extra`` flags), once its session with the gateway is up at
-        ``epoch``."""
+        ``epoch``. ``drain``: from then on its output goes on into ``bcd.log`` in the
+        machine's folder, for an agent that runs long (nothing reads its pipes else, and
+        bcd blocks once one holds 64 KiB: seen at 53 KB after the HA module's faults)."""
         agent = subprocess.Popen([*self.command, "node", "--config", "/etc/bcd/config.toml",
                                   *extra],
                                  env=self.env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, cwd=self.folder)
         self.agents.append(agent)
         wait_for_line(agent, f"session connected (epoch {epoch})")
+        if drain:
+            log = self.folder / "bcd.log"
+            for stream in (agent.stdout, agent.stderr):
+                threading.Thread(target=_copy_lines, args=(stream, log), daemon=True).start()
         return agent
 
     def stop(self) -> None:
@@ -118,6 +126,16 @@ class Machine:
             if agent.poll() is None:
                 agent.kill()
                 agent.wait(timeout=30)
+
+
+def _copy_lines(stream: IO[str] | None, log: Path) -> None:
+    """Every line of ``stream`` appended to ``log`` as it comes, until the stream ends."""
+    if stream is None:
+        return
+    with log.open("a") as out:
+        for line in stream:
+            out.write(line)
+            out.flush()
 
 
 @dataclass

@@ -52,7 +52,7 @@ def join_machines(layout: Layout, operator: Operator, pool: str, folder: Path,
     for n in range(count):
         machine = Machine(folder / f"SN-77{n:02d}", serial=f"SN-77{n:02d}")
         node = machine.join(operator, layout.state["api_url"], pool)
-        machine.start_agent(epoch=1)
+        machine.start_agent(epoch=1, drain=True)  # up for the whole module
         machines.append((machine, node))
     for _, node in machines:
         eventually(lambda n=node: operator.provision_state(n) == "adopted",  # type: ignore[misc]
