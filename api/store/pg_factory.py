@@ -8,7 +8,8 @@ from the environment as usual (pool size, timeouts, schema and the rest), then b
 ``StorePostgresDatastore`` with them, whose pool connects with every parameter of
 ``POSTGRES_CONNINFO`` (api/store/store_url.py; psycopg passes them to libpq as they are),
 libpq's ``connect_timeout`` and ``tcp_user_timeout`` unless the URL names its own, and the
-pool's ``reconnect_timeout`` (the library sets none of these). Nothing has connected yet.
+pool's ``reconnect_timeout`` (the library sets none of these). Nothing has connected yet;
+the pool is never closed while the store is in use: after an outage it reconnects.
 
 Fewer round trips per transaction: the schema's
 ``search_path`` is set once per connection (libpq ``options``), not by a ``SET LOCAL`` in
