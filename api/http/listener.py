@@ -39,7 +39,7 @@ import functools
 import socket
 import struct
 import termios
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -394,24 +394,3 @@ class _Accepted:
     def ended(self, _task: object = None) -> None:
         self.listener.accepted.discard(self)
         self.listener.handshakes.end(self.ticket)
-
-
-@contextlib.contextmanager
-def tls_listeners(loop: asyncio.AbstractEventLoop, timeout: float, handshakes: Handshakes
-                  ) -> Iterator[None]:
-    """The TLS listeners uvicorn creates meanwhile (``create_server`` with ``ssl`` on a
-    socket serve bound) are ``TlsListener``s. Plain HTTP (``--insecure-loopback``) keeps
-    the loop's own listener."""
-    create_server = loop.create_server
-
-    async def create(protocol_factory: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("ssl") is None:
-            return await create_server(protocol_factory, *args, **kwargs)
-        return TlsListener(loop, protocol_factory, kwargs["sock"], kwargs["ssl"], timeout,
-                           handshakes)
-
-    loop.create_server = create  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        del loop.create_server  # the loop's own method again

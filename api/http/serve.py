@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 from better_compute.api import pki, run_files
 from better_compute.api.controllers.runner import run_controllers
@@ -105,13 +106,32 @@ class _Server(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        with listener.tls_listeners(asyncio.get_running_loop(), self.handshake_timeout,
-                                    self.handshakes):
+        if sockets is None or self.config.ssl is None:  # plain HTTP: the loop's own listener
             await super().startup(sockets)
+        else:
+            await self._start_tls(sockets)
         if self.started:
             introspect.report_on_signal(self.describe)  # kill -USR1: what it waits on
             print(self.ready_line, flush=True)
             notify("READY=1")  # Type=notify under systemd; nothing otherwise
+
+    async def _start_tls(self, sockets: list[socket.socket]) -> None:
+        """uvicorn's start on the sockets it is given, each served by a ``TlsListener``
+        (api/http/listener.py) instead of the loop's ``create_server``."""
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            sys.exit(STARTUP_FAILURE)
+        config, loop = self.config, asyncio.get_running_loop()
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state,
+                _loop=_loop)
+
+        self.servers = [listener.TlsListener(loop, create_protocol, sock, config.ssl,  # type: ignore[misc]
+                                             self.handshake_timeout, self.handshakes)
+                        for sock in sockets]
+        self.started = True
 
     def describe(self) -> str:
         """One line: stopping or not, open connections, calls in flight (introspect.py)."""

@@ -9,8 +9,8 @@ failing disk gives (FULL, READONLY, IOERR, CANTOPEN, NOMEM) and a lock wait that
 the join routes), so a caller gets the stable code ``unavailable`` and a message that
 says to retry, never ``internal``.
 
-``StoreGuard`` watches every connection the store hands out (``install_guard`` wraps the
-datastore's ``get_connection``). On PostgreSQL a call that fails with a connection
+``StoreGuard`` watches every connection the store hands out (its datastores hand each one
+out ``guarded``). On PostgreSQL a call that fails with a connection
 error makes the guard probe the server with a fresh connection; when that fails too the
 store is *down*: from then on every call fails at once with ``Unavailable`` instead of
 waiting for a pooled connection (and the library retries connection errors ten times,
@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from eventsourcing.persistence import ConnectionUnavailableError
@@ -243,38 +243,30 @@ class StoreGuard:
             self._probing.release()
 
 
-def install_guard(datastore: Any, guard: StoreGuard) -> None:
-    """Route every connection of ``datastore`` through ``guard``.
-
-    The library's datastores hand out connections from ``get_connection`` (its
-    ``transaction`` and ``cursor`` call it), so wrapping it on the instance sees every
-    call of the recorders and of the read models' SQL; SQLite's takes ``commit``.
-    """
-    original = datastore.get_connection
-
-    @contextmanager
-    def get_connection(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        guard.admit()
-        writing = bool(kwargs.get("commit", False))
-        try:
-            with original(*args, **kwargs) as conn:
-                try:
-                    yield conn
-                except Exception as exc:
-                    if _read_only(exc):  # the pool drops it; its next one finds the primary
-                        conn.close()
-                    raise
-        except Exception as exc:
-            if guard.failed(exc, writing=writing):
-                if guard.down_reason is not None:
-                    raise unavailable(guard.down_reason) from exc
-                if _waited_for_the_pool(exc):  # not retried: one wait of the pool at most
-                    raise unavailable(outage_reason(exc) or "no connection") from exc
-            raise
-        if writing:
-            guard.wrote()
-
-    datastore.get_connection = get_connection
+@contextmanager
+def guarded(guard: StoreGuard, connection: AbstractContextManager[Any], *, writing: bool
+            ) -> Iterator[Any]:
+    """``connection`` (a datastore's, not yet entered) through ``guard``: refused at once
+    while the store is down, its failures told to the guard and translated. The store's
+    datastores hand out every connection so (api/store/sqlite_factory.py, pg_factory.py)."""
+    guard.admit()
+    try:
+        with connection as conn:
+            try:
+                yield conn
+            except Exception as exc:
+                if _read_only(exc):  # the pool drops it; its next one finds the primary
+                    conn.close()
+                raise
+    except Exception as exc:
+        if guard.failed(exc, writing=writing):
+            if guard.down_reason is not None:
+                raise unavailable(guard.down_reason) from exc
+            if _waited_for_the_pool(exc):  # not retried: one wait of the pool at most
+                raise unavailable(outage_reason(exc) or "no connection") from exc
+        raise
+    if writing:
+        guard.wrote()
 
 
 def postgres_guard(datastore: Any) -> StoreGuard:

@@ -8,7 +8,8 @@ with two workers and that handler alone, one client's creates take a median 56-6
 18 ms with one. Here a writer also holds an ``flock`` on
 ``<database>-writer.lock`` for its transaction, and a process waiting for it checks again
 every ``POLL`` seconds (at most a millisecond late). The wait is bounded by the store's lock
-timeout: past it the write goes ahead and SQLite's busy timeout decides.
+timeout: past it the write goes ahead and SQLite's busy timeout decides. The store's
+datastore (api/store/sqlite_factory.py) holds it around each writing connection.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 POLL = 0.0005  # seconds between two tries of a held lock
 
@@ -56,23 +56,3 @@ def flock_within(fd: int, timeout: float, poll: float) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll)
-
-
-def serialise_writers(datastore: Any, lock: WriterLock) -> None:
-    """Hold ``lock`` around every writing connection ``datastore`` hands out, each at
-    ``synchronous = FULL``: its commit is on disk before it returns."""
-    original = datastore.get_connection
-
-    @contextmanager
-    def get_connection(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        if not kwargs.get("commit", False):
-            with original(*args, **kwargs) as conn:
-                yield conn
-            return
-        with original(*args, **kwargs) as conn, lock.held():
-            # Durable unless the caller says otherwise for this transaction: a connection a
-            # read model's commit left at NORMAL (SqlRunner.transaction) is FULL again here.
-            conn.cursor().execute("PRAGMA synchronous = FULL")
-            yield conn
-
-    datastore.get_connection = get_connection

@@ -35,10 +35,11 @@ from eventsourcing.utils import Environment
 import better_compute.domain.aggregates  # noqa: F401  (registers every event topic)
 from better_compute.api.store.aggregate_cache import AggregateCache, project
 from better_compute.api.store.codec import EventMapper, MsgspecTranscoder
-from better_compute.api.store.outage import StoreGuard, install_guard, postgres_guard
+from better_compute.api.store.outage import StoreGuard, postgres_guard
 from better_compute.api.store.pg_recorder import TOPIC as PG_RECORDER_TOPIC
 from better_compute.api.store.pipeline import PipelineCursor
-from better_compute.api.store.sqlite_writers import WriterLock, flock_within, serialise_writers
+from better_compute.api.store.sqlite_factory import TOPIC as SQLITE_FACTORY_TOPIC
+from better_compute.api.store.sqlite_writers import WriterLock, flock_within
 from better_compute.api.store.store_url import connect_kwargs, parse_database_url
 from better_compute.api.store.store_url import describe as describe_pg
 from better_compute.api.store.turns import NoTurns, Turns, turns_for
@@ -48,16 +49,10 @@ from better_compute.domain.node import Node
 from better_compute.domain.quota import QuotaUse
 
 APP_NAME = "bc"
-PG_FACTORY_TOPIC = "better_compute.api.store.pg_factory:ConninfoPostgresFactory"
+PG_FACTORY_TOPIC = "better_compute.api.store.pg_factory:StorePostgresFactory"
 POOL_WAIT = 5  # seconds a call waits for a pooled PostgreSQL connection
 POOL_SIZE = 5  # PostgreSQL connections a process's pool keeps open
 POOL_MAX = 15  # … and opens at most, under load (api/store/pg_capacity.py counts them)
-# The pool retries a lost connection with a growing delay (1, 2, 4 … s) for this long, then
-# forgets it and connects afresh when a call needs one: so once PostgreSQL is back, a
-# connection is made at once, not at the end of a backoff grown long during the outage.
-POOL_RECONNECT_TIMEOUT = 3.0
-CONNECT_TIMEOUT = 5  # seconds libpq waits for a new connection (default: for ever)
-TCP_USER_TIMEOUT_MS = 15_000  # a peer that acknowledges nothing for this long is gone
 SQLITE_LOCK_TIMEOUT_S = 30  # seconds a SQLite write waits for another (sqlite_writers.py too)
 
 
@@ -99,7 +94,8 @@ class StoreConfig:
     def library_env(self) -> dict[str, str]:
         if self.backend == "sqlite":
             return {
-                "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+                # The library's factory, guarding the store's connections (sqlite_factory.py).
+                "PERSISTENCE_MODULE": SQLITE_FACTORY_TOPIC,
                 "SQLITE_DBNAME": str(self.sqlite_path),
                 "SQLITE_LOCK_TIMEOUT": str(SQLITE_LOCK_TIMEOUT_S),
                 "CREATE_TABLE": "y",
@@ -107,7 +103,8 @@ class StoreConfig:
             }
         assert self.pg is not None
         return {
-            # The library's factory, handing libpq the whole URL (api/store/pg_factory.py).
+            # The library's factory, handing libpq the whole URL and guarding the store's
+            # connections (api/store/pg_factory.py).
             "PERSISTENCE_MODULE": PG_FACTORY_TOPIC,
             "CREATE_TABLE": "y",
             "POSTGRES_POOL_SIZE": str(POOL_SIZE),
@@ -361,28 +358,18 @@ def open_store(config: StoreConfig) -> ComputeStore:
             f"{redact(str(exc), config.password)}. Check "
             "BETTER_COMPUTE_DATABASE_URL or BETTER_COMPUTE_DATA_DIR"
         ) from None
+    # The factories' datastores (pg_factory.py, sqlite_factory.py) guard their connections
+    # from now on; the set-up above ran without (its errors are the library's own).
     datastore = store.recorder.datastore  # type: ignore[attr-defined]
     if store.backend == "postgres":
-        _tune_pool(datastore.pool)
         store.guard = postgres_guard(datastore)
+        datastore.watch(store.guard)
     else:
         assert config.sqlite_path is not None
-        serialise_writers(datastore, WriterLock(config.sqlite_path, SQLITE_LOCK_TIMEOUT_S))
         store.guard = StoreGuard()
-    install_guard(datastore, store.guard)
+        datastore.watch(store.guard, WriterLock(config.sqlite_path, SQLITE_LOCK_TIMEOUT_S))
     store.turns = turns_for(config)
     return store
-
-
-def _tune_pool(pool: Any) -> None:
-    """Bound every wait of the library's psycopg pool (it exposes none of these settings).
-
-    The pool is never closed while the store is in use: after an outage it reconnects.
-    """
-    pool.reconnect_timeout = POOL_RECONNECT_TIMEOUT
-    # The URL's own connect_timeout or tcp_user_timeout, when it names them, wins.
-    pool.kwargs = {"connect_timeout": CONNECT_TIMEOUT, "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
-                   **(pool.kwargs or {})}
 
 
 SETUP_LOCK_TIMEOUT = "60s"
@@ -476,7 +463,7 @@ class SqlRunner:
         it, never the events it came from (docs/architecture.md, "Durability")."""
         if commit and not durable and not self.postgres:
             # SQLite's safety level is per connection and set outside a transaction: every
-            # writing connection is handed out at FULL (sqlite_writers.serialise_writers).
+            # writing connection is handed out at FULL (sqlite_factory.StoreSQLiteDatastore).
             with self.datastore.get_connection(commit=True) as conn:
                 conn.cursor().execute("PRAGMA synchronous = NORMAL")
                 with conn.transaction(commit=True) as cursor:

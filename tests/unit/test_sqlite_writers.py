@@ -8,10 +8,11 @@ import os
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from better_compute.api.store.sqlite_writers import WriterLock, serialise_writers
+from better_compute.api.store.outage import StoreGuard
+from better_compute.api.store.sqlite_factory import StoreSQLiteDatastore
+from better_compute.api.store.sqlite_writers import WriterLock
 
 
 def test_two_holders_take_turns_and_the_waiting_one_goes_once_released(tmp_path: Path) -> None:
@@ -63,51 +64,41 @@ def test_a_lock_held_past_the_timeout_lets_the_write_go_on_to_sqlite(tmp_path: P
         os.close(fd)
 
 
-class _Connection:
-    def __init__(self) -> None:
-        self.statements: list[str] = []
-
-    def cursor(self) -> Any:
-        return SimpleNamespace(execute=self.statements.append)
-
-
-class _Datastore:
-    def __init__(self) -> None:
-        self.calls: list[bool] = []
-        self.connections: list[_Connection] = []
-
-    def get_connection(self, *, commit: bool) -> Any:
-        from contextlib import contextmanager
-
-        @contextmanager
-        def connection() -> Any:
-            self.calls.append(commit)
-            self.connections.append(_Connection())
-            yield self.connections[-1]
-
-        return connection()
-
-
-def test_only_writing_connections_take_the_lock(tmp_path: Path) -> None:
+def test_only_writing_connections_take_the_lock_each_at_full_synchronous(tmp_path: Path
+                                                                          ) -> None:
+    """The store's SQLite datastore: a writer holds the lock and is handed out at FULL
+    whatever a read model's commit left its connection at; a reader takes nothing."""
     db = tmp_path / "store.sqlite"
-    datastore = _Datastore()
-    serialise_writers(datastore, WriterLock(db, timeout=30))
+    datastore = StoreSQLiteDatastore(str(db), pool_size=1, max_overflow=0)
+    datastore.watch(StoreGuard(), WriterLock(db, timeout=30))
     other = os.open(tmp_path / "store.sqlite-writer.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        with datastore.get_connection(commit=True):
+        with datastore.get_connection(commit=True) as conn:
             try:  # held: another process's try fails
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 raise AssertionError("a writer did not hold the lock")
             except BlockingIOError:
                 pass
-        with datastore.get_connection(commit=False):  # a reader takes nothing
+            assert _synchronous(conn) == FULL
+            conn.cursor().execute("PRAGMA synchronous = NORMAL")  # as a read model's commit
+            first = conn
+        with datastore.get_connection(commit=False) as conn:  # a reader takes nothing
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(other, fcntl.LOCK_UN)
+        with datastore.get_connection(commit=True) as conn:
+            assert conn is first and _synchronous(conn) == FULL  # durable again
     finally:
         os.close(other)
-    assert datastore.calls == [True, False]
-    # a writer is handed out durable (a read model's commit may lower it for its own)
-    assert [c.statements for c in datastore.connections] == [["PRAGMA synchronous = FULL"], []]
+        datastore.close()
+
+
+FULL = 2
+
+
+def _synchronous(conn: Any) -> int:
+    cursor = conn.cursor()
+    cursor.execute("PRAGMA synchronous")
+    return int(cursor.fetchone()[0])
 
 
 def test_the_sqlite_store_s_writes_wait_for_the_lock_and_its_reads_do_not(tmp_path: Path) -> None:

@@ -15,15 +15,15 @@ import psycopg
 import psycopg_pool
 import pytest
 from eventsourcing.persistence import IntegrityError, OperationalError
-from eventsourcing.sqlite import SQLiteDatastore
 
 from better_compute.api.store.outage import (
     PROBE_INTERVAL,
     StoreGuard,
-    install_guard,
     outage_error,
     unavailable_on_outage,
 )
+from better_compute.api.store.sqlite_factory import StoreSQLiteDatastore
+from better_compute.api.store.sqlite_writers import WriterLock
 from better_compute.domain.errors import Unavailable
 
 
@@ -162,15 +162,15 @@ def test_the_guard_fails_calls_fast_while_postgresql_is_down_and_lets_them_throu
 def test_the_guard_remembers_a_failed_write_until_a_write_succeeds(tmp_path: Path) -> None:
     """SQLite: nothing is refused (reads work on a full disk); /ready reads the flag.
 
-    The library's own SQLite datastore, once read-only (writes fail with SQLITE_READONLY,
+    The store's SQLite datastore, once read-only (writes fail with SQLITE_READONLY,
     as on a disk that went read-only) and once writable, both behind one guard.
     """
     db = tmp_path / "store.sqlite"
-    writable = SQLiteDatastore(str(db))
-    read_only = SQLiteDatastore(f"file:{db}?mode=ro")
+    writable = StoreSQLiteDatastore(str(db))
+    read_only = StoreSQLiteDatastore(f"file:{db}?mode=ro")
     guard = StoreGuard()
-    install_guard(writable, guard)
-    install_guard(read_only, guard)
+    writable.watch(guard, WriterLock(db, timeout=30))
+    read_only.watch(guard, WriterLock(db, timeout=30))
     with writable.transaction(commit=True) as cursor:
         cursor.execute("CREATE TABLE t (x TEXT)")
 
