@@ -112,20 +112,20 @@ class ReservationCore:
         with self._locks_guard:
             return self._locks.setdefault(pool_id, threading.Lock())
 
-    def quota_turn(self, pool: Pool | None, tenant_id: str) -> AbstractContextManager[Any]:
-        """The tenant's turn at its quota use on ``pool``, for a create or a release: this
+    def lock_quota(self, pool: Pool | None, tenant_id: str) -> AbstractContextManager[Any]:
+        """The tenant's lock on its quota use on ``pool``, for a create or a release: this
         process's and the store's; nothing to wait for when it has none (the pool's owner,
         unlimited)."""
         if pool is None or pool.quota_for(tenant_id) is None:
             return nullcontext()
-        return self._quota_turn(pool.public_id, tenant_id)
+        return self._lock_quota(pool.public_id, tenant_id)
 
     @contextmanager
-    def _quota_turn(self, pool_id: str, tenant_id: str) -> Iterator[None]:
-        """This process's turn (``quota_lock``), then the store's, across the workers of
-        ``serve --workers N`` and other replicas (api/store/turns.py)."""
+    def _lock_quota(self, pool_id: str, tenant_id: str) -> Iterator[None]:
+        """This process's lock (``quota_lock``), then the store's, across the workers of
+        ``serve --workers N`` and other replicas (api/store/locks.py)."""
         with self.quota_lock(pool_id, tenant_id), \
-                self.store.turns.hold(f"quota/{pool_id}/{tenant_id}"):
+                self.store.locks.hold(f"quota/{pool_id}/{tenant_id}"):
             yield
 
     def quota_lock(self, pool_id: str, tenant_id: str) -> threading.Lock:

@@ -219,10 +219,10 @@ class ReservationService:
                         now: datetime) -> dict[str, Any]:
         """Choose under the pool's lock, then book and save outside it; again when another
         writer got there first. Refused for quota or capacity: queued when asked, else raised.
-        A create that takes quota holds the tenant's turn at it (``ReservationCore.quota_turn``:
+        A create that takes quota holds the tenant's lock on it (``ReservationCore.lock_quota``:
         this process's and the store's) from choosing to saving."""
         limit = pool.quota_for(tenant)
-        with self.core.quota_turn(pool, tenant):
+        with self.core.lock_quota(pool, tenant):
             return self._placed_and_booked(principal, uuid=uuid, tenant=tenant, pool=pool,
                                            request=request, mode=mode, fields=fields, key=key,
                                            fp=fp, begin=begin, end=end, now=now, limit=limit)
@@ -414,9 +414,9 @@ class ReservationService:
             return [rsv, *self.core.end_hold(rsv, now)]
 
         # Ending a hold refunds the tenant's ONE quota use: releases of a tenant with a quota
-        # take turns at it in this process, as its creates do, instead of losing saves to each
+        # hold its lock in this process, as its creates do, instead of losing saves to each
         # other (the pool's owner has no quota use: its releases do not wait for each other).
-        with self.core.quota_turn(self.core.get(Pool, parse_id("pool", first.pool_id)),
+        with self.core.lock_quota(self.core.get(Pool, parse_id("pool", first.pool_id)),
                                   first.tenant_id):
             self.core.retrying(change)
         return result["rsv"].to_doc()  # type: ignore[no-any-return]

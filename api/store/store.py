@@ -35,6 +35,7 @@ from eventsourcing.utils import Environment
 import better_compute.domain.aggregates  # noqa: F401  (registers every event topic)
 from better_compute.api.store.aggregate_cache import AggregateCache, project
 from better_compute.api.store.codec import EventMapper, MsgspecTranscoder
+from better_compute.api.store.locks import NamedLocks, NoLocks, locks_for
 from better_compute.api.store.outage import StoreGuard, postgres_guard
 from better_compute.api.store.pg_recorder import TOPIC as PG_RECORDER_TOPIC
 from better_compute.api.store.pipeline import PipelineCursor
@@ -42,7 +43,6 @@ from better_compute.api.store.sqlite_factory import TOPIC as SQLITE_FACTORY_TOPI
 from better_compute.api.store.sqlite_writers import WriterLock, flock_within
 from better_compute.api.store.store_url import connect_kwargs, parse_database_url
 from better_compute.api.store.store_url import describe as describe_pg
-from better_compute.api.store.turns import NoTurns, Turns, turns_for
 from better_compute.domain.bookings import NodeBookings
 from better_compute.domain.errors import Unavailable
 from better_compute.domain.node import Node
@@ -165,10 +165,10 @@ class ComputeStore(Application[Any]):
     # The read models every save applies in its own transaction (api/runtime.py sets them).
     inline: InlineReadModels | None = None
     guard: StoreGuard  # every connection goes through it (api/store/outage.py); set by open_store
-    turns: Turns = NoTurns()  # across the processes of the store (api/store/turns.py)
+    locks: NamedLocks = NoLocks()  # across the processes of the store (api/store/locks.py)
 
     def close(self) -> None:
-        self.turns.close()
+        self.locks.close()
         super().close()
 
     def add_commit_listener(self, listener: Callable[[int], None]) -> None:
@@ -335,7 +335,7 @@ def private_sqlite_files(path: Path) -> None:
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     for name in (path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.name}-journal",
-                 f"{path.name}-writer.lock", f"{path.name}-turns.lock"):
+                 f"{path.name}-writer.lock", f"{path.name}-locks.lock"):
         _tighten(folder / name, 0o600)
 
 
@@ -368,7 +368,7 @@ def open_store(config: StoreConfig) -> ComputeStore:
         assert config.sqlite_path is not None
         store.guard = StoreGuard()
         datastore.watch(store.guard, WriterLock(config.sqlite_path, SQLITE_LOCK_TIMEOUT_S))
-    store.turns = turns_for(config)
+    store.locks = locks_for(config)
     return store
 
 

@@ -113,7 +113,7 @@ def connect_kwargs(pg: Mapping[str, str]) -> dict[str, Any]:
 
 def session_connection(pg: Mapping[str, str], connect_timeout: int) -> Any:
     """A connection of its own, in autocommit, for session advisory locks that live as long
-    as it does (the controllers' leadership, turns); the URL's own connect_timeout wins."""
+    as it does (the controllers' leadership, named locks); the URL's own connect_timeout wins."""
     import psycopg
 
     return psycopg.connect(**{"connect_timeout": connect_timeout, **connect_kwargs(pg)},

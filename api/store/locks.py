@@ -1,26 +1,26 @@
-"""Turns across the processes of one store: one holder at a time per name, from a read to the
-save that follows it.
+"""Named locks across the processes of one store: one holder at a time per name, from a
+read to the save that follows it.
 
 A tenant's creates and releases all change its one quota use (domain/quota.py). Threads of
-one process take turns at it (``ReservationCore.quota_lock``); without turns across
-processes, two workers of ``serve --workers N`` read the same version, both place and book,
-and one loses its save and places again. A turn makes the second wait for the first's save
-instead. Turns only save work: correctness never rests on
-them (the store refuses a save of a version another wrote), so a turn that cannot be taken
-in ``WAIT_S`` (a holder stopped, the database away) is given up and the caller goes on
+one process hold a thread lock for it (``ReservationCore.quota_lock``); without a lock
+across processes, two workers of ``serve --workers N`` read the same version, both place
+and book, and one loses its save and places again. A named lock makes the second wait for
+the first's save instead. The locks only save work: correctness never rests on them (the
+store refuses a save of a version another wrote), so a lock that cannot be taken in
+``WAIT_S`` (a holder stopped, the database away) is given up and the caller goes on
 without it.
 
-- SQLite: POSIX record locks on one file beside the store (``store.sqlite-turns.lock``), a
-  byte per bucket of names (crc32, 65,536 buckets: two names in one bucket only wait for
-  each other). A process's record locks do not exclude its own threads, so a thread lock
-  per bucket comes first. The kernel drops them with their process.
-  Two stores opened on one file in one process (tests do) share its record locks, and
-  closing one drops the other's: a saving lost, never a guarantee.
-- PostgreSQL: session advisory locks on connections of their own (one per turn held at
-  once, kept for the next; at most ``PG_CONNECTIONS`` per process, beyond which a turn is
-  gone without, so the turns never take a server's connections from its other work), keyed
-  by the schema and the name; a connection whose unlock failed is closed, so no lock
-  outlives its holder.
+- SQLite (``FileLocks``): POSIX record locks on one file beside the store
+  (``store.sqlite-locks.lock``), a byte per bucket of names (crc32, 65,536 buckets: two
+  names in one bucket only wait for each other). A process's record locks do not exclude
+  its own threads, so a thread lock per bucket comes first. The kernel drops them with
+  their process. Two stores opened on one file in one process (tests do) share its record
+  locks, and closing one drops the other's: a saving lost, never a guarantee.
+- PostgreSQL (``AdvisoryLocks``): session advisory locks on connections of their own (one
+  per lock held at once, kept for the next; at most ``PG_CONNECTIONS`` per process, beyond
+  which a lock is gone without, so the locks never take a server's connections from its
+  other work), keyed by the schema and the name; a connection whose unlock failed is
+  closed, so no lock outlives its holder.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any, Protocol
 
 log = logging.getLogger("better_compute.store")
 
-WAIT_S = 30.0  # the longest wait for a turn; then the caller goes on without it
-PG_CONNECTIONS = 8  # per process: turns held at once on PostgreSQL, beyond which none is taken
+WAIT_S = 30.0  # the longest wait for a lock; then the caller goes on without it
+PG_CONNECTIONS = 8  # per process: locks held at once on PostgreSQL, beyond which none is taken
 _BUCKETS = 65536
 
 
@@ -47,25 +47,25 @@ _warned: dict[str, float] = {}
 
 
 def _give_up(why: str) -> None:
-    """Log that a turn was gone without, at most once a minute per cause (a database away
+    """Log that a lock was gone without, at most once a minute per cause (a database away
     would otherwise log at every create)."""
     now = time.monotonic()
     cause = why.split(" (", 1)[0]
     if now - _warned.get(cause, -60.0) >= 60.0:
         _warned[cause] = now
-        log.warning("turns: %s: going on without it (the store still refuses a stale save)",
+        log.warning("named locks: %s: going on without it (the store still refuses a stale save)",
                     why)
 
 
-class Turns(Protocol):
+class NamedLocks(Protocol):
     def hold(self, name: str) -> contextlib.AbstractContextManager[bool]:
-        """The turn of ``name``, for the ``with`` block; True when it was taken."""
+        """The lock of ``name``, held for the ``with`` block; True when it was taken."""
         ...
 
     def close(self) -> None: ...
 
 
-class NoTurns:
+class NoLocks:
     """No other process shares the store (or none is known): nothing to take."""
 
     @contextlib.contextmanager
@@ -76,7 +76,7 @@ class NoTurns:
         pass
 
 
-class FileTurns:
+class FileLocks:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
@@ -116,7 +116,7 @@ class FileTurns:
                 return True
             except OSError:
                 if time.monotonic() > give_up:
-                    _give_up(f"waited {WAIT_S:.0f} s for a turn at {self.path}")
+                    _give_up(f"waited {WAIT_S:.0f} s for a lock at {self.path}")
                     return False
                 time.sleep(pause)
                 pause = min(pause * 2, 0.002)
@@ -128,16 +128,16 @@ class FileTurns:
                 self._fd = None
 
 
-class PostgresTurns:
+class AdvisoryLocks:
     def __init__(self, pg: Mapping[str, str], schema: str) -> None:
         self.pg = dict(pg)
         self.schema = schema
         self._idle: list[Any] = []
-        self._open = 0  # connections, idle or holding a turn
+        self._open = 0  # connections, idle or holding a lock
         self._guard = threading.Lock()
 
     def _connection(self) -> Any:
-        """An idle connection, a new one, or None when ``PG_CONNECTIONS`` hold turns."""
+        """An idle connection, a new one, or None when ``PG_CONNECTIONS`` hold locks."""
         with self._guard:
             if self._idle:
                 return self._idle.pop()
@@ -165,14 +165,14 @@ class PostgresTurns:
     def hold(self, name: str) -> Iterator[bool]:
         import psycopg
 
-        key = f"{self.schema}/turn/{name}"
+        key = f"{self.schema}/lock/{name}"
         conn = None
         try:
             conn = self._connection()
             if conn is not None:
                 conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
         except psycopg.Error as exc:
-            _give_up(f"cannot take a turn ({exc})")
+            _give_up(f"cannot take a lock ({exc})")
             if conn is not None:
                 self._closed(conn)
                 conn = None
@@ -197,8 +197,8 @@ class PostgresTurns:
             self._closed(conn)
 
 
-def turns_for(config: Any) -> Turns:
-    """The turns of the store ``config`` (api/store/store.py ``StoreConfig``) names."""
+def locks_for(config: Any) -> NamedLocks:
+    """The named locks of the store ``config`` (api/store/store.py ``StoreConfig``) names."""
     if config.backend == "postgres":
-        return PostgresTurns(config.pg, config.pg.get("POSTGRES_SCHEMA") or "public")
-    return FileTurns(Path(f"{config.sqlite_path}-turns.lock"))
+        return AdvisoryLocks(config.pg, config.pg.get("POSTGRES_SCHEMA") or "public")
+    return FileLocks(Path(f"{config.sqlite_path}-locks.lock"))

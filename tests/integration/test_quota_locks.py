@@ -1,10 +1,10 @@
-"""Creates and releases of one tenant in one process take turns at its quota use.
+"""Creates and releases of one tenant in one process hold a lock on its quota use.
 
 Every create of a tenant on a pool with a quota takes from the tenant's ONE quota use, and
 every release refunds it: threads of one server that save at once would all start from the
 same version, and all but one lose the save and try again (measured through ``serve`` at 16
-clients: 0.51 times the CPU per create with the turns, and releases that ran out of retries
-without them). With the tenant's turns (api/services/reservation_base.py ``quota_turn``), 8
+clients: 0.51 times the CPU per create with the lock, and releases that ran out of retries
+without it). With the tenant's lock (api/services/reservation_base.py ``lock_quota``), 8
 threads creating and then releasing at once never lose a save, and the quota is exact: they
 ask for 32 GPUs against a quota of 28, so it is reached and the last 4 are refused.
 """
@@ -48,7 +48,7 @@ def at_once(work: Callable[[int], None]) -> list[BaseException]:
     return errors
 
 
-def test_a_tenants_creates_and_releases_take_turns(runtime: Any,
+def test_a_tenants_creates_and_releases_lock_its_quota(runtime: Any,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     rs, _, pool, _ = setup(runtime, nodes=6, quota=QUOTA)
     lost_placements = placed_again(monkeypatch)
@@ -95,32 +95,32 @@ def test_a_tenants_creates_and_releases_take_turns(runtime: Any,
     assert quota.in_use == 0
 
 
-def test_the_pool_owners_creates_and_releases_take_no_turns(
+def test_the_pool_owners_creates_and_releases_take_no_locks(
         runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The owner has no quota use (unlimited): nothing to take turns at, neither this
-    process's nor the store's (across processes: api/store/turns.py); a tenant's create and
+    """The owner has no quota use (unlimited): nothing to lock, neither this
+    process's nor the store's (across processes: api/store/locks.py); a tenant's create and
     release take both."""
     rs, _, pool, _ = setup(runtime, nodes=2, quota=4)
-    turns: list[tuple[str, str]] = []
+    locked: list[tuple[str, str]] = []
     real = rs.core.quota_lock
 
     def quota_lock(pool_id: str, tenant_id: str) -> Any:
-        turns.append((pool_id, tenant_id))
+        locked.append((pool_id, tenant_id))
         return real(pool_id, tenant_id)
 
-    store_turns: list[str] = []
-    real_hold = runtime.store.turns.hold
+    store_locked: list[str] = []
+    real_hold = runtime.store.locks.hold
 
     def hold(name: str) -> Any:
-        store_turns.append(name)
+        store_locked.append(name)
         return real_hold(name)
 
     monkeypatch.setattr(rs.core, "quota_lock", quota_lock)
-    monkeypatch.setattr(runtime.store.turns, "hold", hold)
+    monkeypatch.setattr(runtime.store.locks, "hold", hold)
     owned = rs.create(OP, tenant_id=None, pool_id=pool, gpus=1, duration="1h")["id"]
     rs.release(OP, owned)
-    assert turns == [] and store_turns == []
+    assert locked == [] and store_locked == []
     offered = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h")["id"]
     rs.release(OP, offered)
-    assert turns == [(pool, "acme"), (pool, "acme")]
-    assert store_turns == [f"quota/{pool}/acme"] * 2
+    assert locked == [(pool, "acme"), (pool, "acme")]
+    assert store_locked == [f"quota/{pool}/acme"] * 2
