@@ -35,7 +35,7 @@ from better_compute.api.store.store import (
 )
 from better_compute.api.store.token_use import TokenUse
 from better_compute.domain.errors import InvalidInput
-from better_compute.domain.placement import Lane
+from better_compute.domain.placement import NodePartition
 from better_compute.projections.capacity import Capacity
 from better_compute.projections.framework import ReadModels
 from better_compute.projections.free_gpus import FreeGpus
@@ -99,9 +99,9 @@ class Runtime:
 
     @classmethod
     def open(cls, env: Mapping[str, str] | None = None, *, gateway_url: str | None = None,
-             lane: Lane | None = None) -> Runtime:
+             partition: NodePartition | None = None) -> Runtime:
         """``gateway_url``: the agents' gateway as ``serve`` publishes it (nodes.join answers
-        it); None in the CLI's in-process mode. ``lane``: a worker of ``serve --workers``
+        it); None in the CLI's in-process mode. ``partition``: a worker of ``serve --workers``
         places on its own share of the nodes first (domain/placement.py)."""
         env = with_file(os.environ if env is None else env)  # BETTER_COMPUTE_CONFIG's file
         config = StoreConfig.from_env(env)
@@ -117,7 +117,7 @@ class Runtime:
                 raise
         services = build_services(Aggregates(store, projections), lifetimes=lifetimes,
                                   master_key_text=lambda: master_key_text(env, config),
-                                  gateway_url=gateway_url, lane=lane, limits=limits)
+                                  gateway_url=gateway_url, partition=partition, limits=limits)
         return cls(config, store, projections, services, env)
 
     @property

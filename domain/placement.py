@@ -18,10 +18,11 @@ The rule (docs/reservations.md, "Placement"):
    id, so the choice is deterministic.
 5. On the chosen node (or domain), the GPUs with the lowest indexes are taken.
 
-With a ``Lane`` (one of ``serve --workers N``'s processes), rule 4 applies first among the
-nodes of the process's own lane (a stable hash of the node id, one lane per process), then
-among the others: processes that place side by side pack different nodes instead of all
-choosing the same fullest node, where all but one would lose the save and place again.
+With a ``NodePartition`` (one of ``serve --workers N``'s processes), rule 4 applies first
+among the nodes of the process's own partition (a stable hash of the node id, one partition
+per process), then among the others: processes that place side by side pack different
+nodes instead of all choosing the same fullest node, where all but one would lose the save
+and place again.
 
 When nothing fits, it raises ``NoCapacity`` saying what is available now.
 """
@@ -123,15 +124,16 @@ class PlacementRequest:
 
 
 @dataclass(frozen=True)
-class Lane:
-    """The share of a pool's nodes one of ``count`` placing processes packs first."""
+class NodePartition:
+    """The share of a pool's nodes one of ``count`` placing processes packs first: the nodes
+    whose id hashes to ``index``."""
 
     index: int
     count: int
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < self.count:
-            raise ValueError(f"lane {self.index} of {self.count}")
+            raise ValueError(f"partition {self.index} of {self.count}")
 
     def holds(self, node_id: str) -> bool:
         return zlib.crc32(node_id.encode()) % self.count == self.index
@@ -177,12 +179,13 @@ def _largest_group(request: PlacementRequest, gpus: Sequence[FreeGpu]) -> int:
 
 
 def place(request: PlacementRequest, candidates: Iterable[Candidate],
-          pool_gpus: Mapping[str, float] | None = None, lane: Lane | None = None) -> Placement:
+          pool_gpus: Mapping[str, float] | None = None,
+          partition: NodePartition | None = None) -> Placement:
     """Choose a node and its GPUs for ``request``; raises NoCapacity when none fits.
 
     ``pool_gpus`` is the pool's GPU rollup (docs/capacity.md); with it the error names the
     true cause of what is missing (GPUs in maintenance, unhealthy, unreachable, held).
-    ``lane``: the nodes of this lane are preferred (see the module's docstring)."""
+    ``partition``: the nodes of this partition are preferred (see the module's docstring)."""
     best: tuple[tuple[int, int, str], Placement] | None = None
     qualifying_total = 0
     nodes_seen = 0
@@ -203,8 +206,8 @@ def place(request: PlacementRequest, candidates: Iterable[Candidate],
         if cpus > candidate.free_cpus or memory > candidate.free_memory_gib:
             short_of_host += 1
             continue
-        other_lane = 0 if lane is None or lane.holds(candidate.node_id) else 1
-        rank = (other_lane, len(candidate.free_gpus), candidate.node_id)
+        other_partition = 0 if partition is None or partition.holds(candidate.node_id) else 1
+        rank = (other_partition, len(candidate.free_gpus), candidate.node_id)
         if best is None or rank < best[0]:
             host = (candidate.cpus_per_gpu * candidate.gpu_count,
                     candidate.memory_gib_per_gpu * candidate.gpu_count) \

@@ -35,7 +35,7 @@ from better_compute.api.store.token_use import flush_token_use
 from better_compute.api.wire import logs
 from better_compute.api.wire.daemon import notify
 from better_compute.domain.errors import InvalidInput
-from better_compute.domain.placement import Lane
+from better_compute.domain.placement import NodePartition
 
 log = logging.getLogger("better_compute.serve")
 
@@ -388,7 +388,7 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     """Serve until a signal. ``fd``: a worker of ``--workers`` on its parent's socket (worker
     ``worker_index`` of ``worker_count``); only worker 0 runs the controllers and the /metrics
     listener, and only the last worker the gateway (with one worker, the same process;
-    api/http/workers.py). Each worker packs its own lane of nodes first
+    api/http/workers.py). Each worker packs its own partition of nodes first
     (domain/placement.py)."""
     logs.configure(options.log_level, options.log_format,
                    filters=[RequestFields(), http_limits.ClientNoise()])
@@ -416,8 +416,8 @@ def serve(options: ServeOptions, env: dict[str, str] | None = None, *, fd: int |
     gateway = _gateway(options, gateway_url) if options.gateway_listen else None
     if gateway is not None:
         gateway_url = gateway[0]
-    lane = Lane(worker_index, worker_count) if worker_count > 1 else None
-    runtime = Runtime.open(env, gateway_url=gateway_url, lane=lane)
+    partition = NodePartition(worker_index, worker_count) if worker_count > 1 else None
+    runtime = Runtime.open(env, gateway_url=gateway_url, partition=partition)
     runtime.service.pki()  # refuses early, with the fix, when `init` has not run
     scheme, names, ssl = _tls(options, runtime, host)
     tasks, notes = _lifespan_tasks(primary, gateway, gateway_url, metrics, fd is not None,

@@ -21,7 +21,7 @@ from better_compute.api.services.reservations import ReservationService
 from better_compute.api.services.tokens import TokenService
 from better_compute.api.services.unit import Aggregates
 from better_compute.api.store.token_use import TokenUse
-from better_compute.domain.placement import Lane
+from better_compute.domain.placement import NodePartition
 from better_compute.domain.token import TokenLifetimes
 
 
@@ -39,14 +39,14 @@ class Services:
 
 def build_services(aggregates: Aggregates, *, lifetimes: TokenLifetimes,
                    master_key_text: Callable[[], str] | None,
-                   gateway_url: str | None = None, lane: Lane | None = None,
+                   gateway_url: str | None = None, partition: NodePartition | None = None,
                    limits: ServiceLimits | None = None) -> Services:
-    """``lane``: the placing process's share of the nodes (one of ``serve --workers``);
+    """``partition``: the placing process's share of the nodes (one of ``serve --workers``);
     ``limits``: what one tenant may hold (api/services/limits.py)."""
     compute = ComputeService(aggregates, token_use=TokenUse(aggregates.sql), lifetimes=lifetimes,
                              master_key_text=master_key_text, gateway_url=gateway_url,
                              limits=limits)
-    reservations = ReservationService(compute, lane)
+    reservations = ReservationService(compute, partition)
     # The queue changes this process saves, for the next create's check of the queue's head.
     aggregates.store.add_recording_listener(reservations.core.note_queue_changes)
     return Services(aggregates=aggregates, compute=compute, tokens=compute.tokens,

@@ -19,7 +19,7 @@ from better_compute.domain.bookings import NodeBookings, bookings_uuid
 from better_compute.domain.errors import NoCapacity, NotFound
 from better_compute.domain.ids import parse_id
 from better_compute.domain.node import Node
-from better_compute.domain.placement import Lane, Placement, PlacementRequest, place
+from better_compute.domain.placement import NodePartition, Placement, PlacementRequest, place
 from better_compute.domain.pool import Pool
 from better_compute.domain.quota import QuotaUse, quota_uuid
 from better_compute.domain.reservation import Reservation
@@ -44,9 +44,9 @@ class ReservationCore:
     One instance per ReservationService; the earliest start, the queue and the binding
     each hold it (composition: no part subclasses another)."""
 
-    def __init__(self, service: ComputeService, lane: Lane | None = None) -> None:
+    def __init__(self, service: ComputeService, partition: NodePartition | None = None) -> None:
         self.service = service
-        self.lane = lane  # this process's share of the nodes, packed first (serve --workers)
+        self.partition = partition  # this process's nodes, packed first (serve --workers)
         self.aggregates = service.aggregates
         self.store = service.store
         self.sql = service.sql
@@ -194,12 +194,12 @@ class ReservationCore:
         limit = FAST_PATH_NODES + len(request.exclude_nodes)  # as many left to choose from
         try:
             return place(request, fast_candidates(self.sql, pool_id, start, end, request.gpus,
-                                                  limit), lane=self.lane)
+                                                  limit), partition=self.partition)
         except NoCapacity:
             pass
         try:
             return place(request, all_candidates(self.sql, pool_id, start, end),
-                         self._pool_gpus(pool_id), lane=self.lane)
+                         self._pool_gpus(pool_id), partition=self.partition)
         except NoCapacity as exc:
             raise NoCapacity(f"pool {pool_id}, {iso(start)} to {iso(end)}: {exc.message}",
                              data=exc.data) from None

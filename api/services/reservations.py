@@ -49,7 +49,7 @@ from better_compute.domain.gpu_models import same_model
 from better_compute.domain.gpus import parse_gpu_model
 from better_compute.domain.ids import check_key, parse_id, public_id
 from better_compute.domain.paging import page_size, position_after
-from better_compute.domain.placement import Lane, PlacementRequest
+from better_compute.domain.placement import NodePartition, PlacementRequest
 from better_compute.domain.policy import kubernetes_resource
 from better_compute.domain.pool import Pool
 from better_compute.domain.queue import StartMode, start_mode
@@ -90,13 +90,13 @@ class ReservationService:
     here; the controllers' and the gateway's entry points are delegated below.
     """
 
-    def __init__(self, service: ComputeService, lane: Lane | None = None) -> None:
+    def __init__(self, service: ComputeService, partition: NodePartition | None = None) -> None:
         self.service = service
         self.aggregates = service.aggregates
         self.store = service.store
         self.sql = service.sql
         self.projections = service.projections
-        self.core = ReservationCore(service, lane)
+        self.core = ReservationCore(service, partition)
         self.earliest = EarliestStart(self.core)
         self.queue = ReservationQueue(self.core, self.earliest)
         self.binding = ReservationBinding(self.core)

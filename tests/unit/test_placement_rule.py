@@ -11,7 +11,7 @@ from better_compute.domain.host_share import host_share
 from better_compute.domain.placement import (
     Candidate,
     FreeGpu,
-    Lane,
+    NodePartition,
     PlacementRequest,
     gpu_attributes,
     place,
@@ -49,28 +49,28 @@ def test_ties_go_to_the_smallest_node_id_whatever_the_order() -> None:
     assert place(PlacementRequest(gpus=3), [b, a]).node_id == "node_a"
 
 
-def test_a_lane_packs_its_own_nodes_first_then_the_others() -> None:
+def test_a_partition_packs_its_own_nodes_first_then_the_others() -> None:
     """Workers of one server each pack their own share of the nodes (a stable hash of the
     id), so two of them placing at once do not both choose the fullest node of the pool."""
     names = [f"node_{i:02d}" for i in range(40)]
-    lanes = [Lane(0, 2), Lane(1, 2)]
-    mine = {lane: [n for n in names if lane.holds(n)] for lane in lanes}
-    assert set(mine[lanes[0]]).isdisjoint(mine[lanes[1]])
-    assert sorted(mine[lanes[0]] + mine[lanes[1]]) == names
+    partitions = [NodePartition(0, 2), NodePartition(1, 2)]
+    mine = {partition: [n for n in names if partition.holds(n)] for partition in partitions}
+    assert set(mine[partitions[0]]).isdisjoint(mine[partitions[1]])
+    assert sorted(mine[partitions[0]] + mine[partitions[1]]) == names
     assert all(len(each) >= 10 for each in mine.values())  # a share each, not all on one
-    assert Lane(1, 2).holds("node_07") == Lane(1, 2).holds("node_07")  # stable
-    fullest, emptier = mine[lanes[0]][0], mine[lanes[1]][0]
+    assert NodePartition(1, 2).holds("node_07") == NodePartition(1, 2).holds("node_07")  # stable
+    fullest, emptier = mine[partitions[0]][0], mine[partitions[1]][0]
     candidates = [node(fullest, [7]), node(emptier, list(range(8)))]
-    assert place(PlacementRequest(gpus=1), candidates).node_id == fullest  # no lane: packing
-    assert place(PlacementRequest(gpus=1), candidates, lane=lanes[0]).node_id == fullest
-    assert place(PlacementRequest(gpus=1), candidates, lane=lanes[1]).node_id == emptier
+    assert place(PlacementRequest(gpus=1), candidates).node_id == fullest  # no partition: packing
+    assert place(PlacementRequest(gpus=1), candidates, partition=partitions[0]).node_id == fullest
+    assert place(PlacementRequest(gpus=1), candidates, partition=partitions[1]).node_id == emptier
     # Nothing of its own fits: the others, packed as ever.
-    assert place(PlacementRequest(gpus=2), candidates, lane=lanes[0]).node_id == emptier
-    other = mine[lanes[1]][1]
+    assert place(PlacementRequest(gpus=2), candidates, partition=partitions[0]).node_id == emptier
+    other = mine[partitions[1]][1]
     packed = [node(emptier, list(range(8))), node(other, [6, 7]), node(fullest, [7])]
-    assert place(PlacementRequest(gpus=2), packed, lane=lanes[0]).node_id == other
+    assert place(PlacementRequest(gpus=2), packed, partition=partitions[0]).node_id == other
     with pytest.raises(ValueError):
-        Lane(2, 2)
+        NodePartition(2, 2)
 
 
 def test_nvlink_keeps_every_gpu_in_one_domain_and_packs_domains() -> None:

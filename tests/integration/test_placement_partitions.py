@@ -1,9 +1,9 @@
-"""Workers of one server pack their own lanes of nodes, so they do not collide.
+"""Workers of one server pack their own partitions of nodes, so they do not collide.
 
 Two runtimes on one store stand for two workers of ``serve --workers 2``; every create of
 the second has one of the first commit between its choice and its save, as happens when
-both place at once: without lanes, both choose the fullest node of the pool and the same
-GPU, and the second loses and places again; with a lane each, neither places again. Either
+both place at once: without partitions, both choose the fullest node of the pool and the same
+GPU, and the second loses and places again; with a partition each, neither places again. Either
 way no GPU is booked twice.
 """
 
@@ -15,22 +15,22 @@ import pytest
 
 from better_compute.api.runtime import Runtime
 from better_compute.domain.access import LOCAL_OPERATOR as OP
-from better_compute.domain.placement import Lane
+from better_compute.domain.placement import NodePartition
 from tests.fleet import add_nodes, make_pool, placed_again
 from tests.support import quick_init
 
 
-@pytest.mark.parametrize("lanes", [True, False])
-def test_two_workers_with_lanes_never_place_again(env: dict[str, str], lanes: bool,
+@pytest.mark.parametrize("partitions", [True, False])
+def test_two_workers_with_partitions_never_place_again(env: dict[str, str], partitions: bool,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    first = Runtime.open(dict(env), lane=Lane(0, 2) if lanes else None)
+    first = Runtime.open(dict(env), partition=NodePartition(0, 2) if partitions else None)
     quick_init(first)
-    second = Runtime.open(dict(env), lane=Lane(1, 2) if lanes else None)
+    second = Runtime.open(dict(env), partition=NodePartition(1, 2) if partitions else None)
     try:
         pool = make_pool(first.service)
         nodes = add_nodes(first.service, pool, 6)
-        while min(sum(Lane(i, 2).holds(n) for n in nodes) for i in (0, 1)) < 2:
-            nodes += add_nodes(first.service, pool, 1)  # ids are random: 12 GPUs a lane
+        while min(sum(NodePartition(i, 2).holds(n) for n in nodes) for i in (0, 1)) < 2:
+            nodes += add_nodes(first.service, pool, 1)  # ids are random: 12 GPUs a partition
         lost = placed_again(monkeypatch)
         placed: dict[str, list[dict[str, Any]]] = {"first": [], "second": []}
 
@@ -54,10 +54,10 @@ def test_two_workers_with_lanes_never_place_again(env: dict[str, str], lanes: bo
         held = [(doc["nodeId"], gpu) for doc in docs for gpu in doc["gpus"]]
         assert len(held) == len(set(held)) == 24  # no GPU booked twice
         used = {name: {d["nodeId"] for d in each} for name, each in placed.items()}
-        if lanes:
+        if partitions:
             assert lost == []
             assert used["first"].isdisjoint(used["second"])
-            assert all(Lane(0, 2).holds(n) for n in used["first"])
+            assert all(NodePartition(0, 2).holds(n) for n in used["first"])
         else:
             assert len(lost) >= 6  # the same fullest node and GPU, chosen by both
     finally:
