@@ -4,12 +4,12 @@ The lifespan owns the Runtime (store, projections, service); the library is
 synchronous, so every store call runs in a worker thread, bounded by a
 CapacityLimiter no larger than the store's connection pool.
 
-On SQLite the calls that book or free GPUs (``rpc.Method.writes``) run in a lane of
-their own, ``WRITER_THREADS`` thread(s), one at a time: their work is the interpreter's
-and SQLite's, in this process, under one writer at a time, so more of them at once only
-make the threads take the GIL from each other (and from the one holding the pool's turn
-or the writer's lock); measured, a lane of one beats a lane of two, which beats eight. Other
-calls keep the shared threads, which writers cannot fill.
+On SQLite the calls that book or free GPUs (``rpc.Method.writes``) run in threads of
+their own (``ServerState.writers``, a limiter of ``WRITER_THREADS``), one at a time: their
+work is the interpreter's and SQLite's, in this process, under one writer at a time, so more
+of them at once only make the threads take the GIL from each other (and from the one holding
+the pool's lock or the writer's lock); measured, one writer thread beats two, which beats
+eight. Other calls keep the shared threads, which writers cannot fill.
 On PostgreSQL writers wait on the network, where more at once overlap: they share the
 threads with every other call.
 """
@@ -48,7 +48,7 @@ from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, PermissionDenied, RateLimited
 from better_compute.projections.framework import Follower
 
-WRITER_THREADS = 1  # threads of the writers' lane on SQLite
+WRITER_THREADS = 1  # the writers' threads on SQLite
 API_PREFIX = "/api/compute"
 RPC_PATH = f"{API_PREFIX}/rpc"
 # The status a call whose caller left mid-body is logged and counted with (nginx's
@@ -70,7 +70,7 @@ class ServerState:
     # half of them per tenant, whose tokens' tenants are learnt as they authenticate.
     admission: http_limits.Admission = field(init=False)
     tenants: http_limits.Tenants = field(default_factory=http_limits.Tenants)
-    # The writers' lane (see the module's docstring): the shared limiter on PostgreSQL.
+    # The writers' threads (see the module's docstring): the shared limiter on PostgreSQL.
     writers: anyio.CapacityLimiter = field(init=False)
     # Seconds a call's body has after its head (http_limits.py; http.body_timeout).
     body_timeout: float = field(init=False)
@@ -87,7 +87,7 @@ class ServerState:
 
     def limiter_for(self, body: bytes) -> anyio.CapacityLimiter:
         """The threads a JSON-RPC call of ``body`` runs in (one pool, the body unread, where
-        the writers have no lane of their own)."""
+        the writers have no threads of their own)."""
         if self.writers is self.limiter:
             return self.limiter
         return self.writers if rpc.writes_hint(body) else self.limiter

@@ -122,10 +122,10 @@ _WRITES = tuple(f'"{m.name}"'.encode() for m in METHODS.values() if m.writes)
 
 def writes_hint(body: bytes) -> bool:
     """Whether ``body`` names a method that books or frees GPUs (``Method.writes``), read
-    before the body is decoded, so that the call can wait for the writers' lane in the event
-    loop rather than in a thread. A hint: a name found elsewhere in a body (say, in a
-    parameter) only sends that call down the narrower lane, and a name escaped in the JSON
-    only down the wider one; which lane runs a call never changes what it does."""
+    before the body is decoded, so that the call can wait for the writers' threads in the
+    event loop rather than in a thread. A hint: a name found elsewhere in a body (say, in a
+    parameter) only sends that call to the writers' threads, and a name escaped in the JSON
+    only to the shared ones; which threads run a call never changes what it does."""
     return any(name in body for name in _WRITES)
 
 

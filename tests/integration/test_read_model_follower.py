@@ -165,8 +165,9 @@ def test_read_models_in_step_are_applied_in_one_transaction(runtime: Any) -> Non
 
 
 def test_a_read_model_being_caught_up_elsewhere_is_left_to_that(runtime: Any) -> None:
-    """Company comes along only when its lock is free: on PostgreSQL a read model another
-    transaction is applying is skipped (no wait); SQLite's one writer holds every lock."""
+    """A catch-up brings the other read models along only when their lock is free: on
+    PostgreSQL a read model another transaction is applying is skipped (no wait); SQLite's
+    one writer holds every lock."""
     sql = runtime.projections.sql
     before = _in_step(runtime)
     make_pool(runtime.service)

@@ -38,7 +38,7 @@ class Method:
     handler: Handler
     summary: str
     public: bool = False  # callable without a token
-    # Books or frees GPUs: runs in the writers' lane (``writes_hint``, api/http/app.py).
+    # Books or frees GPUs: runs in the writers' threads (``writes_hint``, api/http/app.py).
     writes: bool = False
 
     def schema(self) -> dict[str, Any]:

@@ -1,10 +1,10 @@
-"""The calls that book or free GPUs run in the writers' lane: one thread of their own on
+"""The calls that book or free GPUs run in the writers' threads: one thread of their own on
 SQLite, the shared threads on PostgreSQL (api/http/app.py).
 
-On SQLite, more writers at once only take the GIL from each other: with a lane of two, 16
-clients create 18 % and release 27 % more per second on two workers than with eight
-threads, and with a lane of one 12 % and 6 % more again; on PostgreSQL a lane of two
-releases 11 % less (docs/internals/performance-history.md).
+On SQLite, more writers at once only take the GIL from each other: with two writer threads,
+16 clients create 18 % and release 27 % more per second on two workers than with eight
+shared threads, and with one 12 % and 6 % more again; on PostgreSQL two writer threads
+release 11 % less (docs/internals/performance-history.md).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def served(env: dict[str, str]) -> Iterator[tuple[Runtime, str]]:
         rt.close()
 
 
-def test_each_call_runs_in_its_lane(served: tuple[Runtime, str]) -> None:
-    """A create and a release borrow the writers' lane, a read the shared threads: seen from
+def test_each_call_runs_in_its_threads(served: tuple[Runtime, str]) -> None:
+    """A create and a release borrow the writers' threads, a read the shared threads: seen from
     inside the calls, by what each limiter has lent."""
     runtime, token = served
     pool = make_pool(runtime.service)
