@@ -1,5 +1,5 @@
 """The library's SQLite factory, with a datastore whose connections are guarded and whose
-writers take turns across processes.
+writers hold one lock across processes.
 
 ``StoreSQLiteDatastore`` is the library's ``SQLiteDatastore`` with ``get_connection`` (the
 one method its ``transaction``, its recorders and the read models' SQL take connections
@@ -38,11 +38,13 @@ class StoreSQLiteDatastore(SQLiteDatastore):
             with super().get_connection(commit=commit) as conn:
                 yield conn
             return
-        with guarded(self.guard, self._turn(commit), writing=commit) as conn:
+        with guarded(self.guard, self._locked_connection(commit), writing=commit) as conn:
             yield conn
 
     @contextmanager
-    def _turn(self, commit: bool) -> Iterator[SQLiteConnection]:
+    def _locked_connection(self, commit: bool) -> Iterator[SQLiteConnection]:
+        """The library's connection, holding the writer lock for its transaction when it
+        writes."""
         with super().get_connection(commit=commit) as conn:
             if not commit or self.writers is None:
                 yield conn
