@@ -89,5 +89,5 @@ def add_nodes(service: Any, pool_id: str, count: int, owner: str = "root", **kwa
     nodes = [build_node(pool_id, owner, **kwargs) for _ in range(count)]
     for start in range(0, len(nodes), 100):
         batch = nodes[start:start + 100]
-        service.store.save(*batch, *(c for n in batch if n.adopted for c in claims(n)))
+        service.store.save(*batch, *(c for n in batch if n.adopted for c in claims(n)), actor="local")
     return [n.public_id for n in nodes]

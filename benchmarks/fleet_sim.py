@@ -157,10 +157,10 @@ def _nodes(runtime: Any, bundle: Any, pool: str, n: int, out: Path) -> None:
             lines.write(json.dumps({"id": node_id, "index": i, "cert": pki.pem(cert),
                                     "key": pem}) + "\n")
             if len(batch) == 200:
-                runtime.store.save(*batch)
+                runtime.store.save(*batch, actor="local")
                 batch = []
     if batch:
-        runtime.store.save(*batch)
+        runtime.store.save(*batch, actor="local")
 
 
 def make_fleet(env: dict[str, str], n: int, folder: Path, *, fresh: bool) -> Fleet:

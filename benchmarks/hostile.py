@@ -513,7 +513,7 @@ def make_node(env: dict[str, str], folder: Path) -> NodeIdentity:
                   for g in range(8)],
             key_pin=pki.spki_pin(key.public_key()),
             certificate_serial=format(cert.serial_number, "x"),
-            certificate_not_after=cert.not_valid_after_utc, bcd_version="edge"))
+            certificate_not_after=cert.not_valid_after_utc, bcd_version="edge"), actor="local")
     finally:
         runtime.close()
     identity = NodeIdentity(node_id, str(folder / "node.crt"), str(folder / "node.key"))

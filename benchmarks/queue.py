@@ -96,10 +96,10 @@ def booked_fleet(runtime: Runtime, nodes: int, per_gpu: int, key: str) -> tuple[
         batch.append(book_node(pool, node_id, [f"GPU-{host}-{i:02d}" for i in range(8)], now,
                                per_gpu, rnd))
         if len(batch) == 50:
-            runtime.store.save(*batch)
+            runtime.store.save(*batch, actor="local")
             batch = []
     if batch:
-        runtime.store.save(*batch)
+        runtime.store.save(*batch, actor="local")
     for name in ("free_gpus", "reservations"):  # what the preview reads (listings, capacity:
         runtime.projections.catch_up(name)     # not read here, and slow to fill this way)
     return pool, time.perf_counter() - started

@@ -213,7 +213,7 @@ def _ceiling(backend: str, pg_url: str | None, seconds: float) -> float:
             while time.perf_counter() < stop:
                 store.save(Site.with_id(new_uuid(), tenant_id="root", kind="shared",
                                         region="eu-1", name=f"s{saves}", key=None,
-                                        fingerprint=None))
+                                        fingerprint=None), actor="local")
                 saves += 1
             return saves / (time.perf_counter() - started)
         finally:

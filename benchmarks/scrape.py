@@ -39,7 +39,7 @@ def _measure(env: dict[str, str], nodes: int, pools: int, scrapes: int) -> str:
             if n % 100 == 0:  # one node in a hundred needs attention
                 node.cordon("bench", now, None)
         for start in range(0, len(fleet), 200):
-            runtime.service.store.save(*fleet[start:start + 200])
+            runtime.service.store.save(*fleet[start:start + 200], actor="local")
         runtime.projections.catch_up()
         metrics = ServerMetrics()
         metrics.bind(SimpleNamespace(runtime=runtime, extra={}))

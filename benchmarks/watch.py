@@ -183,10 +183,10 @@ class Bench:
                 batch.append(Site(tenant_id="root", kind="shared", region="eu-2", name=f"b{i}",
                                   key=None, fingerprint="-"))
                 if len(batch) == 100:
-                    runtime.store.save(*batch)
+                    runtime.store.save(*batch, actor="local")
                     batch = []
             if batch:
-                runtime.store.save(*batch)
+                runtime.store.save(*batch, actor="local")
             return count / (time.perf_counter() - started)
         finally:
             runtime.close()

@@ -186,7 +186,7 @@ def store_writer(runtime: Any) -> Writer:
 
     def write(i: int) -> str | None:
         runtime.store.save(Site(tenant_id="root", kind="shared", region="eu-1", name=f"w{i}",
-                                key=None, fingerprint="-"))
+                                key=None, fingerprint="-"), actor="local")
         return None
 
     return write, lambda: None

@@ -15,6 +15,7 @@ from enum import StrEnum
 from better_compute.domain.errors import InvalidInput, PermissionDenied
 
 ROOT_TENANT = "root"
+LOCAL = "local"  # the actor of the in-process CLI without a token, and of `init`
 
 
 class Role(StrEnum):
@@ -47,6 +48,11 @@ class Principal:
     role: Role
     token_id: str | None = None
     expires_at: datetime | None = None  # when the token stops working (None: never)
+
+    @property
+    def actor(self) -> str:
+        """Who the events of this caller's commands name (docs/events.md, "actor")."""
+        return self.token_id or LOCAL
 
     @property
     def is_root_admin(self) -> bool:

@@ -53,10 +53,10 @@ MUTATIONS = {
     "answer-before-commit": Mutation("acknowledged-lost", (
         ("api/services/reservations.py",
          "            self.store.save(rsv, bookings, *([quota] if quota is not None else []), "
-         "*node)\n",
+         "*node,\n                            actor=principal.actor)\n",
          "            __import__('threading').Thread(target=lambda: (__import__('time')"
          ".sleep(1), self.store.save(rsv, bookings, *([quota] if quota is not None else "
-         "[]), *node)), daemon=True).start()\n"),)),
+         "[]), *node, actor=principal.actor)), daemon=True).start()\n"),)),
 }
 
 

@@ -43,7 +43,7 @@ def write_sites(runtime: Runtime, count: int, *, per_save: int = 50, region: str
         batch.append(Site(tenant_id="root", kind="shared", region=region, name=f"s{i}",
                           key=None, fingerprint="-"))
         if len(batch) == per_save or i == count - 1:
-            recordings = runtime.store.save(*batch)
+            recordings = runtime.store.save(*batch, actor="local")
             sequences.extend(r.notification.id for r in recordings)
             batch = []
     return sequences

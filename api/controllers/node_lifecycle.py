@@ -41,6 +41,7 @@ from typing import Any
 from uuid import UUID
 
 from better_compute.api.services.nodes import NodeService
+from better_compute.api.store.actor import CONTROLLER_NODES
 from better_compute.api.store.node_presence import PRESENCE_TABLE, Presence
 from better_compute.domain.node_rules import (
     ACCEPTANCE_PENDING,
@@ -69,6 +70,10 @@ class PassReport:
 
 
 class NodeLifecycle:
+    """The NodeLifecycle controller's passes; what they save, ``controller:nodes`` did."""
+
+    actor = CONTROLLER_NODES
+
     def __init__(self, nodes: NodeService, presence: Presence,
                  unreachable_after: timedelta = UNREACHABLE_AFTER,
                  acceptance_timeout: timedelta = ACCEPTANCE_TIMEOUT) -> None:
@@ -116,7 +121,7 @@ class NodeLifecycle:
             if counted is not None and now - counted > self.unreachable_after:
                 marks.append((node_id, UUID(uuid), epoch, last))
         if marks:
-            done = self.nodes.change_each([(uuid, self.nodes.unreachable(epoch, last))
+            done = self.nodes.change_each([(uuid, self.nodes.unreachable(epoch, last), self.actor)
                                            for _, uuid, epoch, last in marks])
             for (node_id, *_), result in zip(marks, done, strict=True):
                 if isinstance(result, Exception):
@@ -135,7 +140,8 @@ class NodeLifecycle:
                      (SESSION_CONNECTED, PROVISION_ADOPTING, ACCEPTANCE_PENDING))
         if not rows:
             return []
-        results = self.nodes.start_first_acceptances([UUID(str(r["uuid"])) for r in rows])
+        results = self.nodes.start_first_acceptances([UUID(str(r["uuid"])) for r in rows],
+                                                     actor=self.actor)
         started = self.nodes.clock()  # no earlier than each start: never times out early
         errors: list[Exception] = []
         for row, result in zip(rows, results, strict=True):
@@ -164,7 +170,8 @@ class NodeLifecycle:
             since = self._attempt_started[key]
             if since is None or now - since < self.acceptance_timeout:
                 continue
-            if self.nodes.time_out_acceptance(UUID(key[0]), key[1], self.acceptance_timeout):
+            if self.nodes.time_out_acceptance(UUID(key[0]), key[1], self.acceptance_timeout,
+                                              actor=self.actor):
                 report.acceptance_timed_out.append(str(row["id"]))
 
 

@@ -21,6 +21,7 @@ from datetime import datetime
 
 from better_compute.api.services.reservation_queue import DispatchReport
 from better_compute.api.services.reservations import ReservationService
+from better_compute.api.store.actor import CONTROLLER_RESERVATIONS
 from better_compute.api.store.outage import outage_error
 from better_compute.domain.errors import Unavailable
 from better_compute.projections.earliest_index import changed_pools
@@ -49,6 +50,10 @@ class PassReport:
 
 
 class QueueDispatcher:
+    """The queue's passes; what they save, ``controller:reservations`` did."""
+
+    actor = CONTROLLER_RESERVATIONS
+
     def __init__(self, reservations: ReservationService) -> None:
         self.reservations = reservations
         self.seen = 0  # the log position up to which changes were looked at
@@ -65,7 +70,7 @@ class QueueDispatcher:
                                                                                self.seen))
         for pool_id in sorted(pools):
             try:
-                report.pools[pool_id] = service.dispatch(pool_id, now)
+                report.pools[pool_id] = service.dispatch(pool_id, now, actor=self.actor)
                 undecided = report.pools[pool_id].undecided
             except Unavailable:  # the store is away: the pass ends, its loop logs it once
                 raise

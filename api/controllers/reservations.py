@@ -23,6 +23,7 @@ from datetime import datetime
 from uuid import UUID
 
 from better_compute.api.services.reservations import ReservationService
+from better_compute.api.store.actor import CONTROLLER_RESERVATIONS
 from better_compute.projections.reservations import due_reservations
 
 MAX_ROUNDS = 4  # a re-placement can make a reservation due again in the same pass
@@ -41,6 +42,10 @@ class TickReport:
 
 
 class ReservationTimers:
+    """The timers' passes; what they save, ``controller:reservations`` did."""
+
+    actor = CONTROLLER_RESERVATIONS
+
     def __init__(self, reservations: ReservationService) -> None:
         self.reservations = reservations
 
@@ -56,18 +61,18 @@ class ReservationTimers:
                         and row["end_at"] > at.timestamp()]
             if starting:  # one save for all of them (a stream of creates)
                 bound = {str(u) for u in service.begin_bindings(
-                    [UUID(str(row["uuid"])) for row in starting], at)}
+                    [UUID(str(row["uuid"])) for row in starting], at, actor=self.actor)}
                 report.binding.extend(str(row["id"]) for row in starting
                                       if str(row["uuid"]) in bound)
                 acted = acted or bool(bound)
             for row in due:
                 uuid = UUID(str(row["uuid"]))
                 if row["state"] == "queued":
-                    if service.expire_queued(uuid, at):
+                    if service.expire_queued(uuid, at, actor=self.actor):
                         report.queue_expired.append(str(row["id"]))
                         acted = True
                 elif row["end_at"] <= at.timestamp():
-                    if service.expire(uuid, at):
+                    if service.expire(uuid, at, actor=self.actor):
                         report.expired.append(str(row["id"]))
                         acted = True
                 elif row["state"] == "placed":
@@ -77,6 +82,7 @@ class ReservationTimers:
                     if rsv is not None and service.bind_failed(
                         None, rsv.allocation_id, "timeout",
                         f"node {rsv.node_id} did not report the hold within 5 minutes", at,
+                        actor=self.actor,
                     ):
                         report.timed_out.append(str(row["id"]))
                         acted = True

@@ -43,12 +43,6 @@ from better_compute.api.controllers.queue import QueueDispatcher
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.services.tokens import TokenExpiry
 from better_compute.api.settings import env_seconds
-from better_compute.api.store.actor import (
-    CONTROLLER_NODES,
-    CONTROLLER_RESERVATIONS,
-    CONTROLLER_TOKENS,
-    as_actor,
-)
 from better_compute.api.store.eventlog import EventFilter
 from better_compute.api.store.node_presence import Presence
 from better_compute.api.supervise import Retry
@@ -147,11 +141,11 @@ async def run_controllers(state: Any, *, leadership: Leadership | None = None,
             async with anyio.create_task_group() as dispatching:
                 dispatching.start_soon(_dispatch, dispatcher, hub, tick, settle)
                 dispatching.start_soon(_lead, None, passes, (  # leadership checked below
-                    ("timers", CONTROLLER_RESERVATIONS, timers.tick),), hub, tick, settle,
+                    ("timers", timers.tick),), hub, tick, settle,
                     anyio.CapacityLimiter(1), _WAKE_TIMERS)
                 await _lead(lead, passes, (
-                    ("lifecycle", CONTROLLER_NODES, lifecycle.reconcile),
-                    ("tokens", CONTROLLER_TOKENS, expiry.tick)), hub, tick, settle, limiter,
+                    ("lifecycle", lifecycle.reconcile),
+                    ("tokens", expiry.tick)), hub, tick, settle, limiter,
                     _WAKE_NODES)
                 dispatching.cancel_scope.cancel()
             state.extra["controllers_leader"] = False
@@ -184,8 +178,7 @@ async def _dispatch(dispatcher: QueueDispatcher, hub: Any, tick: float, settle: 
         position = hub.head if hub is not None else 0
         began = time.monotonic()
         try:
-            await anyio.to_thread.run_sync(as_actor(CONTROLLER_RESERVATIONS, dispatcher.run),
-                                           limiter=limiter)
+            await anyio.to_thread.run_sync(dispatcher.run, limiter=limiter)
         except Exception as exc:  # retried on the next wake or tick
             retry.failed(exc)
         else:
@@ -194,7 +187,7 @@ async def _dispatch(dispatcher: QueueDispatcher, hub: Any, tick: float, settle: 
 
 
 async def _lead(lead: Leadership | None, passes: dict[str, Retry],
-                work: tuple[tuple[str, str | None, Callable[[], Any]], ...], hub: Any,
+                work: tuple[tuple[str, Callable[[], Any]], ...], hub: Any,
                 tick: float, settle: float, limiter: anyio.CapacityLimiter,
                 wake_on: EventFilter) -> None:
     """Passes of ``work`` (NodeLifecycle and tokens, or the timers), while this process holds
@@ -202,10 +195,9 @@ async def _lead(lead: Leadership | None, passes: dict[str, Retry],
     while lead is None or await anyio.to_thread.run_sync(lead.still_leader, limiter=limiter):
         position = hub.head if hub is not None else 0
         began = time.monotonic()
-        for name, actor, run in work:
+        for name, run in work:
             try:
-                await anyio.to_thread.run_sync(as_actor(actor, run) if actor else run,
-                                               limiter=limiter)
+                await anyio.to_thread.run_sync(run, limiter=limiter)
             except Exception as exc:  # retried on the next tick
                 passes[name].failed(exc)
             else:

@@ -91,7 +91,7 @@ class Renewal:
         not_after = cert.not_valid_after_utc
         try:
             self.nodes.certificate_renewed(uuid, epoch, format(cert.serial_number, "x"),
-                                           not_after)
+                                           not_after, actor=node.public_id)  # the node asked
         except Conflict as exc:
             raise RenewRefused("stale_epoch", exc.message) from None
         return pki.pem(cert), iso(not_after) or ""

@@ -56,7 +56,6 @@ from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.join import NODE_CERTIFICATE_LIFETIME
 from better_compute.api.services.registry import Services
 from better_compute.api.settings import env_count
-from better_compute.api.store.actor import acting_as
 from better_compute.api.store.eventlog import EventFilter
 from better_compute.api.store.node_presence import Presence, Reports
 from better_compute.api.store.outage import outage_error, unavailable_on_outage
@@ -420,18 +419,17 @@ class Gateway:
             if self.stopping:
                 raise Refusal(REPLICA_STOPPING, STOPPING_MESSAGE)
             uuid = self._identify(cert, hello)
-            with acting_as(hello.node_id):  # what this session records, the node did
-                try:
-                    epoch, node = await self.writes.change(uuid, self._opening(
-                        pki.spki_pin(cert.public_key()), hello.bcd_version))
-                except NotFound:
-                    raise Refusal("unknown_node", f"no node {hello.node_id}: join again with "
-                                  "bcd join") from None
-                session = Session(self, stream, reader, node, epoch, cert.public_key(),
-                                  await self._sections_of(node))
-                self._register(session)
-                self.stats["sessions"] += 1
-                await session.run(node)
+            try:  # what this session records, the node did
+                epoch, node = await self.writes.change(uuid, self._opening(
+                    pki.spki_pin(cert.public_key()), hello.bcd_version), actor=hello.node_id)
+            except NotFound:
+                raise Refusal("unknown_node", f"no node {hello.node_id}: join again with "
+                              "bcd join") from None
+            session = Session(self, stream, reader, node, epoch, cert.public_key(),
+                              await self._sections_of(node))
+            self._register(session)
+            self.stats["sessions"] += 1
+            await session.run(node)
         except Refusal as refusal:
             self.stats["refused_sessions"] += 1
             log.warning("gateway: session refused (%s): %s", refusal.code, refusal.message)
@@ -477,10 +475,11 @@ class Gateway:
         self._forget(session)
         if session.fenced:
             return
-        with anyio.CancelScope(shield=True), acting_as(session.node_id):
+        with anyio.CancelScope(shield=True):
             try:
                 await self.writes.change(session.uuid, self.nodes.closing(session.epoch,
-                                                                          session.reason))
+                                                                          session.reason),
+                                         actor=session.node_id)
             except BetterComputeError as exc:
                 log.warning("gateway: could not record the end of node %s's session: %s",
                             session.node_id, exc.message)

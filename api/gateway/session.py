@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import suppress
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -279,7 +280,8 @@ class Session:
         changed = [g for g in gpus if g.uuid in self.health and health[g.uuid] != self.health[g.uuid]]
         if changed:
             try:
-                await gateway.call(gateway.nodes.gpu_health, self.uuid, self.epoch, changed)
+                await gateway.call(partial(gateway.nodes.gpu_health, actor=self.node_id),
+                                   self.uuid, self.epoch, changed)
             except Unavailable:
                 return  # the store is away: the next report carries the change again
             self.health.update({k: v for k, v in health.items() if k in self.health})
@@ -314,8 +316,8 @@ class Session:
             change = gateway.node_changes.get(head.kind)
             handler = gateway.journal_handlers.get(head.kind)
             if change is not None:  # saved with other sessions' changes (writes.py)
-                change.check(await gateway.writes.change(self.uuid,
-                                                         change.change(self.epoch, payload)))
+                change.check(await gateway.writes.change(
+                    self.uuid, change.change(self.epoch, payload), actor=self.node_id))
             elif handler is not None:
                 await gateway.call(handler, self.uuid, self.epoch, payload)
             else:

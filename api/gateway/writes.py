@@ -8,8 +8,8 @@ alone is written at once, 10,000 nodes reconnecting after a restart share a few 
 saves instead of making 10,000 (docs/performance.md, "A fleet on one server").
 
 Each change still behaves as alone: it runs on its node as stored, its events carry its own
-actor (the node), its result or error goes back to its own session, and a batch that meets
-another writer's save is run again one change at a time.
+actor (the node, given with the change), its result or error goes back to its own session,
+and a batch that meets another writer's save is run again one change at a time.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import anyio
 import anyio.abc
 
 from better_compute.api.services.nodes import BATCH, NodeService
-from better_compute.api.services.unit import Also
-from better_compute.api.store.actor import acting_as, current_actor, stamp_actor
 from better_compute.domain.errors import Unavailable
 from better_compute.domain.node import Node
 
@@ -33,7 +31,7 @@ from better_compute.domain.node import Node
 class _Change:
     uuid: UUID
     change: Callable[[Node], Any]
-    actor: str | None
+    actor: str
     done: anyio.Event = field(default_factory=anyio.Event)
     result: Any = None
 
@@ -52,13 +50,13 @@ class NodeWrites:
         self.batches = 0
         self.changes = 0
 
-    async def change(self, uuid: UUID, change: Callable[[Node], Any]) -> Any:
-        """``change`` applied to node ``uuid`` and saved: what it returned (or raised). Not
-        cancelled half-way: once queued, the caller waits for its save, as for a worker
-        thread's."""
+    async def change(self, uuid: UUID, change: Callable[[Node], Any], *, actor: str) -> Any:
+        """``change`` applied to node ``uuid`` and saved, its events ``actor``'s: what it
+        returned (or raised). Not cancelled half-way: once queued, the caller waits for its
+        save, as for a worker thread's."""
         if self._stopped:
             raise Unavailable("the server is stopping: connect again")
-        item = _Change(uuid, change, current_actor())
+        item = _Change(uuid, change, actor)
         self._queue.append(item)
         self._wake.set()
         with anyio.CancelScope(shield=True):
@@ -89,24 +87,11 @@ class NodeWrites:
             self._queue.clear()
 
     async def _write(self, batch: list[_Change]) -> None:
-        def run(item: _Change) -> Callable[[Node], Any]:
-            def change(node: Node) -> Any:
-                made = len(node.pending_events)
-                with acting_as(item.actor):
-                    try:
-                        result = item.change(node)
-                    finally:
-                        stamp_actor(node.pending_events[made:])
-                    for other in result.others if isinstance(result, Also) else ():
-                        stamp_actor(other.pending_events)
-                    return result
-
-            return change
-
         try:
             with anyio.CancelScope(shield=True):  # a save under way ends, and says so
                 results = await self.call(self.nodes.change_each,
-                                          [(item.uuid, run(item)) for item in batch])
+                                          [(item.uuid, item.change, item.actor)
+                                           for item in batch])
         except Exception as exc:  # the store away: every change of the batch gets it
             results = [exc] * len(batch)
         self.batches += 1

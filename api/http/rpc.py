@@ -30,7 +30,6 @@ from better_compute.api.http.methods.table import METHODS as METHODS  # what ans
 from better_compute.api.http.params_bounds import check_params
 from better_compute.api.http.schemas import RpcError, RpcRequest, RpcResponse
 from better_compute.api.services.registry import Services
-from better_compute.api.store.actor import LOCAL, acting_as
 from better_compute.api.store.outage import outage_error
 from better_compute.domain.access import Principal
 from better_compute.domain.errors import BetterComputeError, InvalidInput
@@ -148,9 +147,8 @@ def answer(
     try:
         principal = authenticate() if not m.public else _maybe(authenticate)
         params = services.names.resolve_params(principal, decode_params(m, request.params))
-        actor = None if principal is None else (principal.token_id or LOCAL)
-        with acting_as(actor):  # the events this call saves carry who made it
-            result = m.handler(Call(services, principal), params)  # type: ignore[arg-type]
+        # The events this call saves carry who made it: ``principal.actor`` (api/store/actor.py).
+        result = m.handler(Call(services, principal), params)  # type: ignore[arg-type]
     except Exception as exc:
         return RpcResponse(id=request_id, error=_error(exc))
     return RpcResponse(id=request_id, result=result)

@@ -20,7 +20,7 @@ from eventsourcing.persistence import IntegrityError
 from better_compute.api.services.limits import ServiceLimits
 from better_compute.api.services.tokens import TokenService, new_token_secret
 from better_compute.api.services.unit import Aggregates, Clock, utc_now
-from better_compute.api.store.actor import LOCAL, acting_as, current_actor
+from better_compute.api.store.actor import LOCAL
 from better_compute.api.store.token_use import TokenUse
 from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.base import fingerprint, iso
@@ -106,7 +106,8 @@ class ComputeService:
         return bundle
 
     def initialize(self, public: dict[str, str], sealed: str) -> str:
-        """Create the PKI bundle, the root tenant and its first admin token, atomically."""
+        """Create the PKI bundle, the root tenant and its first admin token, atomically
+        (``better-compute init``: the local operator is its actor)."""
         if self.is_initialized():
             raise Conflict(
                 "this store is already initialized: `better-compute init` runs once per store; "
@@ -118,8 +119,7 @@ class ComputeService:
         token = ApiToken(tenant_id=ROOT_TENANT, role=Role.ADMIN.value, name="root administrator",
                          secret_hash=token_hash(secret), created_by=None)
         try:
-            with acting_as(current_actor() or LOCAL):
-                self.store.save(bundle, root, token)
+            self.store.save(bundle, root, token, actor=LOCAL)
         except IntegrityError:
             raise Conflict("this store was initialized by another process just now") from None
         return secret
@@ -180,7 +180,7 @@ class ComputeService:
         if existing is None:
             tenant = Tenant(tenant_id=tenant_id, name=name, created_by=principal.token_id)
             try:
-                self.store.save(tenant)
+                self.store.save(tenant, actor=principal.actor)
                 return tenant.to_doc()
             except IntegrityError:  # created by a concurrent request just now: as a retry
                 existing = self.aggregates.get(Tenant, tenant_uuid(tenant_id))
@@ -231,7 +231,7 @@ class ComputeService:
             Site,
             lambda: Site.with_id(uuid, tenant_id=tenant, kind=kind, region=region, name=name or "", key=key,
                          fingerprint=fingerprint(params)),
-            key=key, fp=fingerprint(params), what="site",
+            key=key, fp=fingerprint(params), what="site", actor=principal.actor,
         )
         return site.to_doc()
 
@@ -284,7 +284,7 @@ class ComputeService:
             lambda: Pool.with_id(uuid, tenant_id=principal.tenant_id, site_id=site.public_id,
                          node_class=node_class, gpu_model=family, policy=checked,
                          name=name or "", key=key, fingerprint=fp),
-            key=key, fp=fp, what="pool",
+            key=key, fp=fp, what="pool", actor=principal.actor,
         )
         return pool.to_doc()
 
@@ -323,7 +323,7 @@ class ComputeService:
         checked = parse_quota(quota)
         self.aggregates.tenant(to_tenant)
         if pool.offer(to_tenant, checked):
-            self.aggregates.save(pool)
+            self.aggregates.save(pool, actor=principal.actor)
         return pool.to_doc()
 
     # --------------------------------------------------------------------- pki

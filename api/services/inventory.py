@@ -30,7 +30,7 @@ from better_compute.domain.errors import Conflict, InvalidInput, NotFound
 from better_compute.domain.gpu_claims import GpuClaim, gpu_claim_uuid
 from better_compute.domain.gpu_models import same_model
 from better_compute.domain.gpus import gpus_of
-from better_compute.domain.ids import parse_id
+from better_compute.domain.ids import parse_id, public_id
 from better_compute.domain.node import Node
 from better_compute.domain.node_inventory import (
     compare_inventory,
@@ -87,8 +87,9 @@ class InventoryService:
         self.service = service
         self.aggregates = service.aggregates
 
-    def _save_retrying(self, uuid: UUID, decide: Any) -> Any:
-        """Load the node, ``decide`` (what to save, what to answer), save; again on a clash."""
+    def _save_retrying(self, uuid: UUID, decide: Any, *, actor: str) -> Any:
+        """Load the node, ``decide`` (what to save, what to answer), save as ``actor``; again
+        on a clash."""
         for _ in range(RETRY_ATTEMPTS):
             node = self.aggregates.get(Node, uuid)
             if node is None:
@@ -97,7 +98,7 @@ class InventoryService:
             if not changed:
                 return answer
             try:
-                self.aggregates.store.save(*changed)
+                self.aggregates.store.save(*changed, actor=actor)
             except IntegrityError:
                 continue
             return answer
@@ -109,8 +110,9 @@ class InventoryService:
         """A verified ``acceptance.result``: adopted (its GPUs claimed) or failed as the
         verdict says; None. When it lists other GPUs than the node's, refused: the mismatch
         recorded, the running attempt failed (reason ``inventory``), and the refusal's
-        message answered, for the Nack."""
-        answer: str | None = self._save_retrying(uuid, self._accepting(epoch, entry))
+        message answered, for the Nack. The node's own verdict: the node is its actor."""
+        answer: str | None = self._save_retrying(uuid, self._accepting(epoch, entry),
+                                                 actor=public_id("node", uuid))
         return answer
 
     def accepting(self, epoch: int, entry: AcceptanceResult) -> Callable[[Node], Also]:
@@ -155,7 +157,8 @@ class InventoryService:
 
     def reported(self, uuid: UUID, epoch: int, gpus: builtins.list[dict[str, Any]]) -> bool:
         """The GPUs of a report: when they differ from the node's, ``node.inventory.mismatch``
-        (once for the same GPUs); nothing else changes. Whether it recorded one."""
+        (once for the same GPUs); nothing else changes. Whether it recorded one. The node's own
+        report: the node is its actor."""
         reported = [gpu_doc(g) for g in gpus]
 
         def decide(node: Node) -> tuple[list[TenantOwned], bool]:
@@ -168,7 +171,7 @@ class InventoryService:
             noted = node.note_inventory_mismatch(diff, reported, "report", self.service.clock())
             return ([node] if noted else []), noted
 
-        noted: bool = self._save_retrying(uuid, decide)
+        noted: bool = self._save_retrying(uuid, decide, actor=public_id("node", uuid))
         return noted
 
     # ----------------------------------------------------------------- the operator
@@ -203,7 +206,7 @@ class InventoryService:
         node = self.aggregates.get(Node, uuid)
         if node is None:
             raise NotFound(f"no node {node_id!r}: `better-compute nodes list` shows the nodes")
-        accepted: Node = self._save_retrying(uuid, decide)
+        accepted: Node = self._save_retrying(uuid, decide, actor=principal.actor)
         return accepted.to_doc()
 
     def _check_fits(self, node: Node, gpus: Sequence[dict[str, Any]]) -> None:

@@ -30,7 +30,6 @@ from better_compute.api import pki
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.tokens import revoke_token
 from better_compute.api.services.unit import RETRY_ATTEMPTS
-from better_compute.api.store.actor import acting_as
 from better_compute.api.wire.join import HardwareFacts, HardwareGpu, JoinRequest, JoinResponse
 from better_compute.domain.access import Principal
 from better_compute.domain.base import fingerprint, iso
@@ -100,7 +99,7 @@ class JoinService:
             expect=expect, key=key, fingerprint=fp, created_by=principal.token_id,
         )
         try:
-            self.service.store.save(token)
+            self.service.store.save(token, actor=principal.actor)
         except IntegrityError:
             existing = self.service.aggregates.get(JoinToken, token_uuid)
             if existing is None or not key:
@@ -159,8 +158,7 @@ class JoinService:
         token = self.service.aggregates.get(JoinToken, token_uuid_of_secret(request.token))
         if token is None or not token.matches(request.token):
             raise Unauthenticated(UNKNOWN_TOKEN)
-        with acting_as(token.public_id):  # the join token admitted the machine
-            return self._join_with(token, bundle, request, csr)
+        return self._join_with(token, bundle, request, csr)
 
     def _join_with(self, token: JoinToken, bundle: pki.PkiBundle, request: JoinRequest,
                    csr: x509.CertificateSigningRequest) -> dict[str, str] | None:
@@ -170,7 +168,7 @@ class JoinService:
             if token.mark_expired(now):
                 # Another request may have recorded it (or used the token) just now.
                 with contextlib.suppress(IntegrityError):
-                    self.service.store.save(token)
+                    self.service.store.save(token, actor=token.public_id)
             raise refusal
         key_pin = pki.spki_pin(csr.public_key())
         token.check_fresh(key_pin, request.nonce)  # a replayed request: before anything else
@@ -201,7 +199,7 @@ class JoinService:
                         hardware_key=hardware_key, **facts)
         token.use(node_id, hardware_key, now, key_pin=key_pin, nonce=request.nonce)
         try:
-            self.service.store.save(token, node)
+            self.service.store.save(token, node, actor=token.public_id)  # it admitted the machine
         except IntegrityError:
             return None  # the token changed under us: read it again and re-check
         response = JoinResponse(

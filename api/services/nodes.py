@@ -21,6 +21,7 @@ from eventsourcing.persistence import IntegrityError, Notification
 from better_compute.api.services.compute import ComputeService
 from better_compute.api.services.inventory import release_all
 from better_compute.api.services.unit import RETRY_ATTEMPTS, Also
+from better_compute.api.store.actor import stamp
 from better_compute.api.store.eventlog import render
 from better_compute.api.store.node_presence import Presence, Reports
 from better_compute.domain.access import Principal
@@ -45,6 +46,8 @@ from better_compute.projections.capacity import capacity_resources, count_nodes,
 from better_compute.projections.capacity_history import BUCKET_S, MAX_WINDOW_S, read_history
 
 T = TypeVar("T")
+# A change of one node and who makes it (its events' actor): ``NodeService.change_each``.
+NodeChangeBy = tuple[UUID, Callable[[Node], Any], str]
 HISTORY_MIN = timedelta(seconds=12 * BUCKET_S)  # 1h
 HISTORY_MAX = timedelta(seconds=MAX_WINDOW_S)  # 7d
 BATCH = 500  # node changes in one write at most (``change_each``)
@@ -95,8 +98,10 @@ class NodeService:
         pool = self.service.aggregates.get(Pool, parse_id("pool", node.pool_id))
         return node_sections(pool.policy) if pool is not None else {}
 
-    def _change(self, uuid: UUID, change: Callable[[Node], T]) -> tuple[Node, T]:
-        """Load, change, save; again on a version clash (another writer got there first)."""
+    def _change(self, uuid: UUID, change: Callable[[Node], T], *, actor: str
+                ) -> tuple[Node, T]:
+        """Load, change, save as ``actor``; again on a version clash (another writer got
+        there first)."""
         for _ in range(RETRY_ATTEMPTS):
             node = self.load(uuid)
             if node is None:
@@ -105,19 +110,19 @@ class NodeService:
             if not node.pending_events:
                 return node, result
             try:
-                self.service.store.save(node)
+                self.service.store.save(node, actor=actor)
             except IntegrityError:
                 continue
             return node, result
         raise Conflict("the node kept changing while this change was being saved: try again")
 
-    def change_each(self, changes: Sequence[tuple[UUID, Callable[[Node], Any]]]
-                    ) -> builtins.list[Any]:
-        """Each change applied to its node, and what they changed saved in one write per
-        ``BATCH`` changes: what each change returned, or the error it raised, in its place (a
-        missing node: ``NotFound``). A change that also changes other aggregates (the GPU
-        claims an adoption takes) returns them with its answer as ``Also``; they are saved
-        in the same write. A node named more than once takes its changes in order. When
+    def change_each(self, changes: Sequence[NodeChangeBy]) -> builtins.list[Any]:
+        """Each change applied to its node, its events stamped with the change's actor (who
+        did it: the node of a gateway session, a controller), and what they changed saved in
+        one write per ``BATCH`` changes: what each change returned, or the error it raised,
+        in its place (a missing node: ``NotFound``). A change that also changes other
+        aggregates (the GPU claims an adoption takes) returns them with its answer as
+        ``Also``; they are saved, stamped alike, in the same write. A node named more than once takes its changes in order. When
         another writer saved one of a write's aggregates first (a version clash), each
         change of that write runs again alone (``_change_alone``), as it would have without
         the batch.
@@ -131,24 +136,28 @@ class NodeService:
             results.extend(self._change_batch(changes[start:start + BATCH]))
         return results
 
-    def _change_batch(self, changes: Sequence[tuple[UUID, Callable[[Node], Any]]]
-                      ) -> builtins.list[Any]:
+    def _change_batch(self, changes: Sequence[NodeChangeBy]) -> builtins.list[Any]:
         nodes: dict[UUID, Node] = {}
         others: builtins.list[Any] = []
         results: builtins.list[Any] = []
-        loaded = self.load_each([uuid for uuid, _ in changes])
-        for uuid, change in changes:
+        loaded = self.load_each([uuid for uuid, _, _ in changes])
+        for uuid, change, actor in changes:
             node = nodes.get(uuid) or loaded.get(uuid)
             if node is None:
                 results.append(NotFound(f"no node with id {uuid}"))
                 continue
             nodes[uuid] = node
+            made = len(node.pending_events)
             try:
                 result = change(node)
             except Exception as exc:  # decided before any event: nothing of it to save
                 results.append(exc)
                 continue
+            finally:
+                stamp(node.pending_events[made:], actor)
             if isinstance(result, Also):
+                for other in result.others:
+                    stamp(other.pending_events, actor)
                 others.extend(result.others)
                 result = result.answer
             results.append(result)
@@ -156,12 +165,12 @@ class NodeService:
         if not changed:
             return results
         try:
-            self.service.store.save(*changed)
+            self.service.store.save(*changed, actor=None)  # each event stamped above
         except IntegrityError:  # two of them claimed the same GPU, say: each alone
-            return [self._change_alone(uuid, change) for uuid, change in changes]
+            return [self._change_alone(uuid, change, actor) for uuid, change, actor in changes]
         return results
 
-    def _change_alone(self, uuid: UUID, change: Callable[[Node], Any]) -> Any:
+    def _change_alone(self, uuid: UUID, change: Callable[[Node], Any], actor: str) -> Any:
         """``change`` on its node, and saved; again on a version clash: its answer, or the
         error it raised."""
         for _ in range(RETRY_ATTEMPTS):
@@ -179,7 +188,7 @@ class NodeService:
             if not changed:
                 return result
             try:
-                self.service.store.save(*changed)
+                self.service.store.save(*changed, actor=actor)
             except IntegrityError:
                 continue
             return result
@@ -302,7 +311,8 @@ class NodeService:
         why = _reason(reason, "adopt") or "nodes.adopt"
         checks = self.checks_for(node)
         node, _ = self._change(node.id, lambda n: n.start_acceptance(
-            self.clock(), checks, why, principal.token_id or "local operator"))
+            self.clock(), checks, why, principal.token_id or "local operator"),
+            actor=principal.actor)
         return node.to_doc()
 
     def checks_for(self, node: Node) -> builtins.list[dict[str, Any]]:
@@ -313,13 +323,15 @@ class NodeService:
         node = self._node(principal, node_id)
         principal.require_admin_of(node.tenant_id, "cordon nodes")
         why = _reason(reason, "cordon") or "maintenance"
-        node, _ = self._change(node.id, lambda n: n.cordon(why, self.clock(), principal.token_id))
+        node, _ = self._change(node.id, lambda n: n.cordon(why, self.clock(), principal.token_id),
+                               actor=principal.actor)
         return node.to_doc()
 
     def uncordon(self, principal: Principal, node_id: str) -> dict[str, Any]:
         node = self._node(principal, node_id)
         principal.require_admin_of(node.tenant_id, "uncordon nodes")
-        node, _ = self._change(node.id, lambda n: n.uncordon(self.clock(), principal.token_id))
+        node, _ = self._change(node.id, lambda n: n.uncordon(self.clock(), principal.token_id),
+                               actor=principal.actor)
         return node.to_doc()
 
     # ---------------------------------------------------- drain and remove
@@ -342,7 +354,7 @@ class NodeService:
         def change(n: Node) -> bool:
             return n.drain(why, self.clock(), principal.token_id, len(self._held(n)))
 
-        node, _ = self._change(node.id, change)
+        node, _ = self._change(node.id, change, actor=principal.actor)
         return node.to_doc()
 
     def remove(self, principal: Principal, node_id: str, reason: str | None, force: bool
@@ -377,7 +389,7 @@ class NodeService:
                                    [g.uuid for g in node.gpu_values()], now, "removed")
             node.remove(now, principal.token_id, why, released)
             try:
-                self.service.store.save(*changed, node)
+                self.service.store.save(*changed, node, actor=principal.actor)
             except IntegrityError:
                 continue  # a booking or the node changed meanwhile: look again
             return node.to_doc()
@@ -414,23 +426,25 @@ class NodeService:
     # public (``opening``, ``closing``, ...) so that the gateway and the controller can give
     # many of them to ``change_each`` at once.
 
-    def session_opened(self, uuid: UUID, bcd_version: str | None) -> tuple[int, Node]:
-        node, epoch = self._change(uuid, self.opening(bcd_version))
+    def session_opened(self, uuid: UUID, bcd_version: str | None, *, actor: str
+                       ) -> tuple[int, Node]:
+        node, epoch = self._change(uuid, self.opening(bcd_version), actor=actor)
         return epoch, node
 
     def opening(self, bcd_version: str | None) -> Callable[[Node], int]:
         """A new gateway session: the change returns its epoch."""
         return lambda n: n.connect(self.clock(), bcd_version)
 
-    def session_closed(self, uuid: UUID, epoch: int, reason: str) -> bool:
-        return bool(self._change(uuid, self.closing(epoch, reason))[1])
+    def session_closed(self, uuid: UUID, epoch: int, reason: str, *, actor: str) -> bool:
+        return bool(self._change(uuid, self.closing(epoch, reason), actor=actor)[1])
 
     def closing(self, epoch: int, reason: str) -> Callable[[Node], bool]:
         """The session of ``epoch`` ended: True when that was the node's session."""
         return lambda n: n.disconnect(epoch, self.clock(), reason)
 
-    def mark_unreachable(self, uuid: UUID, epoch: int, last_seen: datetime | None) -> bool:
-        return bool(self._change(uuid, self.unreachable(epoch, last_seen))[1])
+    def mark_unreachable(self, uuid: UUID, epoch: int, last_seen: datetime | None, *,
+                         actor: str) -> bool:
+        return bool(self._change(uuid, self.unreachable(epoch, last_seen), actor=actor)[1])
 
     def unreachable(self, epoch: int, last_seen: datetime | None) -> Callable[[Node], bool]:
         """Nothing heard from session ``epoch`` since ``last_seen``: True when marked."""
@@ -441,14 +455,15 @@ class NodeService:
 
         return change
 
-    def start_first_acceptance(self, uuid: UUID) -> int | None:
+    def start_first_acceptance(self, uuid: UUID, *, actor: str) -> int | None:
         """The controller's step: a connected node that never ran acceptance starts attempt 1."""
-        result = self.start_first_acceptances([uuid])[0]
+        result = self.start_first_acceptances([uuid], actor=actor)[0]
         if isinstance(result, Exception):
             raise result
         return cast(int | None, result)
 
-    def start_first_acceptances(self, uuids: Sequence[UUID]) -> builtins.list[Any]:
+    def start_first_acceptances(self, uuids: Sequence[UUID], *, actor: str
+                                ) -> builtins.list[Any]:
         """``start_first_acceptance`` for each node, in one write (``change_each``): the
         attempt started, None where none was due, or the error."""
         checks: dict[str, builtins.list[dict[str, Any]]] = {}  # by pool, read once each
@@ -461,15 +476,16 @@ class NodeService:
             return n.start_acceptance(self.clock(), checks[n.pool_id],
                                       "the node's session is up", None)
 
-        return self.change_each([(uuid, change) for uuid in uuids])
+        return self.change_each([(uuid, change, actor) for uuid in uuids])
 
-    def time_out_acceptance(self, uuid: UUID, attempt: int, after: timedelta) -> bool:
+    def time_out_acceptance(self, uuid: UUID, attempt: int, after: timedelta, *, actor: str
+                            ) -> bool:
         """The controller's step: ``attempt`` ran for ``after`` without a verdict: failed."""
         return self._change(uuid, lambda n: n.time_out_acceptance(attempt, self.clock(),
-                                                                  after))[1]
+                                                                  after), actor=actor)[1]
 
     def certificate_renewed(self, uuid: UUID, epoch: int, serial: str,
-                            not_after: datetime) -> None:
+                            not_after: datetime, *, actor: str) -> None:
         """Record a certificate the gateway issued over session ``epoch`` (api/gateway/renewal.py)."""
         def change(node: Node) -> None:
             if node.session_epoch != epoch:
@@ -477,9 +493,10 @@ class NodeService:
                                f"(current {node.session_epoch})")
             node.renew_certificate(serial, not_after, self.clock())
 
-        self._change(uuid, change)
+        self._change(uuid, change, actor=actor)
 
-    def gpu_health(self, uuid: UUID, epoch: int, gpus: builtins.list[Gpu]) -> int:
+    def gpu_health(self, uuid: UUID, epoch: int, gpus: builtins.list[Gpu], *, actor: str
+                   ) -> int:
         """Health from a report's inventory: one event per GPU whose health changed."""
         def change(node: Node) -> int:
             if node.session_epoch != epoch:
@@ -488,5 +505,5 @@ class NodeService:
             return sum(1 for gpu in gpus if node.set_gpu_health(
                 gpu.uuid, gpu.healthy, list(gpu.health_reasons), now))
 
-        return self._change(uuid, change)[1]
+        return self._change(uuid, change, actor=actor)[1]
 

@@ -220,10 +220,10 @@ class ReservationCore:
                              memory_gib=placement.memory_gib, start=start, end=end,
                              cpu_capacity=cpu_cap, memory_capacity_gib=mem_cap)
 
-    def retrying(self, change: Callable[[], list[TenantOwned]]) -> None:
-        """Run ``change`` (which re-reads what it changes) and save; again on a conflict
-        (the one retry policy: ``Aggregates.retrying``)."""
-        self.aggregates.retrying(change, conflict="another request changed this reservation "
+    def retrying(self, change: Callable[[], list[TenantOwned]], *, actor: str) -> None:
+        """Run ``change`` (which re-reads what it changes) and save as ``actor``; again on a
+        conflict (the one retry policy: ``Aggregates.retrying``)."""
+        self.aggregates.retrying(change, actor=actor, conflict="another request changed this reservation "
                                  "at the same time; nothing was saved: run the command again")
 
     def end_hold(self, rsv: Reservation, at: datetime, refund: bool = True

@@ -38,7 +38,7 @@ class ReservationBinding:
         self.store = core.store
         self.sql = core.sql
         self.projections = core.projections
-    def expire(self, uuid: UUID, now: datetime) -> bool:
+    def expire(self, uuid: UUID, now: datetime, *, actor: str) -> bool:
         """End a live reservation whose end time has come (the controller's timer)."""
         done = {"changed": False}
 
@@ -50,10 +50,10 @@ class ReservationBinding:
             done["changed"] = True
             return [rsv, *self.core.end_hold(rsv, rsv.end)]
 
-        self.core.retrying(change)
+        self.core.retrying(change, actor=actor)
         return done["changed"]
 
-    def begin_binding(self, uuid: UUID, now: datetime) -> bool:
+    def begin_binding(self, uuid: UUID, now: datetime, *, actor: str) -> bool:
         """The start came: the node's desired state gains the hold's device assignment."""
         done = {"changed": False}
 
@@ -64,7 +64,7 @@ class ReservationBinding:
             done["changed"] = True
             return [rsv, *self.bind_at_create(rsv, now)]
 
-        self.core.retrying(change)
+        self.core.retrying(change, actor=actor)
         return done["changed"]
 
     def bind_at_create(self, rsv: Reservation, now: datetime) -> list[TenantOwned]:
@@ -80,7 +80,7 @@ class ReservationBinding:
             return [node]
         return []
 
-    def begin_bindings(self, uuids: list[UUID], now: datetime) -> list[UUID]:
+    def begin_bindings(self, uuids: list[UUID], now: datetime, *, actor: str) -> list[UUID]:
         """``begin_binding`` for many reservations in ONE save (the timers' pass under a
         stream of creates); on a conflict each one again on its own. Returns those bound."""
         rsvs: list[Reservation] = []
@@ -98,12 +98,12 @@ class ReservationBinding:
         if not rsvs:
             return []
         try:
-            self.store.save(*rsvs, *nodes.values())
+            self.store.save(*rsvs, *nodes.values(), actor=actor)
         except IntegrityError:
-            return [rsv.id for rsv in rsvs if self.begin_binding(rsv.id, now)]
+            return [rsv.id for rsv in rsvs if self.begin_binding(rsv.id, now, actor=actor)]
         return [rsv.id for rsv in rsvs]
 
-    def bound(self, node_id: str, entry: dict[str, Any]) -> bool:
+    def bound(self, node_id: str, entry: dict[str, Any], *, actor: str) -> bool:
         """A verified ``allocation.bound`` from ``node_id``: the reservation becomes active.
 
         The hold must be exactly what was booked: the same node and the CDI
@@ -129,11 +129,11 @@ class ReservationBinding:
             done["changed"] = True
             return [rsv]
 
-        self.core.retrying(change)
+        self.core.retrying(change, actor=actor)
         return done["changed"]
 
     def bind_failed(self, node_id: str | None, allocation_id: str, reason: str, message: str,
-                    now: datetime) -> bool:
+                    now: datetime, *, actor: str) -> bool:
         """A hold failed on its node (or timed out): place again at most twice, then fail."""
         done = {"changed": False}
 
@@ -155,7 +155,7 @@ class ReservationBinding:
             extra = [quota] if quota is not None and quota.refund(rsv.public_id) else []
             return unique_aggregates([rsv, *ended, *extra])
 
-        self.core.retrying(change)
+        self.core.retrying(change, actor=actor)
         return done["changed"]
 
     def _replace(self, rsv: Reservation, reason: str, message: str, now: datetime

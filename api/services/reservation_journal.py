@@ -2,7 +2,7 @@
 
 The gateway verifies each entry's signature with the node key before it calls
 these handlers (api/gateway/journal.py); they turn the node's word into the
-reservation's state. The gateway's handlers are built, explicitly, from the services the
+reservation's state, with the node as the actor (it signed the entry). The gateway's handlers are built, explicitly, from the services the
 composition root made (``journal_handlers`` in api/gateway/journal.py).
 """
 
@@ -54,15 +54,18 @@ def reservation_handlers(reservations: ReservationService) -> dict[str, JournalH
 
     def bound(uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
         entry = _allocation(payload, AllocationBound)
-        reservations.bound(public_id("node", uuid), msgspec.to_builtins(entry))
+        node_id = public_id("node", uuid)
+        reservations.bound(node_id, msgspec.to_builtins(entry), actor=node_id)
 
     def failed(uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
         entry = _allocation(payload, AllocationFailed)
         reason = entry.reason or ""
         if reason not in BIND_FAILURE_REASONS:
             reason = "device-missing" if not reason else reason[:40]
-        reservations.bind_failed(public_id("node", uuid), entry.allocation_id, reason,
-                                 (entry.message or reason)[:500], reservations.now())
+        node_id = public_id("node", uuid)
+        reservations.bind_failed(node_id, entry.allocation_id, reason,
+                                 (entry.message or reason)[:500], reservations.now(),
+                                 actor=node_id)
 
     def released(uuid: UUID, epoch: int, payload: dict[str, Any]) -> None:
         # The hold is gone from the node; the reservation already ended when it was released,

@@ -99,7 +99,8 @@ class ReservationQueue:
 
     def enqueue(self, *, uuid: UUID, tenant: str, pool: Pool, request: PlacementRequest,
                 fields: dict[str, Any], key: str | None, fp: str, created_by: str | None,
-                now: datetime, mode: StartMode, refused: Exception) -> dict[str, Any]:
+                now: datetime, mode: StartMode, refused: Exception, actor: str
+                ) -> dict[str, Any]:
         """Queue a create that cannot be placed now; ``refused`` when it never could."""
         limit = pool.quota_for(tenant)
         if limit is not None and request.gpus > limit:
@@ -117,7 +118,7 @@ class ReservationQueue:
             deadline=now + mode.queue_timeout,
         )
         try:
-            self.store.save(rsv)
+            self.store.save(rsv, actor=actor)
         except IntegrityError:
             existing = self.core.get(Reservation, uuid)
             if existing is None:
@@ -144,8 +145,10 @@ class ReservationQueue:
 
     # ---------------------------------------------------------------- dispatch
 
-    def dispatch(self, pool_id: str, now: datetime | None = None) -> DispatchReport:
-        """One pass over a pool's line, first come first (see the module docstring)."""
+    def dispatch(self, pool_id: str, now: datetime | None = None, *, actor: str
+                 ) -> DispatchReport:
+        """One pass over a pool's line, first come first (see the module docstring); what it
+        changes is saved as ``actor``."""
         report = DispatchReport()
         now = now or self.core.now()
         self.projections.catch_up("reservations")
@@ -159,7 +162,7 @@ class ReservationQueue:
             for row in line:
                 uuid = UUID(str(row["uuid"]))
                 if row["state"] == "queued":
-                    outcome = self._retry(self._dequeue, pool, uuid, now, shadow)
+                    outcome = self._retry(self._dequeue, pool, uuid, now, shadow, actor)
                     if outcome.kind == "busy":
                         report.undecided = True
                         break  # nobody behind it goes first; the next pass decides again
@@ -171,25 +174,26 @@ class ReservationQueue:
                         rsv = self.core.get(Reservation, uuid)
                         shadow = self.earliest.shadow(pool, rsv, now) if rsv and rsv.queued else None
                 else:
-                    outcome = self._retry(self._move, pool, uuid, now, shadow)
+                    outcome = self._retry(self._move, pool, uuid, now, shadow, actor)
                     if outcome.kind == "moved":
                         shadow = outcome.shadow
                         report.rescheduled.append(public_id("rsv", uuid))
         return report
 
-    def _retry(self, attempt: Callable[[Pool, UUID, datetime, Shadow | None], _Outcome],
-               pool: Pool, uuid: UUID, now: datetime, shadow: Shadow | None) -> _Outcome:
+    def _retry(self, attempt: Callable[[Pool, UUID, datetime, Shadow | None, str], _Outcome],
+               pool: Pool, uuid: UUID, now: datetime, shadow: Shadow | None, actor: str
+               ) -> _Outcome:
         for _ in range(RETRIES):
             try:
-                return attempt(pool, uuid, now, shadow)
+                return attempt(pool, uuid, now, shadow, actor)
             except IntegrityError:
                 continue  # another writer got there first: decide again on fresh state
             except Conflict:
                 continue  # the index was behind the bookings: it catches up, decide again
         return _Outcome("busy")
 
-    def _dequeue(self, pool: Pool, uuid: UUID, now: datetime, shadow: Shadow | None
-                 ) -> _Outcome:
+    def _dequeue(self, pool: Pool, uuid: UUID, now: datetime, shadow: Shadow | None,
+                 actor: str) -> _Outcome:
         """Place one queued reservation when its quota allows and a node can hold it."""
         rsv = self.core.get(Reservation, uuid)
         if rsv is None or not rsv.queued:
@@ -220,11 +224,12 @@ class ReservationQueue:
                     gpus=list(placement.gpus), cpus=placement.cpus,
                     memory_gib=placement.memory_gib, start=start, end=end)
         changed: list[TenantOwned] = [rsv, bookings, *([quota] if quota is not None else [])]
-        self.store.save(*changed)
+        self.store.save(*changed, actor=actor)
         return _Outcome("placed", shadow and shadow.after(rsv.tenant_id, placement.node_id,
                                                           booking, rsv.gpu_count))
 
-    def _move(self, pool: Pool, uuid: UUID, now: datetime, shadow: Shadow | None) -> _Outcome:
+    def _move(self, pool: Pool, uuid: UUID, now: datetime, shadow: Shadow | None,
+              actor: str) -> _Outcome:
         """Move one placed reservation earlier when it asked to and a slot is free."""
         rsv = self.core.get(Reservation, uuid)
         if rsv is None or rsv.state != PLACED or not rsv.moves_earlier or rsv.start <= now:
@@ -250,11 +255,11 @@ class ReservationQueue:
         rsv.reschedule(reason="gpus-freed", allocation_id=allocation_id,
                        node_id=placement.node_id, gpus=list(placement.gpus),
                        cpus=placement.cpus, memory_gib=placement.memory_gib, start=start)
-        self.store.save(*unique_aggregates([rsv, old, new]))
+        self.store.save(*unique_aggregates([rsv, old, new]), actor=actor)
         return _Outcome("moved", shadow and shadow.after(rsv.tenant_id, placement.node_id,
                                                          booking, 0, releases=previous_allocation))
 
-    def expire_queued(self, uuid: UUID, now: datetime) -> bool:
+    def expire_queued(self, uuid: UUID, now: datetime, *, actor: str) -> bool:
         """End the wait of a queued reservation whose queue timeout has passed."""
         done = {"changed": False}
 
@@ -265,6 +270,6 @@ class ReservationQueue:
             done["changed"] = rsv.expire_queue(now)
             return [rsv]
 
-        self.core.retrying(change)
+        self.core.retrying(change, actor=actor)
         return done["changed"]
 

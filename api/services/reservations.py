@@ -109,27 +109,29 @@ class ReservationService:
     def get_aggregate(self, uuid: UUID) -> Reservation | None:
         return self.core.get_aggregate(uuid)
 
-    def dispatch(self, pool_id: str, now: datetime | None = None) -> DispatchReport:
-        return self.queue.dispatch(pool_id, now)
+    def dispatch(self, pool_id: str, now: datetime | None = None, *, actor: str
+                 ) -> DispatchReport:
+        return self.queue.dispatch(pool_id, now, actor=actor)
 
-    def expire_queued(self, uuid: UUID, now: datetime) -> bool:
-        return self.queue.expire_queued(uuid, now)
+    def expire_queued(self, uuid: UUID, now: datetime, *, actor: str) -> bool:
+        return self.queue.expire_queued(uuid, now, actor=actor)
 
-    def expire(self, uuid: UUID, now: datetime) -> bool:
-        return self.binding.expire(uuid, now)
+    def expire(self, uuid: UUID, now: datetime, *, actor: str) -> bool:
+        return self.binding.expire(uuid, now, actor=actor)
 
-    def begin_binding(self, uuid: UUID, now: datetime) -> bool:
-        return self.binding.begin_binding(uuid, now)
+    def begin_binding(self, uuid: UUID, now: datetime, *, actor: str) -> bool:
+        return self.binding.begin_binding(uuid, now, actor=actor)
 
-    def begin_bindings(self, uuids: list[UUID], now: datetime) -> list[UUID]:
-        return self.binding.begin_bindings(uuids, now)
+    def begin_bindings(self, uuids: list[UUID], now: datetime, *, actor: str) -> list[UUID]:
+        return self.binding.begin_bindings(uuids, now, actor=actor)
 
-    def bound(self, node_id: str, entry: dict[str, Any]) -> bool:
-        return self.binding.bound(node_id, entry)
+    def bound(self, node_id: str, entry: dict[str, Any], *, actor: str) -> bool:
+        return self.binding.bound(node_id, entry, actor=actor)
 
     def bind_failed(self, node_id: str | None, allocation_id: str, reason: str, message: str,
-                    now: datetime) -> bool:
-        return self.binding.bind_failed(node_id, allocation_id, reason, message, now)
+                    now: datetime, *, actor: str) -> bool:
+        return self.binding.bind_failed(node_id, allocation_id, reason, message, now,
+                                        actor=actor)
 
     # ------------------------------------------------------------- commands
 
@@ -257,7 +259,7 @@ class ReservationService:
                     return self.queue.enqueue(uuid=uuid, tenant=tenant, pool=pool, request=request,
                                         fields=fields, key=key, fp=fp,
                                         created_by=principal.token_id, now=now, mode=mode,
-                                        refused=refused)
+                                        refused=refused, actor=principal.actor)
                 self.core.claim(pool.public_id, placement.node_id)
             try:
                 done = self._book_and_save(principal, uuid=uuid, tenant=tenant, pool=pool,
@@ -317,7 +319,8 @@ class ReservationService:
         answer = rsv.to_doc()  # placed: what the placer did (docs/reservations.md)
         node = self.binding.bind_at_create(rsv, now)
         try:
-            self.store.save(rsv, bookings, *([quota] if quota is not None else []), *node)
+            self.store.save(rsv, bookings, *([quota] if quota is not None else []), *node,
+                            actor=principal.actor)
         except IntegrityError:
             existing = self.core.get(Reservation, uuid)
             if existing is not None:  # the same key won a race: that is our answer
@@ -418,7 +421,7 @@ class ReservationService:
         # other (the pool's owner has no quota use: its releases do not wait for each other).
         with self.core.lock_quota(self.core.get(Pool, parse_id("pool", first.pool_id)),
                                   first.tenant_id):
-            self.core.retrying(change)
+            self.core.retrying(change, actor=principal.actor)
         return result["rsv"].to_doc()  # type: ignore[no-any-return]
 
     def extend(self, principal: Principal, reservation_id: str, by: str) -> dict[str, Any]:
@@ -443,5 +446,5 @@ class ReservationService:
             bookings.extend(rsv.allocation_id, new_end)
             return [rsv, bookings]
 
-        self.core.retrying(change)
+        self.core.retrying(change, actor=principal.actor)
         return result["rsv"].to_doc()  # type: ignore[no-any-return]

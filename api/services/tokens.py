@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from better_compute.api.settings import env_seconds
+from better_compute.api.store.actor import CONTROLLER_TOKENS
 from better_compute.domain.access import ROOT_TENANT, Principal, Role
 from better_compute.domain.durations import format_duration
 from better_compute.domain.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
@@ -70,7 +71,7 @@ def revoke_token(service: ComputeService, principal: Principal, token: ApiToken 
     principal.require_admin_of(token.tenant_id, f"revoke {what}")
     now = service.clock()
     token.revoke(now, principal.token_id)
-    service.aggregates.save(token)
+    service.aggregates.save(token, actor=principal.actor)
     return token.to_doc(now)
 
 
@@ -105,7 +106,7 @@ class TokenService:
                          name=name or f"{role_enum.value} token", secret_hash=token_hash(secret),
                          created_by=principal.token_id, expires_at=now + lifetime,
                          ttl=format_duration(lifetime))
-        service.aggregates.save(token)
+        service.aggregates.save(token, actor=principal.actor)
         return {**token.to_doc(now), "token": secret}
 
     def _check_room(self, tenant: str, now: datetime) -> None:
@@ -168,12 +169,13 @@ class TokenService:
                        expires_at=now + lifetime, ttl=format_duration(lifetime),
                        rotated_from=old.public_id)
         old.rotate(now, principal.token_id, new.public_id, period)
-        service.aggregates.save(old, new)
+        service.aggregates.save(old, new, actor=principal.actor)
         return {**new.to_doc(now), "token": secret, "previous": old.to_doc(now)}
 
-    def expire_due(self, now: datetime | None = None) -> builtins.list[str]:
-        """Record ``token.expired`` for every token past its end (the tokens controller):
-        those the listings still hold live whose end has passed, never the whole history."""
+    def expire_due(self, now: datetime | None = None, *, actor: str) -> builtins.list[str]:
+        """Record ``token.expired`` for every token past its end (the tokens controller,
+        ``actor``): those the listings still hold live whose end has passed, never the whole
+        history."""
         service = self.service
         now = now or service.clock()
         done = []
@@ -181,7 +183,7 @@ class TokenService:
             token = service.aggregates.get(ApiToken, uuid)
             if token is not None and token.mark_expired(now):
                 try:
-                    service.aggregates.save(token)
+                    service.aggregates.save(token, actor=actor)
                 except Conflict:  # recorded by another process just now
                     continue
                 done.append(token.public_id)
@@ -215,7 +217,7 @@ class TokenExpiry:
         due = self._next_end is not None and now >= self._next_end
         if not due and time.monotonic() < self._next_scan:
             return []
-        done = self.tokens.expire_due(now)
+        done = self.tokens.expire_due(now, actor=CONTROLLER_TOKENS)
         self._next_end = service.aggregates.next_token_end()
         self._next_scan = time.monotonic() + RESCAN_S
         return done

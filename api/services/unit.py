@@ -4,8 +4,8 @@ Every service of api/services/ is built over ONE ``Aggregates`` (by the composit
 api/runtime.py) and uses only its public names:
 
 - ``get(cls, uuid)``: the aggregate, or None when there is none of that class;
-- ``save(*aggregates)``: ONE atomic save; a version clash is ``Conflict``;
-- ``retrying(change)``: the optimistic-concurrency retry policy (below);
+- ``save(*aggregates, actor=...)``: ONE atomic save; a version clash is ``Conflict``;
+- ``retrying(change, actor=...)``: the optimistic-concurrency retry policy (below);
 - ``create_once(...)``: create per idempotency key; a retry returns the first object;
 - ``scope(principal, tenant_id)`` and ``tenant(tenant_id)``: the tenant a call acts on;
 - ``listing(kind, ...)``: the listings projection, caught up first (read your own writes);
@@ -120,14 +120,16 @@ class Aggregates:
                            f"WHERE originator_id IN ({marks})", tuple(u.hex for u in uuids))
             return {UUID(hex=str(row["originator_id"])) for row in cursor.fetchall()}
 
-    def save(self, *aggregates: TenantOwned, conflict: str = CONFLICT) -> None:
+    def save(self, *aggregates: TenantOwned, actor: str, conflict: str = CONFLICT) -> None:
+        """One atomic save of ``aggregates``' events, each stamped with ``actor`` (who did it:
+        api/store/actor.py)."""
         try:
-            self.store.save(*aggregates)
+            self.store.save(*aggregates, actor=actor)
         except IntegrityError:
             raise Conflict(conflict) from None
 
-    def retrying(self, change: Callable[[], list[TenantOwned]], conflict: str = CONFLICT
-                 ) -> None:
+    def retrying(self, change: Callable[[], list[TenantOwned]], *, actor: str,
+                 conflict: str = CONFLICT) -> None:
         """Run ``change`` (which re-reads what it changes) and save what it returns; run it
         again on a version clash until ``RETRY_ATTEMPTS`` runs and ``RETRY_WITHIN_S`` seconds
         are both spent. Nothing to save: done."""
@@ -138,7 +140,7 @@ class Aggregates:
             if not aggregates:
                 return
             try:
-                self.store.save(*aggregates)
+                self.store.save(*aggregates, actor=actor)
                 return
             except IntegrityError:
                 attempt += 1
@@ -147,7 +149,7 @@ class Aggregates:
                 time.sleep(retry_pause(attempt - 1))
 
     def create_once(self, cls: type[A], make: Callable[[], A], *, key: str | None, fp: str,
-                    what: str) -> A:
+                    what: str, actor: str) -> A:
         """Create once per idempotency key: a retry returns the first object."""
         aggregate = make()
         if key:
@@ -156,7 +158,7 @@ class Aggregates:
                 existing.check_retry(fp, what, key)
                 return existing
         try:
-            self.store.save(aggregate)
+            self.store.save(aggregate, actor=actor)
         except IntegrityError:
             existing = self.get(cls, aggregate.id)
             if existing is None:

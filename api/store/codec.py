@@ -51,7 +51,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import get_topic, resolve_topic
 
-from better_compute.api.store.actor import current_actor
+from better_compute.api.store.actor import MissingActor
 from better_compute.domain.base import TenantOwned
 
 TAG = b'"_type_"'
@@ -242,8 +242,11 @@ class EventMapper(Mapper[Any]):
     def to_stored_event(self, domain_event: Any) -> StoredEvent:
         cls: Any = type(domain_event)
         state = dict(vars(domain_event))
-        if isinstance(domain_event, TenantOwned.Event) and "actor" not in state:
-            state["actor"] = current_actor()  # who did it (api/store/actor.py)
+        if isinstance(domain_event, TenantOwned.Event) and not state.get("actor"):
+            raise MissingActor(
+                f"event {get_topic(cls)} of {state.get('originator_id')} has no actor: the "
+                "command that saves it passes its actor to the save (ComputeStore.save(..., "
+                "actor=...), api/store/actor.py)")
         originator_id = state.pop("originator_id")
         originator_version = state.pop("originator_version")
         class_version = getattr(cls, "class_version", 1)

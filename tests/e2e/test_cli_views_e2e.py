@@ -26,7 +26,7 @@ def _fleet(env: dict[str, str]) -> list[str]:
     try:
         pool = make_pool(rt.service, key="pool-eu-1-h100")
         nodes = [build_node(pool, hostname=f"gpu-sn-770{i}") for i in (1, 2)]
-        rt.service.store.save(*nodes)
+        rt.service.store.save(*nodes, actor="local")
     finally:
         rt.close()
     return [n.public_id for n in nodes]

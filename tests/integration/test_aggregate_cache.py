@@ -77,7 +77,7 @@ def test_a_save_records_every_object_s_events_tells_listeners_and_caches_them(
     second = Site(tenant_id="root", kind="shared", region="eu-1", name="s-b", key=None,
                   fingerprint="-")
     second_event = second.collect_events()[0]
-    recordings = store.save(first, None, second_event)
+    recordings = store.save(first, None, second_event, actor="local")
     assert [r.domain_event.originator_id for r in recordings] == [first.id, second.id]
     assert heard == [recordings[-1].notification.id]
     assert not first.pending_events

@@ -158,3 +158,20 @@ def test_the_audit_filters_find_events_by_actor_subject_and_time(runtime: Any) -
 
 def _t(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_a_save_without_an_actor_is_refused_and_saves_nothing(runtime: Any) -> None:
+    """Who did it is never left out: a save whose events carry no actor is refused whole."""
+    from better_compute.api.store.actor import MissingActor
+    from better_compute.domain.site import Site
+
+    def sites() -> list[Site]:
+        return [Site(tenant_id="root", kind="shared", region=f"eu-{i}", name="", key=None,
+                     fingerprint="") for i in range(2)]
+
+    before = runtime.store.recorder.max_notification_id() or 0
+    with pytest.raises(MissingActor, match=r"site\.created .* has no actor"):
+        runtime.store.save(*sites(), actor=None)
+    assert (runtime.store.recorder.max_notification_id() or 0) == before
+    runtime.store.save(*sites(), actor="local")  # the same save with its actor goes through
+    assert runtime.store.recorder.max_notification_id() == before + 2

@@ -150,7 +150,7 @@ def test_rollup_equals_recomputation_from_aggregates(runtime: Any) -> None:
     def check(sizes: list[int], ops: list[tuple[int, str, int]]) -> None:
         pool_id = public_id("pool", new_uuid())
         nodes = [_node(pool_id, n, at) for n in sizes]
-        store.save(*nodes)
+        store.save(*nodes, actor="local")
         for i, (which, op, arg) in enumerate(ops):
             node = store.repository.get(nodes[which % len(nodes)].id)
             when = at + timedelta(seconds=i)
@@ -161,11 +161,11 @@ def test_rollup_equals_recomputation_from_aggregates(runtime: Any) -> None:
                 _apply_booking(node, bookings, op, arg, when, at)
                 changed = [a for a in (bookings, node) if a.pending_events]
                 if changed:
-                    store.save(*changed)
+                    store.save(*changed, actor="local")
                 continue
             _apply(node, op, arg, when)
             if node.pending_events:
-                store.save(node)
+                store.save(node, actor="local")
         runtime.projections.catch_up("capacity")
         runtime.projections.catch_up("free_gpus")
         rebuilt = [store.repository.get(n.id) for n in nodes]

@@ -45,7 +45,7 @@ def book_randomly(runtime: Any, pool: str, node_id: str, from_: Any, rnd: random
                       start=start, end=end)
         for g in group:
             free_at[g], count[g] = end, count[g] + 1
-    runtime.store.save(bookings)
+    runtime.store.save(bookings, actor="local")
 
 
 @pytest.mark.parametrize(("seed", "settled"), [(1, True), (2, True), (3, True), (1, False),
@@ -66,7 +66,7 @@ def test_the_walk_answers_what_every_node_answers(runtime: Any, seed: int, settl
     service.cordon(OP, nodes[0], "maintenance")
     sick = node(runtime, nodes[1])
     sick.set_gpu_health(sick.gpus[0]["uuid"], False, ["xid-79"], clock.now)
-    runtime.store.save(sick)
+    runtime.store.save(sick, actor="local")
     runtime.projections.catch_up("free_gpus")
     everyone = [t for t in (timeline_of(runtime.service.sql, n) for n in nodes) if t]
     assert nodes[0] not in {t.node_id for t in everyone}  # cordoned: never a candidate
@@ -141,7 +141,7 @@ def test_the_index_written_row_by_row_is_the_index_rebuilt(runtime: Any, seed: i
                           gpus=group, cpus=26 * len(group), memory_gib=239 * len(group),
                           start=start, end=end)
             live.append((node_id, allocation))
-        store.save(bookings)
+        store.save(bookings, actor="local")
         runner.catch_up("free_gpus")  # one batch per change, settled: rows updated in place
         runner.settle("free_gpus")
     _, written = runner.rows_at_position("free_gpus")

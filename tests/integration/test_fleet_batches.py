@@ -20,7 +20,6 @@ import anyio
 import pytest
 
 from better_compute.api.controllers import node_lifecycle
-from better_compute.api.store.actor import acting_as
 from better_compute.api.store.eventlog import EventLog, filter_for
 from better_compute.api.wire import gateway as wire
 from better_compute.domain.access import LOCAL_OPERATOR
@@ -148,11 +147,11 @@ def test_a_batch_answers_each_change_and_a_clash_runs_each_again_alone(
         def refuse(node: Node) -> None:
             raise ValueError(f"not {node.public_id}")
 
-        with acting_as("controller:nodes"):
-            results = nodes.change_each([
-                (joined[0], nodes.opening("1.0")), (missing, nodes.opening("1.0")),
-                (joined[1], refuse), (joined[0], nodes.closing(1, "gone")),
-                (joined[2], nodes.opening("1.0"))])
+        by = "controller:nodes"
+        results = nodes.change_each([
+            (joined[0], nodes.opening("1.0"), by), (missing, nodes.opening("1.0"), by),
+            (joined[1], refuse, by), (joined[0], nodes.closing(1, "gone"), by),
+            (joined[2], nodes.opening("1.0"), by)])
         assert results[0] == 1 and results[3] is True and results[4] == 1
         assert isinstance(results[1], NotFound) and isinstance(results[2], ValueError)
         first = nodes.load(joined[0])
@@ -169,12 +168,12 @@ def test_a_batch_answers_each_change_and_a_clash_runs_each_again_alone(
             read = real_load_each(uuids)
             if joined[2] in read and not moved:
                 moved.append(joined[2])
-                nodes.session_opened(joined[2], "2.0")  # epoch 2, saved first
+                nodes.session_opened(joined[2], "2.0", actor=by)  # epoch 2, saved first
             return read
 
         nodes.load_each = load_then_race  # type: ignore[method-assign]
-        results = nodes.change_each([(joined[1], nodes.opening("1.0")),
-                                     (joined[2], nodes.opening("1.0"))])
+        results = nodes.change_each([(joined[1], nodes.opening("1.0"), by),
+                                     (joined[2], nodes.opening("1.0"), by)])
         assert results == [1, 3]
         last = real_load(joined[2])
         assert last is not None and last.session_epoch == 3
@@ -299,7 +298,8 @@ def test_heartbeats_and_node_writes_are_not_queued_behind_the_sessions_reads(
             with anyio.fail_after(30):
                 assert await gateway.flush_heartbeats() == 1
                 closing = plane.nodes.closing(1, "test")
-                assert await gateway.writes.change(parse_id("node", node.node_id), closing)
+                assert await gateway.writes.change(parse_id("node", node.node_id), closing,
+                                                   actor=node.node_id)
         finally:
             for borrower in held:
                 gateway.limiter.release_on_behalf_of(borrower)

@@ -61,7 +61,7 @@ def test_a_refused_save_leaves_the_index_as_it_was(runtime: Any) -> None:
                gpus=["GPU-x"], cpus=1, memory_gib=1, start=now,
                end=now.replace(year=now.year + 1), cpu_capacity=None, memory_capacity_gib=None)
     with pytest.raises(IntegrityError):
-        runtime.store.save(stale)  # an older version: refused as a whole
+        runtime.store.save(stale, actor="local")  # an older version: refused as a whole
     assert _index(runtime) == before
     _equal_to_a_rebuild(runtime)
 

@@ -117,7 +117,7 @@ def test_store_verify_checks_that_each_gpu_belongs_to_one_node(
         assert taken.release(owner.node_id, at, "a bug")  # its node still lists it
         stray = GpuClaim(tenant_id="root", uuid="GPU-not-on-any-node")
         stray.claim(owner.node_id, "root", at)  # held by a node that does not list it
-        store.save(taken, stray)
+        store.save(taken, stray, actor="local")
 
         problems = verify(plane.runtime)["problems"]
         assert any(f"GPU {uuids[0]} of adopted node {owner.node_id} is not claimed" in p

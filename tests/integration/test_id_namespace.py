@@ -76,7 +76,7 @@ def test_a_store_initialized_before_namespaces_keeps_its_ids(
     bundle = pki.generate_bundle()
     sealed = pki.seal_bundle(bundle, pki.parse_master_key(pki.new_master_key()))
     legacy.store.save(PkiBundle(tenant_id="root", public=pki.public_parts(bundle),
-                                sealed=sealed))  # as init wrote it before: no installation id
+                                sealed=sealed), actor="local")  # as init wrote it before: no installation id
     site = legacy.service.sites_create(LOCAL_OPERATOR, "shared", "eu-1", None, "site-eu-1")
     assert site["id"] == public_id("site", keyed_uuid("root", "site", "site-eu-1"))
     assert legacy.service.sites_get(LOCAL_OPERATOR, site["id"])["key"] == "site-eu-1"

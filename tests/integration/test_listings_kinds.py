@@ -54,7 +54,8 @@ def test_a_batch_writes_each_aggregate_once_and_the_same_rows_as_one_at_a_time(
     for i in range(6):
         doc = rs.create(OP, tenant_id="acme", pool_id=pool, gpus=1, duration="1h",
                         key=f"batch-{i}")
-        rs.begin_binding(rs.reservation(OP, doc["id"]).id, rs.now())
+        rs.begin_binding(rs.reservation(OP, doc["id"]).id, rs.now(),
+                         actor="controller:reservations")
         if i % 2:
             rs.release(OP, doc["id"])
     projections = runtime.projections

@@ -28,7 +28,7 @@ def _fleet(env: dict[str, str]) -> tuple[dict[str, str], str, list[str]]:
     try:
         pool = make_pool(rt.service, key="pool-eu-1-h100")
         nodes = [build_node(pool, hostname=f"gpu-sn-770{i}") for i in (1, 2)]
-        rt.service.store.save(*nodes)
+        rt.service.store.save(*nodes, actor="local")
         rt.service.tenants_create(LOCAL_OPERATOR, "acme", None)
         rt.service.pools_offer(LOCAL_OPERATOR, pool, "acme", {"gpu": 8})
     finally:
@@ -82,7 +82,7 @@ def test_a_name_of_several_objects_is_ambiguous_and_lists_them(env: dict[str, st
     rt = open_runtime(env)
     try:
         twin = build_node(pool, hostname="gpu-sn-7701")
-        rt.service.store.save(twin)
+        rt.service.store.save(twin, actor="local")
     finally:
         rt.close()
     code, out, err = _cli(env, "nodes", "get", "gpu-sn-7701")

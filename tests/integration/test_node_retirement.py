@@ -184,7 +184,7 @@ def test_a_removed_node_rejoins_only_its_own_tenant(plane: Plane) -> None:
                 certificate_serial="1", certificate_not_after=runtime.service.clock(),
                 bcd_version="test")
     node.remove(runtime.service.clock(), None, "moved", [])
-    runtime.store.save(node)
+    runtime.store.save(node, actor="local")
     token_id, secret = plane.mint(expect_serial="SN-4242")
     with pytest.raises(PermissionDenied, match="another tenant"):
         plane.join(JoinAttempt(secret, hardware(serial="SN-4242")))

@@ -37,7 +37,7 @@ def test_nodes_commands_and_maintenance_in_capacity(env: dict[str, str], tmp_pat
             "node.joined"]
 
         # Adopt it as the gateway would, then put it in maintenance and back.
-        plane.nodes.session_opened(_uuid(node), "0.1.0")
+        plane.nodes.session_opened(_uuid(node), "0.1.0", actor=node)
         plane.lifecycle.reconcile()
         plane.runtime.services.inventory.acceptance_result(_uuid(node), 1, msgspec.convert({
             "kind": "acceptance.result", "attempt": 1, "passed": True, "gpus": gpus(8),

@@ -26,7 +26,7 @@ def test_last_seen_is_the_newest_heartbeat_of_the_current_session(env: dict[str,
         pool = make_pool(rt.service)
         node = build_node(pool, hostname="gpu-sn-7701")
         epoch = node.connect(now - timedelta(minutes=5), "0.1.0")  # its session opened 5m ago
-        rt.service.store.save(node)
+        rt.service.store.save(node, actor="local")
         Presence(rt.service.sql).record([(str(node.id), epoch, now)])  # and it beat just now
     finally:
         rt.close()
@@ -51,7 +51,7 @@ def test_a_heartbeat_of_an_earlier_session_is_not_the_last_seen(env: dict[str, s
         node = build_node(make_pool(rt.service))
         node.connect(now - timedelta(minutes=10), None)
         epoch = node.connect(now - timedelta(minutes=5), None)
-        rt.service.store.save(node)
+        rt.service.store.save(node, actor="local")
         Presence(rt.service.sql).record([(str(node.id), epoch - 1, now)])
         shown = rt.services.nodes.get(LOCAL_OPERATOR, node.public_id)["session"]["lastSeen"]
     finally:
@@ -66,7 +66,7 @@ def test_removed_nodes_are_hidden_unless_asked_for(env: dict[str, str]) -> None:
     try:
         pool = make_pool(rt.service)
         kept, gone = build_node(pool), build_node(pool)
-        rt.service.store.save(kept, gone)
+        rt.service.store.save(kept, gone, actor="local")
         rt.services.nodes.remove(LOCAL_OPERATOR, gone.public_id, "retired", force=False)
     finally:
         rt.close()

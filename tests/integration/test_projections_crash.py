@@ -65,11 +65,11 @@ def _backlog(runtime: Runtime) -> None:
     tokens = [ApiToken(tenant_id="root", role="member", name=f"t{i}",
                        secret_hash=token_hash(f"secret-{i}"), created_by=None) for i in range(300)]
     for i in range(0, len(tokens), 30):
-        runtime.store.save(*tokens[i:i + 30])
+        runtime.store.save(*tokens[i:i + 30], actor="local")
     for token in tokens[::2]:
         token.revoke(datetime.now(UTC), None)
     for i in range(0, 150, 30):
-        runtime.store.save(*tokens[::2][i:i + 30])
+        runtime.store.save(*tokens[::2][i:i + 30], actor="local")
 
 
 def _rows(runtime: Runtime) -> dict[str, tuple[Any, ...]]:

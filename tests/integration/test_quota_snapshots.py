@@ -19,15 +19,15 @@ def test_a_quota_use_is_loaded_from_its_latest_snapshot(runtime: Any,
                                                         env: dict[str, str]) -> None:
     store = runtime.store
     use = QuotaUse(tenant_id="acme", pool_id="pool_a")
-    store.save(use)
+    store.save(use, actor="local")
     for n in range(130):  # 261 events: 130 takes, 130 refunds, 70 reservations left held
         use = store.load(use.id)
         use.take(f"rsv_{n}", 1 + n % 3, None)
-        store.save(use)
+        store.save(use, actor="local")
         if n % 2:
             use = store.load(use.id)
             assert use.refund(f"rsv_{n - 1}")
-            store.save(use)
+            store.save(use, actor="local")
     assert use.version == 1 + 130 + 65
 
     fresh = open_runtime(env)  # nothing cached

@@ -14,7 +14,7 @@ import better_compute.api.services.reservation_journal  # noqa: F401  (registers
 from better_compute.api.controllers.reservations import ReservationTimers
 from better_compute.api.gateway.journal import journal_handlers
 from better_compute.api.services.reservations import ReservationService
-from better_compute.api.store.actor import CONTROLLER_RESERVATIONS, as_actor
+from better_compute.api.store.actor import CONTROLLER_RESERVATIONS
 from better_compute.api.store.eventlog import EventLog
 from better_compute.domain.access import LOCAL_OPERATOR as OP
 from better_compute.domain.access import Principal, Role
@@ -212,9 +212,9 @@ def test_a_reservation_that_starts_now_binds_in_its_create_s_one_save(runtime: A
     saves: list[list[str]] = []
     real = runtime.store.save
 
-    def save(*aggs: Any) -> Any:
+    def save(*aggs: Any, actor: str | None) -> Any:
         saves.append([type(a).__name__ for a in aggs])
-        return real(*aggs)
+        return real(*aggs, actor=actor)
 
     monkeypatch.setattr(runtime.store, "save", save)
     a = reserve(rs, pool, 4, who=ACME)
@@ -232,11 +232,11 @@ def test_a_reservation_that_starts_now_binds_in_its_create_s_one_save(runtime: A
     assert not timers.tick().changed
     journal(runtime, a["nodeId"], bound_entry(a))  # the first one's node holds it
     clock.advance(hours=1)
-    assert as_actor(CONTROLLER_RESERVATIONS, timers.tick)().binding == [later["id"]]
+    assert timers.tick().binding == [later["id"]]
     # Who recorded each binding (docs/events.md): the creator's hand, then the controller's.
     bindings = {e.subject: e.actor for e in EventLog(runtime.store).read(0, 10_000)
                 if e.type == "reservation.binding"}
-    assert bindings == {a["id"]: None, later["id"]: CONTROLLER_RESERVATIONS}  # None: no actor set
+    assert bindings == {a["id"]: ACME.actor, later["id"]: CONTROLLER_RESERVATIONS}
 
 
 def test_binding_makes_the_reservation_active_with_exactly_the_booked_gpus(runtime: Any) -> None:
@@ -336,11 +336,11 @@ def test_no_capacity_names_the_true_cause(runtime: Any, trouble: str, cause: str
     elif trouble == "unhealthy":
         for gpu in list(subject.gpus):
             subject.set_gpu_health(gpu["uuid"], False, ["xid 79"], at=clock.now)
-        runtime.store.save(subject)
+        runtime.store.save(subject, actor="local")
     else:
         subject.connect(clock.now, "0.1.0")
         subject.mark_unreachable(at=clock.now, last_seen=clock.now)
-        runtime.store.save(subject)
+        runtime.store.save(subject, actor="local")
     with pytest.raises(NoCapacity) as refused:
         reserve(rs, pool, 4)
     message = refused.value.message

@@ -162,7 +162,7 @@ def test_verify_is_clean_after_a_reservation_is_placed_active_and_released(
         rsv = rs.create(OP, tenant_id=None, pool_id=pool, gpus=4, duration="2h")
         rt.projections.catch_up()
         assert rs.bound(node, {"allocationId": rsv["allocationId"],
-                               "cdiDevices": cdi_devices(rsv["gpus"])})
+                               "cdiDevices": cdi_devices(rsv["gpus"])}, actor=node)
         rt.projections.catch_up()
         assert rs.release(OP, rsv["id"])["state"] == "released"
         rt.projections.catch_up()

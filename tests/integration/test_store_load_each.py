@@ -17,11 +17,11 @@ from tests.support import open_runtime
 
 def _use(store: Any, pool: str, changes: int) -> QuotaUse:
     use = QuotaUse(tenant_id="acme", pool_id=pool)
-    store.save(use)
+    store.save(use, actor="local")
     for n in range(changes):
         use = store.load(use.id)
         use.take(f"rsv_{n}", 1, None)
-        store.save(use)
+        store.save(use, actor="local")
     return use
 
 
@@ -36,7 +36,7 @@ def test_aggregates_read_together_are_each_as_load_reads_it(runtime: Any,
     try:
         more = other.store.load(stale.id)
         more.take("rsv_other", 2, None)
-        other.store.save(more)
+        other.store.save(more, actor="local")
     finally:
         other.close()
 
@@ -46,7 +46,7 @@ def test_aggregates_read_together_are_each_as_load_reads_it(runtime: Any,
         fresh.store.load(stale.id)
         more = runtime.store.load(stale.id)
         more.take("rsv_later", 1, None)
-        runtime.store.save(more)  # newer than what ``fresh`` keeps of it
+        runtime.store.save(more, actor="local")  # newer than what ``fresh`` keeps of it
         missing = uuid4()
         ids = [current.id, stale.id, snapshotted.id, plain.id, missing, current.id]
         together = fresh.store.load_each(ids)

@@ -40,7 +40,7 @@ def test_a_tailing_reader_sees_every_event_once_in_order_under_concurrent_saves(
     def writer(w: int) -> None:
         try:
             for i in range(SAVES_PER_WRITER):
-                runtime.store.save(*[_site(f"w{w}-{i}-{k}") for k in range(1 + i % 3)])
+                runtime.store.save(*[_site(f"w{w}-{i}-{k}") for k in range(1 + i % 3)], actor="local")
         except BaseException as exc:  # reported by the assertion below
             failures.append(exc)
 
@@ -77,10 +77,10 @@ def test_a_save_at_a_stale_version_is_refused_and_writes_nothing(runtime: Any) -
     log = EventLog(runtime.store)
     site = _site("one")
     twin = copy.deepcopy(site)  # the same aggregate, version 1, not yet saved
-    runtime.store.save(site)
+    runtime.store.save(site, actor="local")
     head = log.head()
     with pytest.raises(IntegrityError):
-        runtime.store.save(twin, _site("two"))
+        runtime.store.save(twin, _site("two"), actor="local")
     assert log_sequences(runtime, head) == []  # neither event of the refused save
 
 

@@ -19,7 +19,7 @@ import uvicorn
 from better_compute.api.http.app import build_app
 from better_compute.api.runtime import Runtime
 from better_compute.api.services.tokens import TokenExpiry, lifetimes_from_env
-from better_compute.api.store.actor import CONTROLLER_TOKENS, as_actor
+from better_compute.api.store.actor import CONTROLLER_TOKENS
 from better_compute.domain.access import LOCAL_OPERATOR
 from better_compute.domain.errors import Conflict, InvalidInput, PermissionDenied, Unauthenticated
 from tests.support import Server, free_port, open_runtime, quick_init
@@ -152,7 +152,7 @@ def test_the_controller_records_each_end_once_dated_at_the_end(
     short = service.tokens_create(LOCAL_OPERATOR, "acme", "member", "short", ttl="1h")
     long = service.tokens_create(LOCAL_OPERATOR, "acme", "member", "long", ttl="2h")
     expiry = TokenExpiry(rt.services.tokens)
-    tick = as_actor(CONTROLLER_TOKENS, expiry.tick)
+    tick = expiry.tick
     assert tick() == []
     clock.move(minutes=90)
     assert tick() == [short["id"]]  # the nearest end came: scanned at once

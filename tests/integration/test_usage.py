@@ -64,7 +64,8 @@ def world(runtime: Any) -> tuple[Any, Clock, str, str]:
     timers.tick()
     clock.advance(minutes=10)
     bound = rs.bound(r1["nodeId"], {"allocationId": r1["allocationId"],
-                                    "cdiDevices": [f"bcd.dev/gpu={g}" for g in r1["gpus"]]})
+                                    "cdiDevices": [f"bcd.dev/gpu={g}" for g in r1["gpus"]]},
+                     actor=r1["nodeId"])
     assert bound  # active from 12:10
     reserve("acme", pool_a, 2, "10h", start="+50m")  # r4: 13:00-23:00, running at 15:00
     reserve("globex", pool_a, 1, "2h", start="2031-05-01T23:00:00Z")  # r3: across midnight
@@ -193,7 +194,7 @@ def test_a_reservation_placed_from_the_queue_or_moved_earlier_counts_from_its_st
     clock.advance(minutes=10)  # 12:10
     rs.release(OP, held["id"])
     rs.release(OP, owner["id"])
-    rs.dispatch(pool)
+    rs.dispatch(pool, actor="controller:reservations")
     assert rs.get_doc(OP, queued["id"])["start"] == "2031-05-01T12:10:00Z"
     assert rs.get_doc(OP, later["id"])["start"] == "2031-05-01T12:10:00Z"
     clock.advance(minutes=30)  # 12:40

@@ -35,6 +35,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import better_compute.domain.aggregates
+from better_compute.api.store.actor import MissingActor, stamp
 from better_compute.api.store.codec import EventMapper, MsgspecTranscoder, field_kinds, has_tags
 from better_compute.api.store.eventlog import render
 from better_compute.domain.events import public_event
@@ -104,7 +105,7 @@ def _make(cls: type[Any], *, nones: bool = False) -> Any:
         optional = type(None) in typing.get_args(tp)
         state[name] = None if nones and optional else _sample(tp)
     state["tenant_id"] = "acme"
-    state["actor"] = None if nones else "tok_who"  # stamped by the store (api/store/actor.py)
+    state["actor"] = "tok_who"  # every stored event has one (api/store/actor.py)
     if "originator_topic" in state:
         state["originator_topic"] = "better_compute.domain.site:Site"
     event = object.__new__(cls)
@@ -130,20 +131,29 @@ def test_every_public_event_type_is_covered() -> None:
     assert len(topics) >= 40
 
 
-def test_the_store_stamps_the_actor_of_the_command() -> None:
-    from better_compute.api.store.actor import acting_as
-
+def test_the_store_keeps_the_actor_stamped_on_the_event() -> None:
     cls = next(c for c in EVENT_CLASSES if str(c.TOPIC) == "site.created")
     event = _make(cls)
     del event.__dict__["actor"]
-    with acting_as("tok_abc"):
-        stored = MAPPER.to_stored_event(event)
-    assert "actor" not in vars(event)  # the event itself is left as it was
+    stamp([event], "tok_abc")
+    stored = MAPPER.to_stored_event(event)
     assert MAPPER.to_domain_event(stored).actor == "tok_abc"
     notification = Notification(id=3, originator_id=stored.originator_id, originator_version=3,
                                 topic=stored.topic, state=stored.state)
     line = msgspec.json.decode(render(notification).line)
     assert line["actor"] == "tok_abc" and "actor" not in line["data"]
+
+
+def test_an_event_without_an_actor_is_refused() -> None:
+    cls = next(c for c in EVENT_CLASSES if str(c.TOPIC) == "site.created")
+    event = _make(cls)
+    del event.__dict__["actor"]
+    with pytest.raises(MissingActor, match=r"site\.created .* has no actor: the command that "
+                       r"saves it passes its actor to the save"):
+        MAPPER.to_stored_event(event)
+    stamp([event], None)  # None stamps nothing: still refused
+    with pytest.raises(MissingActor):
+        MAPPER.to_stored_event(event)
 
 
 @pytest.mark.parametrize("nones", [False, True])

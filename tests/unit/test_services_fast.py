@@ -78,7 +78,7 @@ def test_the_retry_policy_runs_a_change_again_then_gives_up(
     assert stale is not None and fresh is not None
     version = stale.version
     fresh.offer("acme", {"gpu": 1})
-    aggregates.save(fresh)  # another writer got there first
+    aggregates.save(fresh, actor="local")  # another writer got there first
     runs: list[int] = []
 
     def always_stale() -> list[TenantOwned]:
@@ -88,7 +88,7 @@ def test_the_retry_policy_runs_a_change_again_then_gives_up(
         return [copy]
 
     with pytest.raises(Conflict, match="nothing was saved"):
-        aggregates.retrying(always_stale)
+        aggregates.retrying(always_stale, actor="local")
     assert len(runs) == RETRY_ATTEMPTS
     assert aggregates.get(Pool, uuid).to_doc()["offerings"][0]["quota"] == {"gpu": 1}  # type: ignore[union-attr]
 
@@ -101,7 +101,7 @@ def test_the_retry_policy_runs_a_change_again_then_gives_up(
         copy.offer("acme", {"gpu": 5})
         return [copy]
 
-    aggregates.retrying(stale_then_fresh)
+    aggregates.retrying(stale_then_fresh, actor="local")
     assert len(runs) == 2
     assert aggregates.get(Pool, uuid).to_doc()["offerings"][0]["quota"] == {"gpu": 5}  # type: ignore[union-attr]
 
@@ -120,7 +120,7 @@ def test_the_retry_policy_runs_a_change_again_past_its_count_within_its_seconds(
     fresh = aggregates.get(Pool, uuid)
     assert fresh is not None
     fresh.offer("acme", {"gpu": 1})
-    aggregates.save(fresh)  # another writer got there first
+    aggregates.save(fresh, actor="local")  # another writer got there first
     runs: list[int] = []
 
     def stale_many_times() -> list[TenantOwned]:
@@ -130,6 +130,6 @@ def test_the_retry_policy_runs_a_change_again_past_its_count_within_its_seconds(
         copy.offer("acme", {"gpu": 7})
         return [copy]
 
-    aggregates.retrying(stale_many_times)
+    aggregates.retrying(stale_many_times, actor="local")
     assert len(runs) == RETRY_ATTEMPTS + 6
     assert aggregates.get(Pool, uuid).to_doc()["offerings"][0]["quota"] == {"gpu": 7}  # type: ignore[union-attr]
