@@ -16,10 +16,10 @@ with another writer of the same aggregates (the store refuses a save whose versi
 ``IntegrityError``). ``retrying`` then runs the whole change again, re-reading what it
 changes, after a pause with full jitter (``retry_pause``), until it has run
 ``RETRY_ATTEMPTS`` times and ``RETRY_WITHIN_S`` seconds have passed since its first run;
-past both the caller gets ``Conflict`` and nothing was saved. A count alone gave up within
-a second on a loaded machine while a tenant's quota, saved by every create and release of
-its reservations from every replica, was in demand (seen: a release answered `conflict`
-after 20 clashes in 2.1 s). Every retry loop of the services uses this policy.
+past both the caller gets ``Conflict`` and nothing was saved. The seconds matter where an
+aggregate is in demand on a loaded machine (a tenant's quota, saved by every create and
+release of its reservations from every replica): twenty runs can pass in a second there.
+Every retry loop of the services uses this policy.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ def retry_pause(clashes: int) -> float:
     aggregate (a node's bookings, saved by every create and release on it, from several
     replicas) do not run again in step, so none loses every run."""
     return random.uniform(0.0, min(RETRY_PAUSE_CAP, 0.002 * 2 ** min(clashes, 10)))
+
+
 CONFLICT = ("another request changed the same objects at the same time; nothing was saved: "
             "run the command again")
 
